@@ -1,0 +1,1 @@
+"""temperctl: the command-line client of temperd (installed as the ``temperctl`` package)."""
