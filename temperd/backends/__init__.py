@@ -1,0 +1,1 @@
+"""Backends that carry out a LayerPlan."""
