@@ -1,0 +1,24 @@
+"""temperctl: inspect profiles, plans and the running temperd."""
+
+from __future__ import annotations
+
+import click
+
+from temperd import __version__
+
+from .profiles_cmd import profiles
+
+# Exit codes: 0 ok, 1 invalid input or failed check, 2 usage error (click's own).
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="temperctl")
+def main() -> None:
+    """Control and inspect temperd, the per-thread-group CPU scheduling daemon."""
+
+
+main.add_command(profiles)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
