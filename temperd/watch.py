@@ -1,0 +1,111 @@
+"""Watching what the daemon must react to: configuration files (watchdog/inotify) and CPU hotplug (udev)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Callable, Optional
+
+log = logging.getLogger("temperd.watch")
+
+
+class Debouncer:
+    """Calls `action` once, `delay_s` after the last of a burst of pokes (an editor writes a file in
+    several steps; a whole directory may be copied in)."""
+
+    def __init__(self, delay_s: float, action: Callable[[], None]):
+        self.delay_s = delay_s
+        self.action = action
+        self._timer: Optional[threading.Timer] = None
+        self._lock = threading.Lock()
+
+    def poke(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(self.delay_s, self.action)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+
+class ConfigWatcher:
+    """Watches the configuration directory (temperd.toml and profiles.d/, recursively) for TOML edits."""
+
+    def __init__(self, config_dir: str, profile_dir: str, on_change: Callable[[], None], debounce_s: float = 0.15):
+        from watchdog.events import FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        self.debouncer = Debouncer(debounce_s, on_change)
+        debouncer = self.debouncer
+
+        class _Handler(FileSystemEventHandler):
+            def on_any_event(self, event) -> None:
+                paths = [getattr(event, "src_path", ""), getattr(event, "dest_path", "")]
+                if event.is_directory or any(str(p).endswith(".toml") for p in paths):
+                    debouncer.poke()
+
+        self._observer = Observer()
+        watched = {os.path.realpath(config_dir)}
+        if os.path.isdir(profile_dir) and not os.path.realpath(profile_dir).startswith(os.path.realpath(config_dir) + os.sep):
+            watched.add(os.path.realpath(profile_dir))
+        for path in sorted(watched):
+            if os.path.isdir(path):
+                self._observer.schedule(_Handler(), path, recursive=True)
+
+    def start(self) -> None:
+        self._observer.daemon = True
+        self._observer.start()
+
+    def stop(self) -> None:
+        self.debouncer.cancel()
+        self._observer.stop()
+        self._observer.join(timeout=2)
+
+
+class CpuHotplugWatcher:
+    """Calls on_change when a CPU goes on- or offline (udev `cpu` subsystem)."""
+
+    def __init__(self, on_change: Callable[[], None]):
+        self.on_change = on_change
+        self._observer = None
+        self.active = False
+        self.reason = ""
+
+    def start(self) -> None:
+        try:
+            import pyudev
+
+            context = pyudev.Context()
+            try:
+                monitor = pyudev.Monitor.from_netlink(context, source="udev")
+            except Exception:
+                # No udevd (containers, minimal hosts): the kernel's own uevents still arrive.
+                monitor = pyudev.Monitor.from_netlink(context, source="kernel")
+            monitor.filter_by(subsystem="cpu")
+
+            def _event(action, device) -> None:
+                if action in ("online", "offline", "add", "remove", "change"):
+                    log.info("CPU hotplug: %s %s", action, device.sys_name)
+                    self.on_change()
+
+            self._observer = pyudev.MonitorObserver(monitor, _event, name="cpu-hotplug")
+            self._observer.daemon = True
+            self._observer.start()
+            self.active = True
+            self.reason = "watching udev cpu events"
+        except Exception as exc:  # pyudev missing or netlink refused: shape is re-read at reload instead
+            self.active = False
+            self.reason = f"CPU hotplug not watched: {exc}"
+            log.warning("%s", self.reason)
+
+    def stop(self) -> None:
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer = None
