@@ -1,0 +1,296 @@
+"""The netlink process events connector (NETLINK_CONNECTOR, CN_IDX_PROC).
+
+The kernel multicasts one message per fork/clone, exec, comm change and exit to every socket
+subscribed with PROC_CN_MCAST_LISTEN. Subscribing needs CAP_NET_ADMIN and the initial pid and
+user namespaces; elsewhere the kernel refuses (EPERM) or stays silent, and `open()` raises
+ConnectorUnavailable with the reason. When the socket's receive buffer overflows, recv fails
+once with ENOBUFS: an unknown number of events is lost, reported as `Batch.overflowed`, and the
+caller must rescan /proc.
+
+Wire layout (linux/netlink.h, linux/connector.h, linux/cn_proc.h), native byte order:
+  nlmsghdr   len u32, type u16, flags u16, seq u32, pid u32             16 bytes
+  cn_msg     idx u32, val u32, seq u32, ack u32, len u16, flags u16     20 bytes
+  proc_event what u32, cpu u32, timestamp_ns u64, then the event data
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import select
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+NETLINK_CONNECTOR = 11
+CN_IDX_PROC = 1
+CN_VAL_PROC = 1
+
+NLMSG_NOOP = 1
+NLMSG_ERROR = 2
+NLMSG_DONE = 3
+NLMSG_OVERRUN = 4
+
+PROC_CN_MCAST_LISTEN = 1
+PROC_CN_MCAST_IGNORE = 2
+
+PROC_EVENT_NONE = 0x00000000
+PROC_EVENT_FORK = 0x00000001
+PROC_EVENT_EXEC = 0x00000002
+PROC_EVENT_COMM = 0x00000200
+PROC_EVENT_EXIT = 0x80000000
+
+_NLMSGHDR = struct.Struct("=IHHII")
+_CN_MSG = struct.Struct("=IIIIHH")
+_EVENT_HEAD = struct.Struct("=IIQ")
+_FORK = struct.Struct("=iiii")  # parent_pid, parent_tgid, child_pid, child_tgid
+_PID_TGID = struct.Struct("=ii")  # exec, and the head of comm/exit
+_COMM = struct.Struct("=ii16s")
+_EXIT = struct.Struct("=iiII")  # pid, tgid, exit_code, exit_signal
+_ACK = struct.Struct("=I")
+
+_EVENT_OFFSET = _NLMSGHDR.size + _CN_MSG.size
+_DATA_OFFSET = _EVENT_OFFSET + _EVENT_HEAD.size
+
+# Default receive buffer: the kernel's default (~200 KiB) holds only a few hundred events, which a
+# burst of short-lived processes fills in milliseconds.
+DEFAULT_RCVBUF = 4 << 20
+RECV_SIZE = 65536
+
+
+class ConnectorUnavailable(Exception):
+    """Process events cannot be had on this host; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class ProcEvent:
+    """One decoded process event. `pid` is the thread group (process) id, `tid` the thread's."""
+
+    kind: str  # "fork" | "exec" | "comm" | "exit" | "ack" | "other"
+    tid: int
+    pid: int
+    timestamp_ns: int  # CLOCK_MONOTONIC, comparable with time.monotonic_ns()
+    cpu: int
+    parent_tid: int = 0  # fork: the task that cloned
+    parent_pid: int = 0
+    comm: Optional[str] = None  # comm: the new name
+    exit_code: int = 0  # exit: wait status; ack: the error number
+    what: int = 0  # the raw event type
+
+
+@dataclass
+class Batch:
+    """What one drain of the socket returned."""
+
+    events: List[ProcEvent] = field(default_factory=list)
+    overflowed: bool = False  # ENOBUFS: events were lost; rescan /proc
+
+
+def decode_event(data: bytes, offset: int = 0) -> Optional[ProcEvent]:
+    """Decode the proc_event carried by the netlink message at `offset`; None if it is not one."""
+    if len(data) < offset + _DATA_OFFSET:
+        return None
+    _len, nl_type, _flags, _seq, _pid = _NLMSGHDR.unpack_from(data, offset)
+    if nl_type in (NLMSG_NOOP, NLMSG_ERROR, NLMSG_OVERRUN):
+        return None
+    idx, val, _cseq, _ack, _clen, _cflags = _CN_MSG.unpack_from(data, offset + _NLMSGHDR.size)
+    if idx != CN_IDX_PROC or val != CN_VAL_PROC:
+        return None
+    what, cpu, timestamp = _EVENT_HEAD.unpack_from(data, offset + _EVENT_OFFSET)
+    at = offset + _DATA_OFFSET
+    if what == PROC_EVENT_FORK:
+        parent_tid, parent_pid, child_tid, child_pid = _FORK.unpack_from(data, at)
+        return ProcEvent("fork", child_tid, child_pid, timestamp, cpu, parent_tid, parent_pid, what=what)
+    if what == PROC_EVENT_EXEC:
+        tid, pid = _PID_TGID.unpack_from(data, at)
+        return ProcEvent("exec", tid, pid, timestamp, cpu, what=what)
+    if what == PROC_EVENT_COMM:
+        tid, pid, raw = _COMM.unpack_from(data, at)
+        comm = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+        return ProcEvent("comm", tid, pid, timestamp, cpu, comm=comm, what=what)
+    if what == PROC_EVENT_EXIT:
+        tid, pid, code, _signal = _EXIT.unpack_from(data, at)
+        return ProcEvent("exit", tid, pid, timestamp, cpu, exit_code=code, what=what)
+    if what == PROC_EVENT_NONE:
+        (err,) = _ACK.unpack_from(data, at)
+        return ProcEvent("ack", 0, 0, timestamp, cpu, exit_code=err, what=what)
+    tid, pid = _PID_TGID.unpack_from(data, at)
+    return ProcEvent("other", tid, pid, timestamp, cpu, what=what)
+
+
+def decode_datagram(data: bytes) -> List[ProcEvent]:
+    """All events in one datagram (the kernel sends one per datagram, but netlink allows more)."""
+    events = []
+    offset = 0
+    while offset + _NLMSGHDR.size <= len(data):
+        (length,) = struct.unpack_from("=I", data, offset)
+        if length < _NLMSGHDR.size:
+            break
+        event = decode_event(data, offset)
+        if event is not None:
+            events.append(event)
+        offset += (length + 3) & ~3
+    return events
+
+
+def _control_message(op: int, cookie: int) -> bytes:
+    """A PROC_CN_MCAST_* request. The kernel's ack echoes cn_msg.ack + 1 (newer kernels overwrite
+    cn_msg.seq with their own counter), so `cookie` goes in ack to recognise our ack among other
+    listeners' ones."""
+    payload = struct.pack("=I", op)
+    cn = _CN_MSG.pack(CN_IDX_PROC, CN_VAL_PROC, cookie, cookie, len(payload), 0) + payload
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(cn), NLMSG_DONE, 0, cookie, os.getpid()) + cn
+
+
+class ProcConnector:
+    """A subscribed process-events socket. Not thread-safe; one per inventory."""
+
+    def __init__(self, rcvbuf_bytes: int = DEFAULT_RCVBUF):
+        self.rcvbuf_bytes = rcvbuf_bytes
+        self._sock: Optional[socket.socket] = None
+        self._pending: List[ProcEvent] = []
+        self._overflow_pending = False
+
+    @property
+    def is_open(self) -> bool:
+        return self._sock is not None
+
+    def fileno(self) -> int:
+        if self._sock is None:
+            raise ValueError("process events socket is not open")
+        return self._sock.fileno()
+
+    def open(self, ack_timeout_s: float = 1.0) -> None:
+        """Open, bind to the proc group and subscribe; raises ConnectorUnavailable."""
+        if self._sock is not None:
+            return
+        try:
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR)
+        except OSError as exc:
+            raise ConnectorUnavailable(f"cannot open a NETLINK_CONNECTOR socket: {os.strerror(exc.errno)}") from None
+        try:
+            self._set_rcvbuf(sock)
+            sock.bind((0, CN_IDX_PROC))  # port id 0: the kernel assigns a unique one
+            cookie = random.randrange(1, 1 << 31)
+            sock.send(_control_message(PROC_CN_MCAST_LISTEN, cookie))
+            self._wait_for_ack(sock, cookie, ack_timeout_s)
+        except OSError as exc:
+            sock.close()
+            if exc.errno in (errno.EPERM, errno.EACCES):
+                raise ConnectorUnavailable("subscribing to process events needs CAP_NET_ADMIN") from None
+            raise ConnectorUnavailable(f"subscribing to process events failed: {os.strerror(exc.errno)}") from None
+        except ConnectorUnavailable:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        self._sock = sock
+
+    def _set_rcvbuf(self, sock: socket.socket) -> None:
+        if not self.rcvbuf_bytes:
+            return
+        # SO_RCVBUFFORCE (root) ignores net.core.rmem_max; without it the size is capped.
+        force = getattr(socket, "SO_RCVBUFFORCE", 33)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, self.rcvbuf_bytes)
+        except OSError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf_bytes)
+
+    def set_rcvbuf(self, nbytes: int) -> None:
+        """Change the receive buffer of the open socket (a tiny one makes overflows easy to provoke)."""
+        self.rcvbuf_bytes = nbytes
+        if self._sock is not None:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, nbytes)
+            try:
+                self._sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), nbytes)
+            except OSError:
+                pass
+
+    def _wait_for_ack(self, sock: socket.socket, cookie: int, timeout_s: float) -> None:
+        """The kernel answers LISTEN with an ack whose cn_msg.ack is our cookie + 1.
+
+        Events that other listeners' traffic brings in first are kept for the first drain. No ack
+        at all means the kernel ignored us (another pid or user namespace) or refused silently.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ConnectorUnavailable(
+                    "the kernel did not acknowledge the process events subscription "
+                    "(not in the initial pid/user namespace, or lacking CAP_NET_ADMIN)"
+                )
+            readable, _, _ = select.select([sock], [], [], remaining)
+            if not readable:
+                continue
+            try:
+                data = sock.recv(RECV_SIZE)
+            except OSError as exc:
+                if exc.errno == errno.ENOBUFS:
+                    self._overflow_pending = True
+                    continue
+                raise
+            offset = 0
+            while offset + _DATA_OFFSET <= len(data):
+                length = struct.unpack_from("=I", data, offset)[0]
+                if length < _NLMSGHDR.size:
+                    break
+                event = decode_event(data, offset)
+                if event is not None and event.kind == "ack":
+                    cack = _CN_MSG.unpack_from(data, offset + _NLMSGHDR.size)[3]
+                    if cack == cookie + 1:
+                        if event.exit_code:
+                            raise OSError(event.exit_code, os.strerror(event.exit_code))
+                        return
+                elif event is not None:
+                    self._pending.append(event)
+                offset += (length + 3) & ~3
+
+    def drain(self, max_events: int = 100000) -> Batch:
+        """Every event queued now, without blocking (at most max_events; the rest stay queued)."""
+        batch = Batch(events=self._pending, overflowed=self._overflow_pending)
+        self._pending = []
+        self._overflow_pending = False
+        sock = self._sock
+        if sock is None:
+            return batch
+        events = batch.events
+        while len(events) < max_events:
+            try:
+                data = sock.recv(RECV_SIZE)
+            except BlockingIOError:
+                break
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                if exc.errno == errno.ENOBUFS:
+                    batch.overflowed = True
+                    continue
+                raise
+            if not data:
+                break
+            for event in decode_datagram(data):
+                if event.kind != "ack":
+                    events.append(event)
+        return batch
+
+    def close(self) -> None:
+        """Unsubscribe (the kernel counts listeners and keeps generating events while any remain)."""
+        sock = self._sock
+        if sock is None:
+            return
+        self._sock = None
+        try:
+            sock.send(_control_message(PROC_CN_MCAST_IGNORE, random.randrange(1, 1 << 31)))
+        except OSError:
+            pass
+        sock.close()
+
+    def __enter__(self) -> "ProcConnector":
+        self.open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
