@@ -219,13 +219,15 @@ Listener = Callable[[List[Change]], None]
 
 
 class Inventory:
-    def __init__(self, rcvbuf_bytes: int = 4 << 20, resync_min_interval_s: float = 1.0):
+    def __init__(self, rcvbuf_bytes: int = 4 << 20, resync_min_interval_s: float = 1.0,
+                 ack_timeout_s: float = 1.0):
         self._procs: Dict[int, _Proc] = {}
         self._tid_pid: Dict[int, int] = {}
         self._listeners: List[Listener] = []
         self._connector: Optional[ProcConnector] = None
         self._rcvbuf_bytes = rcvbuf_bytes
         self._resync_min_interval_s = resync_min_interval_s
+        self._ack_timeout_s = ack_timeout_s
         self._resync_pending = False
         self._last_reconcile_at = float("-inf")
         self._notice_logged = False
@@ -256,7 +258,7 @@ class Inventory:
             return True
         connector = ProcConnector(rcvbuf_bytes=self._rcvbuf_bytes)
         try:
-            connector.open()
+            connector.open(self._ack_timeout_s)
         except ConnectorUnavailable as exc:
             self.unavailable_reason = str(exc)
             if not self._notice_logged:

@@ -1,0 +1,622 @@
+"""The inventory with real processes and threads, named at the OS level, kept current by events
+and repaired by scans."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from temperd import procfs
+from temperd.inventory import (
+    EXEC,
+    EXIT,
+    NEW_PROCESS,
+    NEW_THREAD,
+    RENAME,
+    REUSED,
+    UPDATE,
+    Change,
+    Inventory,
+)
+from temperd.proc_connector import ConnectorUnavailable, ProcConnector
+
+# A process the test drives over stdin: it names itself and its threads with prctl(PR_SET_NAME)
+# from inside each thread, renames threads from outside with pthread_setname_np, and can rewrite
+# its process title over the argv area the way PostgreSQL does.
+WORKLOAD = r"""
+import ctypes, os, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.pthread_setname_np.argtypes = [ctypes.c_ulong, ctypes.c_char_p]
+threading.stack_size(256 * 1024)
+
+def set_name(name):
+    libc.prctl(15, name.encode(), 0, 0, 0)
+
+class Worker(threading.Thread):
+    def __init__(self, name, spin_s=0.0):
+        super().__init__(daemon=True)
+        self.os_name, self.spin_s = name, spin_s
+        self.stop, self.ready = threading.Event(), threading.Event()
+    def run(self):
+        set_name(self.os_name)
+        self.tid = threading.get_native_id()
+        deadline = time.monotonic() + 3
+        while time.thread_time() < self.spin_s and time.monotonic() < deadline:
+            pass
+        self.ready.set()
+        self.stop.wait()
+
+def rewrite_title(title):
+    with open("/proc/self/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    arg_start, arg_end = int(fields[45]), int(fields[46])
+    data = title.encode()[: arg_end - arg_start - 1]
+    with open("/proc/self/mem", "r+b", buffering=0) as mem:
+        mem.seek(arg_start)
+        mem.write(data + b"\0" * (arg_end - arg_start - len(data)))
+
+set_name(sys.argv[1])
+workers = {}
+print("ready", flush=True)
+for line in sys.stdin:
+    cmd, *args = line.split(None, 1)
+    args = args[0].split() if args and cmd != "title" else args
+    if cmd == "thread" or cmd == "spin":
+        w = Worker(args[0], 0.05 if cmd == "spin" else 0.0)
+        w.start()
+        w.ready.wait()
+        workers[w.tid] = w
+        print(w.tid, flush=True)
+    elif cmd == "burst":
+        tids = []
+        for i in range(int(args[0])):
+            w = Worker("%s%d" % (args[1], i))
+            w.start()
+            w.ready.wait()
+            workers[w.tid] = w
+            tids.append(w.tid)
+        print(" ".join(map(str, tids)), flush=True)
+    elif cmd == "rename":
+        print(libc.pthread_setname_np(workers[int(args[0])].ident, args[1].encode()), flush=True)
+    elif cmd == "stop":
+        w = workers.pop(int(args[0]))
+        w.stop.set()
+        w.join()
+        print("ok", flush=True)
+    elif cmd == "title":
+        rewrite_title(args[0].strip())
+        print("ok", flush=True)
+    elif cmd == "exit":
+        break
+"""
+
+
+class Workload:
+    def __init__(self, name: str, env=None):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", WORKLOAD, name],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+        )
+        self.pid = self.proc.pid
+
+    def wait_ready(self) -> None:
+        assert self._readline() == "ready"
+
+    def _readline(self, timeout: float = 10.0) -> str:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        assert ready, "the workload process did not answer"
+        return self.proc.stdout.readline().strip()
+
+    def command(self, line: str) -> str:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self._readline()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("exit\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def spawn():
+    started = []
+
+    def start(name: str = "tmpd-test", env=None) -> Workload:
+        workload = Workload(name, env)
+        started.append(workload)
+        return workload
+
+    yield start
+    for workload in started:
+        workload.close()
+
+
+class Recorder:
+    def __init__(self):
+        self.changes = []
+
+    def __call__(self, changes):
+        self.changes.extend(changes)
+
+    def has(self, kind, pid, tid=None, **fields):
+        for change in self.changes:
+            if (change.kind, change.pid, change.tid) == (kind, pid, tid) and all(
+                getattr(change, key) == value for key, value in fields.items()
+            ):
+                return True
+        return False
+
+
+@pytest.fixture
+def live():
+    """An inventory fed by process events, and a recorder of what it reported."""
+    inventory = Inventory()
+    if not inventory.start():
+        inventory.close()
+        pytest.skip(f"process events unavailable here: {inventory.unavailable_reason}")
+    recorder = Recorder()
+    inventory.subscribe(recorder)
+    yield inventory, recorder
+    inventory.close()
+
+
+def pump_until(inventory: Inventory, predicate, timeout: float = 2.0) -> bool:
+    """Handle events as they come until predicate() holds; False after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        if inventory.events_active:
+            select.select([inventory], [], [], 0.02)
+            inventory.handle_events()
+        else:
+            time.sleep(0.02)
+
+
+def truth_threads(pid: int) -> dict:
+    """tid -> name straight from /proc, read independently of procfs."""
+    result = {}
+    for name in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{name}/comm") as f:
+                result[int(name)] = f.read().rstrip("\n")
+        except FileNotFoundError:
+            pass
+    return result
+
+
+def own_cgroup_v2() -> str:
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            if line.startswith("0::"):
+                return line[3:].rstrip("\n")
+    return ""
+
+
+# -- events ---------------------------------------------------------------------------------
+
+
+def test_new_process_appears_with_its_facts(live, spawn):
+    inventory, recorder = live
+    child = spawn("tmpd-proc")
+    assert pump_until(inventory, lambda: getattr(inventory.process(child.pid), "name", None) == "tmpd-proc")
+    info = inventory.process(child.pid)
+    assert recorder.has(NEW_PROCESS, child.pid)
+    assert info.exe == os.path.realpath(sys.executable)
+    assert info.cmdline[0] == sys.executable and info.cmdline[-1] == "tmpd-proc"
+    assert info.ppid == os.getpid()
+    assert info.cgroup == own_cgroup_v2()
+    assert not info.is_kernel_thread
+    leader = info.leader
+    assert leader.comm == "tmpd-proc" and leader.pid == child.pid
+    assert leader.affinity == frozenset(os.sched_getaffinity(child.pid))
+    assert leader.nice == os.getpriority(os.PRIO_PROCESS, child.pid)
+    assert leader.policy == os.sched_getscheduler(child.pid)
+    assert info.start_time == procfs.read_task_stat(child.pid, child.pid).start_time
+
+
+def test_new_thread_rename_and_thread_exit(live, spawn):
+    inventory, recorder = live
+    child = spawn("tmpd-threads")
+    child.wait_ready()
+    # Known first, so that the thread comes as a thread of its own and not with a new process.
+    assert pump_until(inventory, lambda: getattr(inventory.process(child.pid), "name", None) == "tmpd-threads")
+    tid = int(child.command("thread tmpd-w1"))
+    assert pump_until(inventory, lambda: getattr(inventory.thread(tid), "comm", None) == "tmpd-w1")
+    thread = inventory.thread(tid)
+    assert thread.pid == child.pid and thread.tid == tid
+    assert recorder.has(NEW_THREAD, child.pid, tid)
+    assert inventory.snapshot().thread(tid) == thread
+
+    # Renamed from another thread with pthread_setname_np, as servers name their pools.
+    assert child.command(f"rename {tid} tmpd-w2") == "0"
+    assert pump_until(inventory, lambda: inventory.thread(tid).comm == "tmpd-w2")
+    assert recorder.has(RENAME, child.pid, tid, comm="tmpd-w2", old_comm="tmpd-w1")
+    assert inventory.process(child.pid).threads[tid].comm == "tmpd-w2"
+
+    assert child.command(f"stop {tid}") == "ok"
+    assert pump_until(inventory, lambda: inventory.thread(tid) is None)
+    assert recorder.has(EXIT, child.pid, tid)
+    assert inventory.process(child.pid) is not None
+
+
+def test_process_exit_removes_it_and_its_threads(live, spawn):
+    inventory, recorder = live
+    child = spawn()
+    child.wait_ready()
+    tid = int(child.command("thread tmpd-w"))
+    assert pump_until(inventory, lambda: inventory.thread(tid) is not None)
+    child.close()
+    assert pump_until(inventory, lambda: inventory.process(child.pid) is None)
+    assert recorder.has(EXIT, child.pid)
+    assert inventory.thread(tid) is None and inventory.thread(child.pid) is None
+    assert child.pid not in inventory.snapshot().processes
+
+
+def test_exec_is_reported_and_rereads_the_process(live):
+    inventory, recorder = live
+    script = "import sys; sys.stdin.readline(); import os; os.execv('/bin/sleep', ['/bin/sleep', '5'])"
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
+    try:
+        assert pump_until(inventory, lambda: getattr(inventory.process(child.pid), "exe", None)
+                          == os.path.realpath(sys.executable))
+        child.stdin.write(b"go\n")
+        child.stdin.flush()
+        assert pump_until(inventory, lambda: inventory.process(child.pid).exe == os.path.realpath("/bin/sleep"))
+        info = inventory.process(child.pid)
+        assert recorder.has(EXEC, child.pid)
+        assert info.cmdline == ("/bin/sleep", "5") and info.name == "sleep"
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_vanishing_tasks_are_counted_not_logged(live, caplog):
+    inventory, _ = live
+    caplog.set_level(logging.DEBUG, logger="temperd")
+    pids = []
+    for _ in range(20):
+        proc = subprocess.Popen(["/bin/true"])
+        pids.append(proc.pid)
+        proc.wait()
+    assert pump_until(inventory, lambda: False, timeout=0.3) is False
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not any(pid in inventory.processes for pid in pids)
+    assert inventory.stats.vanished > 0  # most were gone before their fork event was handled
+
+
+# -- pid reuse ------------------------------------------------------------------------------
+
+NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+
+
+def spawn_at_pid(spawn, pid: int, name: str) -> Workload:
+    """Really reuse `pid`: set the kernel's last allocated pid just below it and fork."""
+    if not os.access(NS_LAST_PID, os.W_OK):
+        pytest.skip(f"{NS_LAST_PID} is not writable (needs CAP_SYS_ADMIN in the initial pid namespace)")
+    for _ in range(50):
+        if os.path.exists(f"/proc/{pid}"):
+            break  # another process took it
+        with open(NS_LAST_PID, "w") as f:
+            f.write(str(pid - 1))
+        workload = spawn(name)
+        if workload.pid == pid:
+            return workload
+        workload.close()
+    pytest.skip(f"could not have pid {pid} reused: the host forks too fast")
+
+
+def test_pid_reuse_found_by_a_scan(spawn):
+    inventory = Inventory()  # scanning only: no exit event tells it the old process is gone
+    old_child = spawn("tmpd-old")
+    old_child.wait_ready()
+    time.sleep(0.03)  # start times are in clock ticks: make sure the two differ
+    inventory.reconcile()
+    old = inventory.process(old_child.pid)
+    assert old.name == "tmpd-old"
+    old_child.close()
+
+    new_child = spawn_at_pid(spawn, old.pid, "tmpd-new")
+    new_child.wait_ready()
+    summary = inventory.reconcile()
+    assert Change(REUSED, old.pid) in summary.changes
+    new = inventory.process(old.pid)
+    assert new.name == "tmpd-new" and new.start_time > old.start_time
+
+
+def test_pid_reuse_found_when_the_exit_event_is_lost(live, spawn):
+    inventory, _ = live
+    old_child = spawn("tmpd-old")
+    old_child.wait_ready()
+    time.sleep(0.03)
+    assert pump_until(inventory, lambda: getattr(inventory.process(old_child.pid), "name", None) == "tmpd-old")
+    pid = old_child.pid
+    old_start = inventory.process(pid).start_time
+    old_child.close()
+    new_child = spawn_at_pid(spawn, pid, "tmpd-new")
+    new_child.wait_ready()
+
+    # Apply the real events, less the old process's exit, as if it had been lost.
+    changes = []
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and getattr(inventory.process(pid), "name", None) != "tmpd-new":
+        select.select([inventory], [], [], 0.02)
+        for event in inventory.connector.drain().events:
+            if not (event.kind == "exit" and event.pid == pid):
+                inventory.apply_event(event, changes)
+    assert Change(REUSED, pid) in changes
+    assert inventory.process(pid).start_time > old_start
+
+
+# -- lost events ----------------------------------------------------------------------------
+
+
+def test_overflowed_events_are_repaired_by_a_rescan(spawn):
+    inventory = Inventory(resync_min_interval_s=0)
+    if not inventory.start():
+        pytest.skip(f"process events unavailable here: {inventory.unavailable_reason}")
+    try:
+        child = spawn()
+        child.wait_ready()
+        kept = int(child.command("thread tmpd-keep"))
+        gone = int(child.command("thread tmpd-gone"))
+        assert pump_until(inventory, lambda: inventory.thread(gone) is not None
+                          and inventory.thread(kept) is not None)
+        reconciles = inventory.stats.reconciles
+
+        inventory.connector.set_rcvbuf(0)  # the kernel's minimum: a handful of events
+        burst = [int(t) for t in child.command("burst 150 tmpd-b").split()]
+        child.command(f"rename {kept} tmpd-kept")
+        child.command(f"stop {gone}")
+        inventory.handle_events()
+
+        stats = inventory.stats
+        assert stats.events_lost >= 1, "the burst did not overflow the receive buffer"
+        assert stats.reconciles > reconciles and not inventory.needs_reconcile
+        truth = truth_threads(child.pid)
+        known = {tid: info.comm for tid, info in inventory.process(child.pid).threads.items()}
+        assert known == truth
+        assert set(burst) <= set(known) and known[kept] == "tmpd-kept" and gone not in known
+    finally:
+        inventory.close()
+
+
+def test_changes_while_the_socket_was_closed_are_found_by_reconcile(live, spawn):
+    inventory, recorder = live
+    child = spawn()
+    child.wait_ready()
+    renamed = int(child.command("thread tmpd-a"))
+    stopped = int(child.command("thread tmpd-c"))
+    assert pump_until(inventory, lambda: inventory.thread(stopped) is not None)
+
+    inventory.stop_events()
+    added = int(child.command("thread tmpd-b"))
+    child.command(f"rename {renamed} tmpd-a2")
+    child.command(f"stop {stopped}")
+    short = subprocess.Popen(["/bin/sleep", "5"])
+    try:
+        summary = inventory.reconcile()
+    finally:
+        short.kill()
+        short.wait()
+    changes = summary.changes
+    assert Change(NEW_THREAD, child.pid, added, comm="tmpd-b") in changes
+    assert Change(RENAME, child.pid, renamed, comm="tmpd-a2", old_comm="tmpd-a") in changes
+    assert Change(EXIT, child.pid, stopped) in changes
+    assert Change(NEW_PROCESS, short.pid) in changes
+    assert recorder.has(RENAME, child.pid, renamed, comm="tmpd-a2")
+    assert {t: i.comm for t, i in inventory.process(child.pid).threads.items()} == truth_threads(child.pid)
+    assert inventory.reconcile().count(EXIT) >= 1  # the sleep is gone now
+    assert inventory.start_events()
+
+
+# -- fallback -------------------------------------------------------------------------------
+
+
+def test_fallback_to_scanning_with_one_notice(monkeypatch, caplog, spawn):
+    def refuse(self, ack_timeout_s=1.0):
+        raise ConnectorUnavailable("subscribing to process events needs CAP_NET_ADMIN")
+
+    monkeypatch.setattr(ProcConnector, "open", refuse)
+    caplog.set_level(logging.INFO, logger="temperd.inventory")
+    inventory = Inventory()
+    assert inventory.start() is False
+    assert inventory.start_events() is False
+    notices = [r for r in caplog.records if r.name == "temperd.inventory"]
+    assert len(notices) == 1 and "CAP_NET_ADMIN" in notices[0].getMessage()
+    assert "falling back to scanning" in notices[0].getMessage()
+    with pytest.raises(ValueError):
+        inventory.fileno()
+    assert inventory.handle_events() == []
+    assert inventory.stats.events_active is False
+
+    child = spawn("tmpd-scan")
+    child.wait_ready()
+    tid = int(child.command("thread tmpd-st"))
+    summary = inventory.reconcile()
+    assert Change(NEW_PROCESS, child.pid) in summary.changes
+    assert inventory.thread(tid).comm == "tmpd-st"
+    assert inventory.process(child.pid).name == "tmpd-scan"
+
+
+def test_fallback_in_a_foreign_pid_namespace():
+    """Inside user and pid namespaces (a container) the kernel ignores the subscription; the
+    inventory says so and still sees the host's processes by scanning /proc."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("util-linux unshare is not installed")
+    code = (
+        "import json, sys\n"
+        "from temperd.inventory import Inventory\n"
+        "inv = Inventory(ack_timeout_s=0.3)\n"
+        "active = inv.start()\n"
+        "me = inv.process(int(sys.argv[1]))\n"
+        "print(json.dumps({'active': active, 'reason': inv.unavailable_reason,\n"
+        "                  'name': me and me.name, 'affinity': me and sorted(me.leader.affinity)}))\n"
+    )
+    probe = subprocess.run(
+        [unshare, "--user", "--map-root-user", "--pid", "--fork", sys.executable, "-c", code, str(os.getpid())],
+        capture_output=True, text=True, timeout=30,
+    )
+    if probe.returncode != 0 and "unshare" in probe.stderr:
+        pytest.skip(f"cannot create user and pid namespaces here: {probe.stderr.strip()}")
+    assert probe.returncode == 0, probe.stderr
+    result = json.loads(probe.stdout)
+    assert result["active"] is False and "namespace" in result["reason"]
+    assert "falling back to scanning" in probe.stderr
+    with open("/proc/self/comm") as f:
+        assert result["name"] == f.read().strip()
+    assert result["affinity"] == sorted(os.sched_getaffinity(0))
+
+
+# -- facts ----------------------------------------------------------------------------------
+
+
+def test_kernel_threads_are_marked():
+    inventory = Inventory()
+    inventory.reconcile()
+    kthreadd = inventory.process(2)
+    if kthreadd is None:
+        pytest.skip("no kthreadd visible (not in the initial pid namespace)")
+    assert kthreadd.is_kernel_thread and kthreadd.exe is None and kthreadd.cmdline == ()
+    children = [p for p in inventory.processes.values() if p.ppid == 2]
+    assert children and all(p.is_kernel_thread for p in children)
+    assert not inventory.process(os.getpid()).is_kernel_thread
+
+
+def test_environment_variable_read_on_demand(spawn):
+    env = dict(os.environ, TEMPER_WORKLOAD_PROFILE="memcached-demo")
+    child = spawn(env=env)
+    child.wait_ready()
+    assert procfs.read_environ_var(child.pid, "TEMPER_WORKLOAD_PROFILE") == "memcached-demo"
+    assert procfs.read_environ_var(child.pid, "TEMPER_NOT_SET") is None
+    child.close()
+    assert procfs.read_environ_var(child.pid, "TEMPER_WORKLOAD_PROFILE") is None
+
+
+def test_rewritten_process_title_is_normalised_and_reported(spawn):
+    inventory = Inventory()
+    child = spawn("tmpd-pg")
+    child.wait_ready()
+    inventory.reconcile()
+    assert inventory.process(child.pid).cmdline[-1] == "tmpd-pg"
+    assert child.command("title tmpd-pg: walwriter") == "ok"
+    summary = inventory.reconcile()
+    assert Change(UPDATE, child.pid) in summary.changes
+    info = inventory.process(child.pid)
+    assert info.cmdline == ("tmpd-pg: walwriter",) and info.title == "tmpd-pg: walwriter"
+
+
+def test_refresh_runtime_reads_cpu_time_of_selected_processes(spawn):
+    inventory = Inventory()
+    child = spawn()
+    child.wait_ready()
+    idle = int(child.command("thread tmpd-idle"))
+    busy = int(child.command("spin tmpd-busy"))
+    inventory.reconcile()
+    assert inventory.thread(busy).runtime_ns is None  # not sampled by scans
+    inventory.refresh_runtime([child.pid])
+    busy_ns, idle_ns = inventory.thread(busy).runtime_ns, inventory.thread(idle).runtime_ns
+    assert busy_ns >= 40_000_000 and busy_ns > idle_ns
+    with open(f"/proc/{child.pid}/task/{busy}/schedstat") as f:
+        assert busy_ns <= int(f.read().split()[0])
+
+
+def test_snapshot_is_immutable_and_cached(live, spawn):
+    inventory, _ = live
+    child = spawn()
+    child.wait_ready()
+    assert pump_until(inventory, lambda: inventory.process(child.pid) is not None)
+    first = inventory.snapshot()
+    assert inventory.snapshot() is first
+    with pytest.raises(TypeError):
+        first.processes[child.pid] = None
+    with pytest.raises(TypeError):
+        first.process(child.pid).threads[1] = None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.thread(child.pid).comm = "x"
+
+    tid = int(child.command("thread tmpd-late"))
+    assert pump_until(inventory, lambda: inventory.thread(tid) is not None)
+    later = inventory.snapshot()
+    assert later is not first and later.thread(tid) is not None
+    assert first.thread(tid) is None and tid not in first.process(child.pid).threads
+
+
+def test_stats_count_events_and_reconciles(live, spawn):
+    inventory, _ = live
+    before = inventory.stats
+    child = spawn()
+    child.wait_ready()
+    assert pump_until(inventory, lambda: inventory.process(child.pid) is not None)
+    inventory.reconcile()
+    stats = inventory.stats
+    assert stats.events_active and stats.events_received > before.events_received
+    assert stats.reconciles == before.reconciles + 1
+    assert 0 < stats.last_reconcile_cpu_s < 5 and stats.last_reconcile_duration_s > 0
+    assert stats.processes == len(inventory.processes)
+    assert stats.threads == len(inventory.snapshot().threads)
+    assert 0 <= stats.last_event_lag_s <= stats.max_event_lag_s < 5
+
+
+# -- pure parsing ---------------------------------------------------------------------------
+
+
+def test_unit_from_cgroup_path():
+    assert procfs.unit_from_cgroup("/system.slice/memcached.service") == "memcached.service"
+    assert procfs.unit_from_cgroup("/user.slice/user-1000.slice/session-2.scope") == "session-2.scope"
+    assert procfs.unit_from_cgroup("/system.slice/app.service/worker") == "app.service"
+    assert procfs.unit_from_cgroup(
+        "/user.slice/user-1000.slice/user@1000.service/app.slice/foo.service") == "foo.service"
+    assert procfs.unit_from_cgroup("/system.slice") is None
+    assert procfs.unit_from_cgroup("/") is None
+    assert procfs.unit_from_cgroup(None) is None
+
+
+def test_parse_cgroup_on_a_hybrid_host():
+    data = (b"12:cpu,cpuacct:/system.slice/redis-server.service\n"
+            b"1:name=systemd:/system.slice/redis-server.service\n"
+            b"0::/\n")
+    paths = procfs.parse_cgroup(data)
+    assert (paths.unified, paths.systemd) == ("/", "/system.slice/redis-server.service")
+    assert paths.unit == "redis-server.service"  # the name=systemd path is the fallback
+    assert procfs.parse_cgroup(b"0::/system.slice/memcached.service\n").unit == "memcached.service"
+
+
+def test_normalise_cmdline():
+    assert procfs.normalise_cmdline(b"/usr/bin/memcached\x00-l\x00127.0.0.1\x00") == ("/usr/bin/memcached", "-l", "127.0.0.1")
+    assert procfs.normalise_cmdline(b"postgres: checkpointer \0\0\0\0\0\0") == ("postgres: checkpointer",)
+    assert procfs.normalise_cmdline(b"postgres: walwriter      ") == ("postgres: walwriter",)
+    assert procfs.normalise_cmdline(b"a\0\0b\0") == ("a", "", "b")
+    assert procfs.normalise_cmdline(b"") == ()
+
+
+def test_parse_stat_with_an_awkward_name():
+    line = (b"4242 (a) b (c) ) S 1 4242 4242 0 -1 4194560 100 0 0 0 7 3 0 0 20 -5 2 0 123456 "
+            b"1000 100 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 3 0 0 0 0 0 0 0 0 0 0 0\n")
+    stat = procfs.parse_stat(line)
+    assert stat.comm == "a) b (c) " and stat.state == "S" and stat.ppid == 1
+    assert (stat.nice, stat.start_time, stat.last_cpu, stat.policy) == (-5, 123456, 1, 3)
+    assert procfs.parse_cpu_list("0-3,8,10-11\n") == frozenset({0, 1, 2, 3, 8, 10, 11})
