@@ -6,6 +6,7 @@ import click
 
 from temperd import __version__
 
+from .plan_cmd import explain_command, plan_command
 from .profiles_cmd import profiles
 
 # Exit codes: 0 ok, 1 invalid input or failed check, 2 usage error (click's own).
@@ -18,6 +19,8 @@ def main() -> None:
 
 
 main.add_command(profiles)
+main.add_command(plan_command)
+main.add_command(explain_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,131 @@
+"""`temperctl plan` and `temperctl explain`: what temperd decides for this host, and why."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Optional, Tuple
+
+import click
+
+from temperd.config import DEFAULT_CONFIG_DIR
+from temperd.engine import HostView, decide, load_host_view, make_matcher
+from temperd.errors import ConfigError
+from temperd.inventory import Inventory
+from temperd.matcher import MatchResult
+from temperd.plan import LayerPlan
+from temperd.shape import ShapeError, format_cpulist
+
+from .output import print_json, print_table
+
+config_option = click.option("--config", "config_dir", default=DEFAULT_CONFIG_DIR, show_default=True,
+                             help="Configuration directory (temperd.toml, profiles.d/).")
+sysfs_option = click.option("--sysfs", "sysfs_root", default="/sys", show_default=True,
+                            help="sysfs root for the machine shape (a fixture tree plans for another host shape).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
+def _view(config_dir: str, sysfs_root: str) -> HostView:
+    try:
+        view = load_host_view(config_dir, sysfs_root)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            click.echo(f"error: {problem}", err=True)
+        sys.exit(1)
+    except ShapeError as exc:
+        raise click.ClickException(f"cannot read the machine shape: {exc}")
+    for problem in view.problems:
+        click.echo(f"warning: not loaded: {problem}", err=True)
+    return view
+
+
+def compute(config_dir: str, sysfs_root: str) -> Tuple[HostView, Inventory, MatchResult, LayerPlan]:
+    view = _view(config_dir, sysfs_root)
+    inventory = Inventory()
+    inventory.reconcile()
+    match, layer_plan = decide(view, make_matcher(view), inventory.processes.values())
+    return view, inventory, match, layer_plan
+
+
+def plan_json(view: HostView, match: MatchResult, layer_plan: LayerPlan) -> dict:
+    return {
+        "machine_shape": view.shape.describe(),
+        "workloads": [dataclasses.asdict(w) for w in match.workloads],
+        "plan": dataclasses.asdict(layer_plan),
+    }
+
+
+def print_plan(view: HostView, match: MatchResult, layer_plan: LayerPlan) -> None:
+    click.echo(f"machine shape: {view.shape.describe()}")
+    click.echo("")
+    print_table(("WORKLOAD", "PROFILE", "TIER", "BUDGET", "THREADS", "WHY"),
+                [(w.key, w.profile_id or "-", w.tier, f"{w.budget:g}" if w.budget is not None else "-",
+                  len(w.threads), w.reason) for w in match.workloads])
+    click.echo("")
+    print_table(("LAYER", "KIND", "TREATMENT", "CPUS", "MEMBERS", "REASON"),
+                [(l.name, l.kind, l.treatment, format_cpulist(l.cpus) or "-", len(l.selector.tids),
+                  "; ".join(l.reasons)) for l in layer_plan.layers])
+    click.echo("")
+    for decision in layer_plan.decisions:
+        click.echo(f"- {decision}")
+    for error in layer_plan.errors:
+        click.echo(f"error: {error}")
+
+
+@click.command("plan")
+@click.option("--dry-run", is_flag=True, help="Compute the plan here (as root) instead of asking the daemon.")
+@config_option
+@sysfs_option
+@json_option
+def plan_command(dry_run: bool, config_dir: str, sysfs_root: str, as_json: bool) -> None:
+    """Show the layer plan: layer, kind, CPUs, members and the reason for each decision."""
+    if not dry_run:
+        raise click.UsageError("the daemon's plan is not available from this temperctl; use --dry-run")
+    view, _, match, layer_plan = compute(config_dir, sysfs_root)
+    if as_json:
+        print_json(plan_json(view, match, layer_plan))
+    else:
+        print_plan(view, match, layer_plan)
+    if layer_plan.errors:
+        sys.exit(1)
+
+
+@click.command("explain")
+@click.argument("task_id", type=int)
+@config_option
+@json_option
+def explain_command(task_id: int, config_dir: str, as_json: bool) -> None:
+    """Why is process or thread TASK_ID treated as it is? (computed here, as root)"""
+    view, inventory, match, layer_plan = compute(config_dir, "/sys")
+    proc = inventory.processes.get(task_id)
+    tid: Optional[int] = None
+    if proc is None:
+        thread = inventory.thread(task_id)
+        if thread is None:
+            raise click.ClickException(f"no process or thread {task_id}")
+        proc, tid = inventory.processes.get(thread.pid), task_id
+    workload = match.workload_of(proc.pid)
+    threads = [t for t in (workload.threads if workload else ()) if t.pid == proc.pid and (tid is None or t.tid == tid)]
+    layers = {m: l for l in layer_plan.layers for m in l.selector.tids}
+    if as_json:
+        print_json({
+            "pid": proc.pid, "tid": tid, "process": proc.name,
+            "workload": dataclasses.asdict(workload) if workload else None,
+            "why_not": None if workload else make_matcher(view).explain_unmatched(proc),
+            "threads": [{**dataclasses.asdict(t), "layer": layers[t.tid].name if t.tid in layers else None}
+                        for t in threads],
+        })
+        return
+    click.echo(f"process {proc.pid} ({proc.name}), unit {proc.unit or '-'}, cgroup {proc.cgroup or '-'}")
+    if workload is None:
+        click.echo(f"not treated: {make_matcher(view).explain_unmatched(proc)}")
+        return
+    click.echo(f"workload {workload.key}: profile {workload.profile_id or '-'}, tier {workload.tier}")
+    click.echo(f"  why: {workload.reason}")
+    click.echo(f"  budget: {workload.budget_reason}")
+    rows = []
+    for t in threads:
+        layer = layers.get(t.tid)
+        rows.append((t.tid, t.comm, t.group or "-", f"{layer.name} ({layer.kind}, CPUs {format_cpulist(layer.cpus) or 'shared'})"
+                     if layer else "-", t.reason))
+    print_table(("TID", "NAME", "GROUP", "LAYER", "WHY"), rows)
