@@ -14,6 +14,7 @@ change is reported alongside it.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import time
@@ -41,6 +42,11 @@ CHANGE_KINDS = (NEW_PROCESS, NEW_THREAD, EXEC, RENAME, EXIT, REUSED, UPDATE)
 _WHOLE_PROCESS = frozenset((NEW_PROCESS, REUSED, EXEC))
 
 _ZOMBIE_STATES = ("Z", "X", "x")
+
+# A child forked without exec (PostgreSQL backends, prefork workers) sets its process title just
+# after the fork event; no event says so, so its command line is read again after these delays.
+TITLE_RECHECKS_S = (0.05, 1.0)
+MAX_PENDING_RECHECKS = 20000
 
 
 @dataclass(frozen=True)
@@ -160,12 +166,19 @@ class _Proc:
         self.threads: Dict[int, ThreadInfo] = {}
         self.frozen: Optional[ProcessInfo] = None
 
+    def live_tid(self) -> Optional[int]:
+        """The thread to read process facts through: None (the process) unless the leader is gone."""
+        if self.pid in self.threads or not self.threads:
+            return None
+        return next(iter(self.threads))
+
     def read_static(self) -> None:
         """exe, cmdline and cgroup: read when the process appears, execs or a scan rechecks."""
         pid = self.pid
         if not self.is_kernel_thread:
-            self.exe = procfs.read_exe(pid)
-            self.cmdline = procfs.read_cmdline(pid) or ()
+            via = self.live_tid()
+            self.exe = procfs.read_exe(pid, via)
+            self.cmdline = procfs.read_cmdline(pid, via) or ()
         self.set_cgroup(procfs.read_cgroup(pid))
 
     def set_cgroup(self, paths: Optional[procfs.CgroupPaths]) -> None:
@@ -220,7 +233,7 @@ Listener = Callable[[List[Change]], None]
 
 class Inventory:
     def __init__(self, rcvbuf_bytes: int = 4 << 20, resync_min_interval_s: float = 1.0,
-                 ack_timeout_s: float = 1.0):
+                 ack_timeout_s: float = 1.0, title_rechecks_s: Tuple[float, ...] = TITLE_RECHECKS_S):
         self._procs: Dict[int, _Proc] = {}
         self._tid_pid: Dict[int, int] = {}
         self._listeners: List[Listener] = []
@@ -228,6 +241,8 @@ class Inventory:
         self._rcvbuf_bytes = rcvbuf_bytes
         self._resync_min_interval_s = resync_min_interval_s
         self._ack_timeout_s = ack_timeout_s
+        self._title_rechecks_s = tuple(title_rechecks_s)
+        self._rechecks: List[Tuple[float, int, int]] = []  # heap of (due, pid, start_time)
         self._resync_pending = False
         self._last_reconcile_at = float("-inf")
         self._notice_logged = False
@@ -294,6 +309,15 @@ class Inventory:
     def needs_reconcile(self) -> bool:
         """Events were lost and the rescan is still due (rate-limited in handle_events)."""
         return self._resync_pending
+
+    def poll_timeout(self) -> Optional[float]:
+        """Seconds until handle_events() has timed work due (a title recheck), None if none:
+        the longest a caller may wait on fileno() before calling handle_events() anyway."""
+        if self._rechecks:
+            return max(0.0, self._rechecks[0][0] - time.monotonic())
+        if self._resync_pending:
+            return max(0.0, self._last_reconcile_at + self._resync_min_interval_s - time.monotonic())
+        return None
 
     def subscribe(self, callback: Listener) -> Callable[[], None]:
         """Call `callback(changes)` after every update that changed something; returns an unsubscribe."""
@@ -397,13 +421,13 @@ class Inventory:
         if leader is None:
             return None
         proc = _Proc(pid, leader)
-        proc.read_static()
         for tid, stat in stats.items():
             info = _thread_info(pid, tid, stat, None)
             if info is not None:
                 proc.threads[tid] = info
         if not proc.threads:
             return None
+        proc.read_static()
         return proc
 
     # -- events -----------------------------------------------------------------------------
@@ -415,6 +439,8 @@ class Inventory:
         if self._connector is not None:
             batch = self._connector.drain(max_events)
             self._apply_batch(batch, changes)
+        if self._rechecks:
+            self._run_title_rechecks(changes)
         if self._resync_pending and time.monotonic() - self._last_reconcile_at >= self._resync_min_interval_s:
             changes.extend(self._reconcile(notify=False).changes)
         self._notify(changes)
@@ -439,6 +465,8 @@ class Inventory:
         kind = event.kind
         if kind == "fork":
             self._on_task_appeared(event.pid, event.tid, changes)
+            if event.tid == event.pid:
+                self._schedule_title_rechecks(event.pid)
         elif kind == "exec":
             self._on_exec(event.pid, changes)
         elif kind == "comm":
@@ -522,6 +550,27 @@ class Inventory:
             self._remove_process(pid)
             changes.append(Change(EXIT, pid))
 
+    def _schedule_title_rechecks(self, pid: int) -> None:
+        proc = self._procs.get(pid)
+        if proc is None or proc.is_kernel_thread or len(self._rechecks) >= MAX_PENDING_RECHECKS:
+            return
+        now = time.monotonic()
+        for delay in self._title_rechecks_s:
+            heapq.heappush(self._rechecks, (now + delay, pid, proc.start_time))
+
+    def _run_title_rechecks(self, changes: List[Change]) -> None:
+        now = time.monotonic()
+        while self._rechecks and self._rechecks[0][0] <= now:
+            _due, pid, start_time = heapq.heappop(self._rechecks)
+            proc = self._procs.get(pid)
+            if proc is None or proc.start_time != start_time:
+                continue
+            cmdline = procfs.read_cmdline(pid, proc.live_tid())
+            if cmdline and cmdline != proc.cmdline:
+                proc.cmdline = cmdline
+                self._touch(proc)
+                changes.append(Change(UPDATE, pid))
+
     # -- scanning ---------------------------------------------------------------------------
 
     def reconcile(self) -> ReconcileSummary:
@@ -579,9 +628,12 @@ class Inventory:
             proc.ppid = leader.ppid
             dirty = True
         if not proc.is_kernel_thread:
-            # None or empty means unreadable right now (an exiting or zombie leader): keep the old.
-            exe = procfs.read_exe(pid) or proc.exe
-            cmdline = procfs.read_cmdline(pid) or proc.cmdline
+            via = None
+            if leader.state in _ZOMBIE_STATES:
+                via = next((tid for tid, st in stats.items() if st.state not in _ZOMBIE_STATES), None)
+            # None or empty means unreadable right now (an exiting process): keep the old.
+            exe = procfs.read_exe(pid, via) or proc.exe
+            cmdline = procfs.read_cmdline(pid, via) or proc.cmdline
             cgroup = procfs.read_cgroup(pid)
             old_cgroup = (proc.cgroup, proc.cgroup_systemd)
             new_cgroup = old_cgroup if cgroup is None else (cgroup.unified, cgroup.systemd)

@@ -232,10 +232,15 @@ def read_comm(pid: int, tid: Optional[int] = None) -> Optional[str]:
     return data.rstrip(b"\n").decode("utf-8", "replace")
 
 
-def read_exe(pid: int) -> Optional[str]:
+def _task_path(pid: int, tid: Optional[int], name: str) -> str:
+    # Through a thread: a process whose leader has exited (a zombie) still has an mm there.
+    return f"{PROC}/{pid}/{name}" if tid is None else f"{PROC}/{pid}/task/{tid}/{name}"
+
+
+def read_exe(pid: int, tid: Optional[int] = None) -> Optional[str]:
     """Executable path; None for kernel threads, zombies and, without privilege, others' processes."""
     try:
-        return os.readlink(f"{PROC}/{pid}/exe")
+        return os.readlink(_task_path(pid, tid, "exe"))
     except OSError as exc:
         if exc.errno in _QUIET:
             return None
@@ -260,8 +265,8 @@ def normalise_cmdline(data: bytes) -> Tuple[str, ...]:
     return tuple(arg.decode("utf-8", "replace") for arg in args)
 
 
-def read_cmdline(pid: int) -> Optional[Tuple[str, ...]]:
-    data = read_bytes(f"{PROC}/{pid}/cmdline", 8192)
+def read_cmdline(pid: int, tid: Optional[int] = None) -> Optional[Tuple[str, ...]]:
+    data = read_bytes(_task_path(pid, tid, "cmdline"), 8192)
     if data is None:
         return None
     return normalise_cmdline(data)

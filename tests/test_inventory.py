@@ -9,6 +9,7 @@ import logging
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -33,7 +34,7 @@ from temperd.proc_connector import ConnectorUnavailable, ProcConnector
 # from inside each thread, renames threads from outside with pthread_setname_np, and can rewrite
 # its process title over the argv area the way PostgreSQL does.
 WORKLOAD = r"""
-import ctypes, os, sys, threading, time
+import ctypes, os, signal, sys, threading, time
 libc = ctypes.CDLL(None, use_errno=True)
 libc.pthread_setname_np.argtypes = [ctypes.c_ulong, ctypes.c_char_p]
 threading.stack_size(256 * 1024)
@@ -69,7 +70,7 @@ workers = {}
 print("ready", flush=True)
 for line in sys.stdin:
     cmd, *args = line.split(None, 1)
-    args = args[0].split() if args and cmd != "title" else args
+    args = args[0].split() if args and cmd not in ("title", "fork") else args
     if cmd == "thread" or cmd == "spin":
         w = Worker(args[0], 0.05 if cmd == "spin" else 0.0)
         w.start()
@@ -95,6 +96,24 @@ for line in sys.stdin:
     elif cmd == "title":
         rewrite_title(args[0].strip())
         print("ok", flush=True)
+    elif cmd == "fork":
+        # A prefork server's child: no exec; sets its title when told (SIGUSR1).
+        child = os.fork()
+        if child == 0:
+            libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: SIGKILL when the parent goes
+            signal.signal(signal.SIGUSR1, lambda *_: rewrite_title(args[0].strip()))
+            set_name("tmpd-forked")  # ready for the signal
+            time.sleep(10)
+            os._exit(0)
+        print(child, flush=True)
+    elif cmd == "leader-exit":
+        def survivor():
+            set_name("tmpd-survivor")
+            print(threading.get_native_id(), flush=True)
+            sys.stdin.readline()
+            os._exit(0)
+        threading.Thread(target=survivor).start()
+        libc.pthread_exit(None)  # the main (leader) thread ends; the process lives on
     elif cmd == "exit":
         break
 """
@@ -291,6 +310,55 @@ def test_exec_is_reported_and_rereads_the_process(live):
     finally:
         child.kill()
         child.wait()
+
+
+def test_leader_thread_exit_leaves_the_process(live, spawn):
+    inventory, recorder = live
+    child = spawn("tmpd-leader")
+    child.wait_ready()
+    assert pump_until(inventory, lambda: getattr(inventory.process(child.pid), "name", None) == "tmpd-leader")
+    survivor = int(child.command("leader-exit"))
+    assert pump_until(inventory, lambda: inventory.thread(child.pid) is None
+                      and getattr(inventory.thread(survivor), "comm", None) == "tmpd-survivor")
+    assert recorder.has(EXIT, child.pid, child.pid) and not recorder.has(EXIT, child.pid)
+    assert inventory.process(child.pid).leader is None
+
+    # Scans agree: the zombie leader is not a live thread; exe and cmdline come through the survivor.
+    assert Change(EXIT, child.pid) not in inventory.reconcile().changes
+    assert inventory.thread(child.pid) is None
+    fresh = Inventory()
+    fresh.reconcile()
+    scanned = fresh.process(child.pid)
+    assert set(scanned.threads) == {survivor}
+    assert scanned.exe == os.path.realpath(sys.executable) and scanned.cmdline[-1] == "tmpd-leader"
+
+    child.proc.stdin.write("go\n")
+    child.proc.stdin.flush()
+    assert pump_until(inventory, lambda: inventory.process(child.pid) is None)
+    assert recorder.has(EXIT, child.pid)
+
+
+def test_title_set_after_a_fork_without_exec_is_picked_up(spawn):
+    inventory = Inventory(title_rechecks_s=(0.3,))
+    if not inventory.start():
+        pytest.skip(f"process events unavailable here: {inventory.unavailable_reason}")
+    recorder = Recorder()
+    inventory.subscribe(recorder)
+    try:
+        child = spawn("tmpd-prefork")
+        child.wait_ready()
+        assert pump_until(inventory, lambda: getattr(inventory.process(child.pid), "name", None) == "tmpd-prefork")
+        reconciles = inventory.stats.reconciles
+        forked = int(child.command("fork tmpd-pg: backend 127.0.0.1 idle"))
+        assert pump_until(inventory, lambda: getattr(inventory.process(forked), "name", None) == "tmpd-forked")
+        assert inventory.process(forked).cmdline[-1] == "tmpd-prefork"  # the parent's, as forked
+        assert 0 < inventory.poll_timeout() <= 0.3  # a title recheck is pending
+        os.kill(forked, signal.SIGUSR1)
+        assert pump_until(inventory, lambda: inventory.process(forked).title == "tmpd-pg: backend 127.0.0.1 idle")
+        assert recorder.has(UPDATE, forked)
+        assert inventory.stats.reconciles == reconciles  # found without a scan
+    finally:
+        inventory.close()
 
 
 def test_vanishing_tasks_are_counted_not_logged(live, caplog):
