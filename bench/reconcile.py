@@ -60,8 +60,11 @@ def percentile(values, q):
     return ordered[index]
 
 
-def measure_reconcile(extra_threads: int, runs: int):
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(extra_threads)],
+def measure_reconcile(extra_threads: int, runs: int, extra_processes: int = 0):
+    """extra_processes of the extra threads are single-threaded processes (sleep), the rest
+    threads of one process: per-process facts (exe, cmdline, cgroup) cost more than a thread."""
+    sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(extra_processes)]
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(max(0, extra_threads - extra_processes))],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         if holder.stdout.readline().strip() != "ready":
@@ -82,6 +85,9 @@ def measure_reconcile(extra_threads: int, runs: int):
     finally:
         holder.stdin.close()
         holder.wait(timeout=10)
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
 
 
 def measure_latency(renames: int, interval_s: float):
@@ -125,14 +131,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2000, help="extra threads held alive")
     parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--processes", type=int, default=200,
+                        help="also measure with this many of the extra threads as separate processes")
     parser.add_argument("--renames", type=int, default=300, help="0 skips the latency part")
     parser.add_argument("--interval-ms", type=float, default=5.0)
     args = parser.parse_args()
 
     print(f"host: {os.cpu_count()} CPUs, kernel {os.uname().release}")
-    for extra in sorted({0, args.threads}):
-        threads, processes, cold_cpu, cold_wall, warm_cpu, warm_wall = measure_reconcile(extra, args.runs)
-        print(f"\nreconcile, {extra} extra threads: {processes} processes, {threads} threads, {args.runs} runs")
+    scenarios = [(0, 0), (args.threads, 0)]
+    if args.processes:
+        scenarios.append((args.threads, args.processes))
+    for extra, spread in scenarios:
+        threads, processes, cold_cpu, cold_wall, warm_cpu, warm_wall = measure_reconcile(extra, args.runs, spread)
+        shape = f" ({spread} of them as single-threaded processes)" if spread else ""
+        print(f"\nreconcile, {extra} extra threads{shape}: {processes} processes, {threads} threads, "
+              f"{args.runs} runs")
         print(f"{'scan':<6} {'cpu median ms':>14} {'cpu p90 ms':>11} {'cpu max ms':>11} {'wall median ms':>15} {'us/thread':>10}")
         for label, cpu, wall in (("cold", cold_cpu, cold_wall), ("warm", warm_cpu, warm_wall)):
             median = statistics.median(cpu)

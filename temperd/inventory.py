@@ -18,7 +18,7 @@ import heapq
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
@@ -232,6 +232,10 @@ Listener = Callable[[List[Change]], None]
 
 
 class Inventory:
+    """The store. Typical loop: start(); then select() on the inventory (fileno) with
+    poll_timeout() as the timeout, handle_events() when it wakes, and reconcile() every so often
+    (every few seconds where events_active is False, rarely otherwise)."""
+
     def __init__(self, rcvbuf_bytes: int = 4 << 20, resync_min_interval_s: float = 1.0,
                  ack_timeout_s: float = 1.0, title_rechecks_s: Tuple[float, ...] = TITLE_RECHECKS_S):
         self._procs: Dict[int, _Proc] = {}
@@ -313,11 +317,14 @@ class Inventory:
     def poll_timeout(self) -> Optional[float]:
         """Seconds until handle_events() has timed work due (a title recheck), None if none:
         the longest a caller may wait on fileno() before calling handle_events() anyway."""
+        due = []
         if self._rechecks:
-            return max(0.0, self._rechecks[0][0] - time.monotonic())
+            due.append(self._rechecks[0][0])
         if self._resync_pending:
-            return max(0.0, self._last_reconcile_at + self._resync_min_interval_s - time.monotonic())
-        return None
+            due.append(self._last_reconcile_at + self._resync_min_interval_s)
+        if not due:
+            return None
+        return max(0.0, min(due) - time.monotonic())
 
     def subscribe(self, callback: Listener) -> Callable[[], None]:
         """Call `callback(changes)` after every update that changed something; returns an unsubscribe."""
