@@ -6,6 +6,7 @@ import click
 
 from temperd import __version__
 
+from .daemon_cmd import reload_command, status_command
 from .plan_cmd import explain_command, plan_command
 from .profiles_cmd import profiles
 
@@ -21,6 +22,8 @@ def main() -> None:
 main.add_command(profiles)
 main.add_command(plan_command)
 main.add_command(explain_command)
+main.add_command(status_command)
+main.add_command(reload_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -119,14 +119,22 @@ class Matcher:
         self._env_reader = env_reader
         self._quota_reader = quota_reader
         self._env_cache: Dict[Tuple[int, int], Optional[str]] = {}
+        self._decisions: Dict[tuple, Optional[_ProcessDecision]] = {}
         self._last_runtime: Dict[Tuple[int, int], int] = {}
 
     # ---- per process -----------------------------------------------------------------------
 
     def decide(self, proc) -> Optional[_ProcessDecision]:
-        """Profile and tier of one process, or None when nothing selects it."""
+        """Profile and tier of one process, or None when nothing selects it (cached: the facts
+        it depends on are the key, so an exec, a new title or a cgroup move decides again)."""
         if getattr(proc, "is_kernel_thread", False):
             return None
+        key = (proc.pid, proc.start_time, proc.name, proc.exe, tuple(proc.cmdline or ()), proc.unit, proc.cgroup)
+        if key not in self._decisions:
+            self._decisions[key] = self._decide(proc)
+        return self._decisions[key]
+
+    def _decide(self, proc) -> Optional[_ProcessDecision]:
         binding = binding_for(self.config, proc)
         tier = binding.tier if binding else self.config.default_tier
         tier_reason = f"tier {tier} from {binding.describe()}" if binding else f"default tier {tier}"
@@ -164,6 +172,9 @@ class Matcher:
 
     def match(self, processes: Iterable) -> MatchResult:
         procs = {p.pid: p for p in processes}
+        live = {(p.pid, p.start_time) for p in procs.values()}
+        self._decisions = {k: v for k, v in self._decisions.items() if (k[0], k[1]) in live}
+        self._env_cache = {k: v for k, v in self._env_cache.items() if k in live}
         decisions = {}
         for pid, proc in procs.items():
             decision = self.decide(proc)
