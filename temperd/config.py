@@ -101,9 +101,13 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
     v = Validator(doc)
     values = v.table(doc.data, CONFIG_SPEC)
     bindings: List[Binding] = []
+    raw = doc.data.get("binding") if isinstance(doc.data.get("binding"), list) else []
     for index, b in enumerate(values["binding"] or []):
-        if (b.get("unit") is None) == (b.get("cgroup") is None):
+        # Presence as written: a cgroup with a bad value is not also reported missing.
+        if ("unit" in raw[index]) == ("cgroup" in raw[index]):
             v.fail(("binding", index), "expected exactly one of unit, cgroup")
+            continue
+        if b.get("unit") is None and b.get("cgroup") is None:
             continue
         bindings.append(Binding(tier=b["tier"], unit=b.get("unit"), cgroup=b.get("cgroup"),
                                 profile=b.get("profile"), cpus=b.get("cpus"), index=index))
