@@ -85,6 +85,30 @@ def child_pids(pid: int) -> List[int]:
     return sorted(set(kids))
 
 
+def thread_runtimes(pid: int) -> Dict[int, Tuple[str, int]]:
+    """tid -> (comm, nanoseconds on CPU so far) from /proc/PID/task/TID/schedstat."""
+    out: Dict[int, Tuple[str, int]] = {}
+    for tid, comm in thread_names(pid).items():
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as f:
+                out[tid] = (comm, int(f.read().split()[0]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def cpu_ms_by_name(before: Dict[int, Tuple[str, int]], after: Dict[int, Tuple[str, int]]) -> Dict[str, float]:
+    """CPU milliseconds per thread name between two :func:`thread_runtimes` snapshots.
+
+    Threads that started in between count from zero; threads that exited are not counted.
+    """
+    totals: Dict[str, float] = {}
+    for tid, (comm, ns) in after.items():
+        start = before.get(tid, (comm, 0))[1]
+        totals[comm] = totals.get(comm, 0.0) + max(0, ns - start) / 1e6
+    return totals
+
+
 @dataclass
 class Observation:
     """What a server's process tree looked like over a number of /proc samples."""
@@ -378,6 +402,16 @@ def redis_server(io_threads: int = 1, appendonly: bool = False) -> Iterator[Runn
             yield RunningServer("redis", _version([binary, "--version"]), proc.pid, port, workdir, start_load)
 
 
+def redis_cli(server: RunningServer, *args: str, timeout: float = 10) -> str:
+    """Run one redis-cli command against a server from :func:`redis_server`."""
+    cli = require("redis-cli", "redis-tools")
+    out = subprocess.run([cli, "-h", LOOPBACK, "-p", str(server.port), *args], capture_output=True,
+                         text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"redis-cli {' '.join(args)} failed: {out.stderr.strip()[-300:]}")
+    return out.stdout.strip()
+
+
 # ---- PostgreSQL -----------------------------------------------------------------------------------
 
 
@@ -436,6 +470,22 @@ def postgresql_server(cluster_name: Optional[str] = None) -> Iterator[RunningSer
             version = _version([os.path.join(bindir, "postgres"), "--version"])
             yield RunningServer("postgresql", version, proc.pid, port, workdir, start_load,
                                 extra={"cluster_name": cluster_name, "socket_dir": workdir})
+
+
+def start_parallel_query(server: RunningServer, seconds: float = 2.0) -> Load:
+    """A parallel sequential scan on pgbench_accounts, cancelled by statement_timeout after ``seconds``.
+
+    Planner costs are zeroed so PostgreSQL starts parallel workers even on the small table; the
+    per-row pg_sleep keeps them running long enough to be seen. The load ends with a statement
+    timeout error by design.
+    """
+    psql = require("psql", "postgresql-client")
+    ms = int(seconds * 1000)
+    sql = (f"SET statement_timeout = {ms}; SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; "
+           "SET min_parallel_table_scan_size = 0; SET max_parallel_workers_per_gather = 2; "
+           "SELECT count(*) FROM pgbench_accounts WHERE pg_sleep(0.0001) IS NOT NULL;")
+    env = dict(os.environ, PGHOST=LOOPBACK, PGPORT=str(server.port), PGUSER="postgres", PGDATABASE="postgres")
+    return Load("psql-parallel", [[psql, "-X", "-q", "-c", sql]], seconds, server.workdir, self_limited=True, env=env)
 
 
 # ---- MariaDB ----------------------------------------------------------------------------------------
@@ -531,6 +581,7 @@ __all__ = [
     "RunningServer",
     "ServerUnavailable",
     "child_pids",
+    "cpu_ms_by_name",
     "free_port",
     "mariadb_server",
     "mariadb_thread_roles",
@@ -538,8 +589,11 @@ __all__ = [
     "postgresql_bindir",
     "postgresql_server",
     "process_title",
+    "redis_cli",
     "redis_server",
     "sample_until",
+    "start_parallel_query",
     "thread_names",
+    "thread_runtimes",
     "version_tuple",
 ]
