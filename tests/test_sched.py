@@ -1,0 +1,115 @@
+"""Per-thread scheduler controls on real threads, read back from /proc."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from temperd import sched
+from thread_children import Children, cpus_allowed, nice_of, policy_of
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing other threads' scheduling needs root")
+needs_two_cpus = pytest.mark.skipif(len(sched.online_cpus()) < 2 or not {0, 1} <= os.sched_getaffinity(0),
+                                    reason="needs CPUs 0 and 1 online and allowed")
+
+
+@pytest.fixture
+def children():
+    kids = Children()
+    yield kids
+    kids.kill_all()
+
+
+def test_cpu_list_round_trip():
+    assert sched.parse_cpu_list("0-3,8,10-11\n") == frozenset({0, 1, 2, 3, 8, 10, 11})
+    assert sched.format_cpu_list({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8"
+    assert sched.parse_cpu_list(sched.format_cpu_list({3})) == frozenset({3})
+
+
+@needs_two_cpus
+def test_affinity_is_per_thread(children):
+    child = children.spawn(["aff-a", "aff-b"])
+    a, b = child.threads["aff-a"], child.threads["aff-b"]
+    sched.set_affinity(a, {1})
+    assert cpus_allowed(child.pid, a) == "1"
+    assert sched.get_affinity(a) == frozenset({1})
+    assert cpus_allowed(child.pid, b) == "0-1"  # the sibling keeps its own
+
+
+@needs_root
+def test_policy_and_nice_are_per_thread(children):
+    child = children.spawn(["pol-idle", "pol-batch", "pol-nice", "pol-none"])
+    t = child.threads
+    sched.set_sched(t["pol-idle"], policy=sched.SCHED_IDLE)
+    sched.set_sched(t["pol-batch"], policy=sched.SCHED_BATCH, nice=19)
+    sched.set_nice(t["pol-nice"], -7)
+    assert policy_of(child.pid, t["pol-idle"]) == sched.SCHED_IDLE
+    assert (policy_of(child.pid, t["pol-batch"]), nice_of(child.pid, t["pol-batch"])) == (sched.SCHED_BATCH, 19)
+    assert (policy_of(child.pid, t["pol-nice"]), nice_of(child.pid, t["pol-nice"])) == (sched.SCHED_OTHER, -7)
+    assert (policy_of(child.pid, t["pol-none"]), nice_of(child.pid, t["pol-none"])) == (sched.SCHED_OTHER, 0)
+    state = sched.get_sched(t["pol-batch"])
+    assert (state.policy_name, state.nice, state.priority) == ("batch", 19, 0)
+    # Back to the defaults: a policy change keeps nice unless told, and a nice change keeps policy.
+    sched.set_sched(t["pol-batch"], policy=sched.SCHED_OTHER)
+    assert (policy_of(child.pid, t["pol-batch"]), nice_of(child.pid, t["pol-batch"])) == (sched.SCHED_OTHER, 19)
+    sched.set_sched(t["pol-batch"], nice=0)
+    assert (policy_of(child.pid, t["pol-batch"]), nice_of(child.pid, t["pol-batch"])) == (sched.SCHED_OTHER, 0)
+
+
+def test_slice_support_is_detected_consistently():
+    support = sched.slice_support()
+    assert support is sched.slice_support()  # detected once
+    assert support.reason
+    if support.supported:
+        assert support.default_ns and support.min_ns and support.max_ns
+        assert support.min_ns <= support.default_ns <= support.max_ns
+
+
+@needs_root
+def test_custom_slice_set_kept_across_policy_change_and_reset(children):
+    support = sched.slice_support()
+    if not support.supported:
+        pytest.skip(f"custom slice unsupported: {support.reason}")
+    child = children.spawn(["slc-a", "slc-b"])
+    a, b = child.threads["slc-a"], child.threads["slc-b"]
+    sched.set_sched(a, slice_ns=300_000)
+    assert sched.get_sched(a).slice_ns == 300_000
+    assert sched.get_sched(b).slice_ns == support.default_ns
+    # A later policy or nice change must not drop the custom slice.
+    sched.set_sched(a, policy=sched.SCHED_BATCH, nice=3)
+    assert sched.get_sched(a) == sched.SchedState(sched.SCHED_BATCH, 0, 3, 300_000)
+    # Requests outside the kernel's range are clamped, and 0 returns to the base slice.
+    sched.set_sched(a, slice_ns=1)
+    assert sched.get_sched(a).slice_ns == support.min_ns
+    sched.set_sched(a, policy=sched.SCHED_OTHER, nice=0, slice_ns=0)
+    assert sched.get_sched(a) == sched.SchedState(sched.SCHED_OTHER, 0, 0, support.default_ns)
+
+
+def test_gone_thread_raises_esrch(children):
+    child = children.spawn(["gone-a"])
+    tid = child.threads["gone-a"]
+    children.kill_all()
+    with pytest.raises(OSError) as info:
+        sched.get_sched(tid)
+    assert sched.is_gone(info.value)
+    assert sched.start_time(tid) is None
+
+
+def test_identity_and_kernel_thread(children):
+    child = children.spawn(["ident-a"])
+    tid = child.threads["ident-a"]
+    assert sched.start_time(tid) == sched.start_time(tid) > 0
+    assert sched.is_kernel_thread(tid) is False
+    assert sched.is_kernel_thread(2) is True  # kthreadd
+
+
+def test_autogroup_read_matches_proc(children):
+    if not os.path.exists(f"/proc/{os.getpid()}/autogroup"):
+        pytest.skip("kernel built without CONFIG_SCHED_AUTOGROUP")
+    child = children.spawn(["ag-a"], new_session=True)
+    mine, theirs = sched.read_autogroup(os.getpid()), sched.read_autogroup(child.pid)
+    with open(f"/proc/{child.pid}/autogroup") as handle:
+        assert handle.read().split()[0] == theirs[0]
+    if sched.autogroup_enabled():
+        assert mine[0] != theirs[0]  # a new session is a new autogroup
