@@ -1,0 +1,140 @@
+"""The restore ledger: originals per (tid, start_time), atomic state file, restore, drift."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from temperd import sched
+from temperd.restore_ledger import (AFFINITY, NICE, POLICY, LedgerError, Original, RestoreLedger, ThreadRecord)
+from thread_children import Children, cpus_allowed, nice_of, policy_of
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="lowering nice and changing other threads needs root")
+needs_two_cpus = pytest.mark.skipif(len(sched.online_cpus()) < 2 or not {0, 1} <= os.sched_getaffinity(0),
+                                    reason="needs CPUs 0 and 1 online and allowed")
+
+
+@pytest.fixture
+def children():
+    kids = Children()
+    yield kids
+    kids.kill_all()
+
+
+def _record(ledger: RestoreLedger, pid: int, tid: int, comm: str) -> ThreadRecord:
+    return ledger.record(tid, pid, sched.start_time(tid), comm, Original.read(tid))
+
+
+def test_state_file_round_trip_is_atomic_and_private(tmp_path, children):
+    child = children.spawn(["led-a"])
+    tid = child.threads["led-a"]
+    ledger = RestoreLedger(str(tmp_path / "state"))
+    rec = _record(ledger, child.pid, tid, "led-a")
+    rec.applied[NICE] = 5
+    rec.applied[AFFINITY] = (0,)
+    ledger.extras["pmqos"] = {"originals": {"1": "0"}, "written": {"1": "20"}}
+    ledger.save()
+    assert os.listdir(tmp_path / "state") == ["native-state.json"]  # no temp file left behind
+    assert stat.S_IMODE(os.stat(ledger.path).st_mode) == 0o600
+    data = json.loads(open(ledger.path).read())
+    assert data["version"] == 1 and data["writer_pid"] == os.getpid()
+
+    again = RestoreLedger(str(tmp_path / "state"))
+    assert again.load() is True
+    loaded = again.get(tid, rec.start_time)
+    assert loaded.original == rec.original
+    assert loaded.applied == {NICE: 5, AFFINITY: (0,)}
+    assert again.extras["pmqos"]["written"] == {"1": "20"}
+
+
+def test_nothing_to_undo_removes_the_state_file(tmp_path, children):
+    child = children.spawn(["led-b"])
+    ledger = RestoreLedger(str(tmp_path))
+    rec = _record(ledger, child.pid, child.threads["led-b"], "led-b")
+    rec.applied[NICE] = 3
+    ledger.save()
+    assert os.path.exists(ledger.path)
+    rec.applied.clear()
+    ledger.save()
+    assert not os.path.exists(ledger.path)
+    assert RestoreLedger(str(tmp_path)).load() is False
+
+
+@pytest.mark.parametrize("content, expect", [
+    ("{not json", "unreadable state file"),
+    ('{"version": 7}', "version: expected 1, found 7"),
+    ('{"version": 1, "threads": [{"tid": 1}]}', "threads: malformed entry"),
+])
+def test_bad_state_file_is_one_line_error_naming_it(tmp_path, content, expect):
+    path = tmp_path / "native-state.json"
+    path.write_text(content)
+    with pytest.raises(LedgerError) as info:
+        RestoreLedger(str(tmp_path)).load()
+    message = str(info.value)
+    assert str(path) in message and expect in message and "\n" not in message
+
+
+@needs_root
+@needs_two_cpus
+def test_restore_one_thread_puts_back_what_was_applied(tmp_path, children):
+    child = children.spawn(["led-c", "led-d"])
+    tid, other = child.threads["led-c"], child.threads["led-d"]
+    ledger = RestoreLedger(str(tmp_path))
+    rec = _record(ledger, child.pid, tid, "led-c")
+    _record(ledger, child.pid, other, "led-d").applied[NICE] = 0  # held, but not changed
+    sched.set_affinity(tid, {1})
+    sched.set_sched(tid, policy=sched.SCHED_BATCH, nice=10)
+    rec.applied.update({AFFINITY: (1,), POLICY: sched.SCHED_BATCH, NICE: 10})
+    assert (cpus_allowed(child.pid, tid), policy_of(child.pid, tid), nice_of(child.pid, tid)) == ("1", 3, 10)
+
+    outcome = ledger.restore(rec)
+    assert outcome.restored == {AFFINITY: 1, POLICY: 1, NICE: 1}
+    assert not outcome.failed and not outcome.drift
+    assert (cpus_allowed(child.pid, tid), policy_of(child.pid, tid), nice_of(child.pid, tid)) == ("0-1", 0, 0)
+    assert ledger.get(tid, rec.start_time) is None  # nothing left to hold
+    assert len(ledger.records) == 1
+
+
+@needs_root
+def test_restore_leaves_a_setting_someone_else_changed(tmp_path, children):
+    child = children.spawn(["led-e"])
+    tid = child.threads["led-e"]
+    ledger = RestoreLedger(str(tmp_path))
+    rec = _record(ledger, child.pid, tid, "led-e")
+    sched.set_sched(tid, policy=sched.SCHED_BATCH, nice=5)
+    rec.applied.update({POLICY: sched.SCHED_BATCH, NICE: 5})
+    os.setpriority(os.PRIO_PROCESS, tid, 12)  # someone else
+    outcome = ledger.restore(rec)
+    assert outcome.drift == {NICE: 1} and outcome.restored == {POLICY: 1}
+    assert ledger.drift_counts == {NICE: 1}
+    assert (policy_of(child.pid, tid), nice_of(child.pid, tid)) == (0, 12)  # theirs kept
+    assert rec.drifted == {NICE: 12}
+
+
+@needs_root
+def test_reused_tid_is_not_restored(tmp_path, children):
+    child = children.spawn(["led-f"])
+    tid = child.threads["led-f"]
+    ledger = RestoreLedger(str(tmp_path))
+    real = Original.read(tid)
+    impostor = ledger.record(tid, child.pid, sched.start_time(tid) - 1, "led-f",
+                             Original(real.affinity, real.policy, 0, 7, 0))
+    impostor.applied[NICE] = 0
+    outcome = ledger.restore_all()
+    assert outcome.gone == 1 and not outcome.restored
+    assert nice_of(child.pid, tid) == 0  # the 7 of the earlier thread with this tid is not written
+    assert not ledger.records
+
+
+def test_gone_thread_is_dropped(tmp_path, children):
+    child = children.spawn(["led-g"])
+    tid = child.threads["led-g"]
+    ledger = RestoreLedger(str(tmp_path))
+    rec = _record(ledger, child.pid, tid, "led-g")
+    rec.applied[NICE] = 4
+    children.kill_all()
+    outcome = ledger.restore_all()
+    assert outcome.gone == 1 and not outcome.failed and not ledger.records
