@@ -126,7 +126,7 @@ def test_redis_event_loop_io_and_background_threads():
             assert group_of(prof, name) == "background", name
     titles = list(child.child_titles)
     assert any(t.startswith("redis-rdb-bgsave ") for t in titles), titles
-    assert set(child.child_threads) == {"redis-server"}  # the child keeps the parent's comm ...
+    assert set(child.child_threads) <= {"redis-server"}  # the child keeps the parent's comm ...
     for title in titles:  # ... so only its title puts it in the yielding group
         assert group_of(prof, "redis-server", title) == "fork-children", title
 
