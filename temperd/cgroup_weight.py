@@ -58,17 +58,28 @@ def systemd_is_pid1(proc_root: str = "/proc", run_root: str = "/run") -> bool:
         return False
 
 
-def cgroup2_mount(mountinfo: str = "/proc/self/mountinfo") -> Optional[str]:
+def _mounts(mountinfo: str) -> List[Tuple[str, str, List[str]]]:
+    """(mount point, fstype, super options) of each mount."""
     try:
         with open(mountinfo) as handle:
             lines = handle.read().splitlines()
     except OSError:
-        return None
+        return []
+    out = []
     for line in lines:
         left, sep, right = line.partition(" - ")
-        if sep and right.split()[0] == "cgroup2":
-            return left.split()[4]
-    return None
+        fields = right.split()
+        if sep and len(fields) >= 3:
+            out.append((left.split()[4], fields[0], fields[2].split(",")))
+    return out
+
+
+def cgroup2_mount(mountinfo: str = "/proc/self/mountinfo") -> Optional[str]:
+    return next((point for point, fstype, _opts in _mounts(mountinfo) if fstype == "cgroup2"), None)
+
+
+def cgroup1_cpu_mount(mountinfo: str = "/proc/self/mountinfo") -> Optional[str]:
+    return next((point for point, fstype, opts in _mounts(mountinfo) if fstype == "cgroup" and "cpu" in opts), None)
 
 
 def _read(path: str) -> Optional[str]:
@@ -80,7 +91,8 @@ def _read(path: str) -> Optional[str]:
 
 
 def detect(proc_root: str = "/proc", run_root: str = "/run", mountinfo: Optional[str] = None) -> WeightSupport:
-    mount = cgroup2_mount(mountinfo or os.path.join(proc_root, "self", "mountinfo"))
+    mountinfo = mountinfo or os.path.join(proc_root, "self", "mountinfo")
+    mount = cgroup2_mount(mountinfo)
     if systemd_is_pid1(proc_root, run_root):
         return WeightSupport(SYSTEMD, mount, "systemd is PID 1: weights are set with systemctl set-property --runtime")
     init = _read(os.path.join(proc_root, "1", "comm")) or "unknown"
@@ -88,9 +100,11 @@ def detect(proc_root: str = "/proc", run_root: str = "/run", mountinfo: Optional
         return WeightSupport(None, None, f"no cgroup2 hierarchy is mounted, and PID 1 is {init!r}, not systemd")
     controllers = (_read(os.path.join(mount, "cgroup.controllers")) or "").split()
     if "cpu" not in controllers:
+        v1 = cgroup1_cpu_mount(mountinfo)
+        where = f"cpu is bound to the cgroup v1 hierarchy at {v1}" if v1 else "cpu is not available to it"
         return WeightSupport(None, mount, (
             f"the cgroup2 hierarchy at {mount} has no cpu controller (controllers: {' '.join(controllers) or 'none'}): "
-            f"cpu is bound to a cgroup v1 hierarchy; PID 1 is {init!r}, not systemd"))
+            f"{where}; PID 1 is {init!r}, not systemd"))
     return WeightSupport(CGROUPFS, mount, f"PID 1 is {init!r}, not systemd: cpu.weight is written under {mount}")
 
 

@@ -397,3 +397,45 @@ def test_yield_treatment_holds_against_a_spinner_in_another_session(tmp_path, ch
     # SCHED_IDLE alone would leave the two sessions at ~50/50 here; with the autogroup at nice 19 the
     # yield spinner gets a few percent.
     assert share < 0.15, used
+
+
+# ---- PM QoS through the backend (scratch sysfs tree) --------------------------------------------
+
+
+def _qos_tree(root, cpus):
+    for cpu in cpus:
+        power = root / f"cpu{cpu}" / "power"
+        power.mkdir(parents=True)
+        (power / "pm_qos_resume_latency_us").write_text("0\n")
+    return PmQos(str(root))
+
+
+def test_idle_resume_bound_on_confined_cpus_only_and_undone_after_a_crash(tmp_path, children, backends):
+    srv = children.spawn(["hot-0", "net-io"])
+    sysfs = tmp_path / "sys"
+    plan = LayerPlan(layers=(
+        layer("hot", CONFINED, EXCLUSIVE, tids=[srv.threads["hot-0"]], cpus=[EXCL_CPU], idle_resume_us=0),
+        layer("net", OPEN, LATENCY, tids=[srv.threads["net-io"]], nice=-2, idle_resume_us=10),
+    ), reserve_cpus=(0,))
+    crashed = make_backend(tmp_path / "state", pmqos=_qos_tree(sysfs, [0, 1]))
+    result = crashed.apply(plan, universe(srv, kthreads=False))
+    assert result.applied["pmqos"] == 1
+    assert (sysfs / "cpu1/power/pm_qos_resume_latency_us").read_text() == "n/a"
+    assert (sysfs / "cpu0/power/pm_qos_resume_latency_us").read_text().strip() == "0"  # Open layer: not host-wide
+    assert any("Open layer owns no CPUs" in n for n in result.notes)
+    # Dropped without stop(), as a kill would: the next run puts the bound back from the state file.
+    fresh = backends(tmp_path / "state", pmqos=PmQos(str(sysfs)))
+    recovered = fresh.recover()
+    assert recovered.restored["pmqos"] == 1
+    assert (sysfs / "cpu1/power/pm_qos_resume_latency_us").read_text() == "0"
+    assert cpus_allowed(srv.pid, srv.threads["hot-0"]) == sched.format_cpu_list(sched.online_cpus())
+
+
+def test_idle_resume_bound_for_open_layers_when_asked(tmp_path, children, backends):
+    srv = children.spawn(["net-io"])
+    sysfs = tmp_path / "sys"
+    backend = backends(tmp_path / "state", pmqos=_qos_tree(sysfs, sorted(sched.online_cpus())), pmqos_open_layers=True)
+    plan = LayerPlan(layers=(layer("net", OPEN, LATENCY, tids=[srv.threads["net-io"]], idle_resume_us=10),),
+                     reserve_cpus=(0,))
+    assert backend.apply(plan, universe(srv, kthreads=False)).applied["pmqos"] == len(sched.online_cpus())
+    assert backend.stop().restored["pmqos"] == len(sched.online_cpus())
