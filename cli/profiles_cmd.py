@@ -90,7 +90,7 @@ def show_profile(profile_id: str, profile_dir: str, sysfs_root: str, as_json: bo
     fp = profile.fingerprint
     for key in ("executables", "process_names", "units", "cgroups", "cmdline", "images"):
         if getattr(fp, key):
-            click.echo(f"match {key + ":":<15}{', '.join(getattr(fp, key))}")
+            click.echo(f"match {key + ':':<15}{', '.join(getattr(fp, key))}")
     traits = {k: v for k, v in dataclasses.asdict(profile.traits).items() if v}
     if traits:
         click.echo("traits:       " + ", ".join(f"{k}={v}" for k, v in traits.items()))
