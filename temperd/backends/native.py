@@ -158,6 +158,11 @@ class _Membership:
         self._titles: Dict[int, str] = {}
         self._cgroups: Dict[int, Tuple[Optional[str], Optional[str]]] = {}
 
+    def forget_processes(self) -> None:
+        """Drop cached titles and cgroups (pids get reused)."""
+        self._titles.clear()
+        self._cgroups.clear()
+
     def _title(self, pid: int) -> str:
         if pid not in self._titles:
             self._titles[pid] = " ".join(procfs.read_cmdline(pid) or ())
@@ -212,6 +217,8 @@ class NativeBackend:
         self._autogroups: Dict[str, Dict[str, Any]] = {}  # name -> {pid, start_time, original, written}
         self._autogroup_drifted: Set[str] = set()
         self._stuck: Dict[str, List[str]] = {}
+        self._kthreads: Dict[Tuple[int, int], bool] = {}
+        self._drift_totals: Dict[str, int] = {}
         self._recovered = False
 
     # ---- public API --------------------------------------------------------------------------
@@ -224,6 +231,7 @@ class NativeBackend:
         self._set_plan(plan, result)
         threads = list(threads)
         self._universe = {(t.tid, t.start_time): t for t in threads}
+        self._kthreads = {k: v for k, v in self._kthreads.items() if k in self._universe}
         self._treat_threads(threads, result)
         # Threads temperd holds that are not in the host list any more: restore the living.
         online = sched.online_cpus()
@@ -233,9 +241,7 @@ class NativeBackend:
         self._apply_autogroups(result)
         self._apply_pmqos(plan, result)
         result.take_counts(CPU_WEIGHT, self.weights.apply(plan.cgroup_weights))
-        self._save(result)
-        result.threads_treated = sum(1 for rec in self.ledger.records.values() if rec.applied)
-        return result
+        return self._finish(result)
 
     def on_new_threads(self, threads: Iterable) -> ApplyResult:
         """Treat threads the inventory just saw, under the current plan, without waiting for a replan."""
@@ -243,14 +249,13 @@ class NativeBackend:
         if self.plan is None:
             return result
         threads = list(threads)
+        self._membership.forget_processes()
         for thread in threads:
             self._universe[(thread.tid, thread.start_time)] = thread
         self._treat_threads(threads, result)
         if self.autogroup and any(t.tid == t.pid for t in threads):  # a new process may change a session's mix
             self._apply_autogroups(result)
-        self._save(result)
-        result.threads_treated = sum(1 for rec in self.ledger.records.values() if rec.applied)
-        return result
+        return self._finish(result)
 
     def stop(self) -> ApplyResult:
         """Restore everything temperd changed and remove the state file."""
@@ -268,8 +273,8 @@ class NativeBackend:
         self.plan = None
         self._membership = None
         self._exclusive = frozenset()
-        self._save(result)
-        return result
+        self._kthreads.clear()
+        return self._finish(result)
 
     def recover(self) -> ApplyResult:
         """At start: undo what a previous run left in the state file (threads still alive: same tid and start time)."""
@@ -318,7 +323,15 @@ class NativeBackend:
 
     @property
     def drift_counts(self) -> Dict[str, int]:
-        return dict(self.ledger.drift_counts)
+        """Settings found changed by someone else since this backend started, by kind."""
+        return dict(self._drift_totals)
+
+    def _finish(self, result: ApplyResult) -> ApplyResult:
+        self._save(result)
+        result.threads_treated = sum(1 for rec in self.ledger.records.values() if rec.applied)
+        for kind, n in result.drift.items():
+            self._drift_totals[kind] = self._drift_totals.get(kind, 0) + n
+        return result
 
     # ---- plan ------------------------------------------------------------------------------------
 
@@ -362,7 +375,10 @@ class NativeBackend:
     def _is_kthread(self, thread) -> bool:
         value = getattr(thread, "is_kernel_thread", None)
         if value is None:
-            value = sched.is_kernel_thread(thread.tid)
+            key = (thread.tid, thread.start_time)
+            value = self._kthreads.get(key)
+            if value is None:
+                value = self._kthreads[key] = bool(sched.is_kernel_thread(thread.tid))
         return bool(value)
 
     def _treat_threads(self, threads: List, result: ApplyResult) -> None:
@@ -403,17 +419,24 @@ class NativeBackend:
         if rec is None and layer is None and not self._exclusive:
             return None  # nothing to do, nothing to undo: no syscall
         kthread = self._is_kthread(thread)
+        excl = ", ".join(str(c) for c in sorted(self._exclusive))
         if kthread and layer is None and key in self._refused:
+            if self._exclusive:
+                stuck.setdefault(f"kernel thread(s) refused to leave CPUs {excl} (workqueue workers follow "
+                                 "/sys/devices/virtual/workqueue/cpumask)", []).append(thread.comm)
+                result.unmovable += 1
             return None
         state = sched.get_sched(thread.tid)
         current = {AFFINITY: sched.get_affinity(thread.tid), POLICY: state.policy, NICE: state.nice,
                    SLICE: state.slice_ns or 0}
-        original = rec.original if rec else self._uninherit(thread, Original(
+        original = rec.original if rec else Original(
             affinity=tuple(sorted(current[AFFINITY])), policy=state.policy, priority=state.priority,
-            nice=state.nice, slice_ns=custom_slice_of(state)), current, online)
+            nice=state.nice, slice_ns=custom_slice_of(state))
+        if rec is None and not kthread:
+            # Kernel threads are not created with their creator's settings (kthreadd's included).
+            original = self._uninherit(thread, original, current, online)
         original_affinity = frozenset(original.affinity)
         want = self._want(layer, original_affinity, current[POLICY])
-        excl = ", ".join(str(c) for c in sorted(self._exclusive))
         if want.affinity is not None and not want.affinity:
             # Only allowed on exclusive CPUs: a per-CPU kernel thread, or a thread pinned there by its owner.
             what = (f"per-CPU kernel thread(s) stay on exclusive CPUs {excl}" if kthread
@@ -421,6 +444,10 @@ class NativeBackend:
             stuck.setdefault(what, []).append(thread.comm)
             result.unmovable += 1
             want = _Want(want.layer, None, want.policy, want.nice, want.slice_ns)
+        if layer is not None and current[POLICY] in sched.REALTIME_POLICIES and (
+                layer.nice is not None or layer.slice_us or layer.policy != "other"):
+            stuck.setdefault(f"real-time thread(s) keep their {sched.POLICY_NAMES[current[POLICY]]} policy "
+                             "(nice, slice and yield policies are for the fair classes)", []).append(thread.comm)
         if current[POLICY] == sched.SCHED_DEADLINE and want.affinity is not None:
             stuck.setdefault(f"SCHED_DEADLINE thread(s) cannot leave exclusive CPUs {excl}", []).append(thread.comm)
             result.unmovable += 1
@@ -523,7 +550,8 @@ class NativeBackend:
                 self._refused.add(rec.key)
                 result.unmovable += 1
                 excl = ", ".join(str(c) for c in sorted(self._exclusive))
-                self._stuck.setdefault(f"kernel thread(s) refused to leave CPUs {excl}", []).append(rec.comm)
+                self._stuck.setdefault(f"kernel thread(s) refused to leave CPUs {excl} (workqueue workers follow "
+                                       "/sys/devices/virtual/workqueue/cpumask)", []).append(rec.comm)
                 return
             for kind in kinds:
                 result.bump(result.failed, kind)
