@@ -439,3 +439,45 @@ def test_idle_resume_bound_for_open_layers_when_asked(tmp_path, children, backen
                      reserve_cpus=(0,))
     assert backend.apply(plan, universe(srv, kthreads=False)).applied["pmqos"] == len(sched.online_cpus())
     assert backend.stop().restored["pmqos"] == len(sched.online_cpus())
+
+
+def _kthreads_named(prefix, cpus):
+    out = []
+    for t in scan_threads():
+        if t.is_kernel_thread and t.comm.startswith(prefix):
+            try:
+                if sched.get_affinity(t.tid) == frozenset(cpus):
+                    out.append(t)
+            except OSError:
+                continue
+    return out
+
+
+def test_kernel_threads_refusing_or_bound_elsewhere_are_left_alone(tmp_path, children, backends):
+    """kthreadd moves; workqueue workers refuse (EINVAL: unmovable, not a failure); a per-CPU kernel thread
+    of another CPU is not touched, and is not 'restored' to its creator kthreadd's original either."""
+    srv = children.spawn(["hot-0"])
+    full = sched.online_cpus()
+    kthreadd = [t for t in scan_threads([2])]
+    refusing = _kthreads_named("kworker/u", full)[:3]
+    bound0 = _kthreads_named("ksoftirqd/0", {0})
+    if not kthreadd or not refusing or not bound0:
+        pytest.skip("this kernel has no kthreadd, unbound kworkers or ksoftirqd/0 to look at")
+    before = {t.tid: sched.get_affinity(t.tid) for t in kthreadd + refusing + bound0}
+    plan = LayerPlan(layers=(layer("hot", CONFINED, EXCLUSIVE, tids=[srv.threads["hot-0"]], cpus=[EXCL_CPU]),),
+                     reserve_cpus=(0,))
+    backend = backends(tmp_path)
+    result = backend.apply(plan, universe(srv, kthreads=False) + kthreadd + refusing + bound0)
+    assert not result.failed and not result.errors, result.errors
+    assert sched.get_affinity(2) == full - {EXCL_CPU}
+    assert result.unmovable >= len(refusing)
+    assert any("refused to leave" in n for n in result.notes)
+    again = backend.apply(plan, universe(srv, kthreads=False) + kthreadd + refusing + bound0)
+    assert again.unmovable == result.unmovable and not again.applied  # still reported, not retried
+    held = {rec.tid for rec in backend.ledger.records.values()}
+    assert 2 in held and not held & {t.tid for t in refusing + bound0}
+    stopped = backend.stop()
+    assert not stopped.failed, stopped.errors
+    for tid, cpus in before.items():
+        if sched.start_time(tid) is not None:  # workqueue workers come and go
+            assert sched.get_affinity(tid) == cpus, tid
