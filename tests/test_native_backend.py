@@ -481,3 +481,17 @@ def test_kernel_threads_refusing_or_bound_elsewhere_are_left_alone(tmp_path, chi
     for tid, cpus in before.items():
         if sched.start_time(tid) is not None:  # workqueue workers come and go
             assert sched.get_affinity(tid) == cpus, tid
+
+
+def test_a_refused_setting_is_reported_once_per_plan(tmp_path, children, backends):
+    srv = children.spawn(["hot-0"])
+    absent = max(sched.online_cpus()) + 64  # a CPU this host does not have: the kernel says EINVAL
+    plan = LayerPlan(layers=(layer("hot", CONFINED, EXCLUSIVE, tids=[srv.threads["hot-0"]], cpus=[absent]),),
+                     reserve_cpus=(0,))
+    backend = backends(tmp_path)
+    first = backend.apply(plan, universe(srv, kthreads=False))
+    assert first.failed == {"affinity": 1}
+    assert f"tid {srv.threads['hot-0']} (hot-0): setting affinity: Invalid argument" in first.errors
+    second = backend.apply(plan, universe(srv, kthreads=False))
+    assert not second.failed and not second.errors  # not retried under the same plan
+    assert cpus_allowed(srv.pid, srv.threads["hot-0"]) == sched.format_cpu_list(sched.online_cpus())

@@ -218,6 +218,7 @@ class NativeBackend:
         self._autogroup_drifted: Set[str] = set()
         self._stuck: Dict[str, List[str]] = {}
         self._kthreads: Dict[Tuple[int, int], bool] = {}
+        self._failed: Set[Tuple[Tuple[int, int], str]] = set()  # (thread, kind) refused under this plan
         self._drift_totals: Dict[str, int] = {}
         self._recovered = False
 
@@ -270,6 +271,7 @@ class NativeBackend:
         self.ledger.records.clear()
         self._universe.clear()
         self._refused.clear()
+        self._failed.clear()
         self.plan = None
         self._membership = None
         self._exclusive = frozenset()
@@ -336,6 +338,8 @@ class NativeBackend:
     # ---- plan ------------------------------------------------------------------------------------
 
     def _set_plan(self, plan: LayerPlan, result: ApplyResult) -> None:
+        if plan != self.plan:
+            self._failed.clear()  # a new plan tries again what the kernel refused under the old one
         self.plan = plan
         self._membership = _Membership(plan)
         online = sched.online_cpus()
@@ -461,7 +465,7 @@ class NativeBackend:
         sets: Dict[str, Any] = {}
         restores: List[str] = []
         for kind in THREAD_KINDS:
-            if kind in rec.drifted:
+            if kind in rec.drifted or (rec.key, kind) in self._failed:
                 continue
             value = want.value(kind)
             if kind in rec.applied:
@@ -555,6 +559,7 @@ class NativeBackend:
                 return
             for kind in kinds:
                 result.bump(result.failed, kind)
+                self._failed.add((rec.key, kind))  # reported once; not retried until the plan changes
             result.errors.append(f"tid {rec.tid} ({rec.comm}): setting {'/'.join(kinds)}: {exc.strerror or exc}")
             return
         for kind in kinds:
