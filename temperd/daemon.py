@@ -138,7 +138,7 @@ class Daemon:
         os.makedirs(self.config.state_dir, mode=0o755, exist_ok=True)
         self._take_instance_lock()
         self._cleanup_stale_traces()
-        self.backend_choice, self.backend = make_backend(self.config, self.sysfs_root)
+        self.backend_choice, self.backend = make_backend(self.config, self.sysfs_root, view.shape)
         log.info("backend %s: %s", self.backend_choice.active, self.backend_choice.reason)
         self.backend.recover()
         self.matcher = make_matcher(view)
@@ -178,16 +178,17 @@ class Daemon:
             log.warning("could not check for leftover trace instances: %s", exc)
 
     def _start_observation(self) -> None:
-        from .metrics import Metrics
-        from .observer import Observer
+        try:  # TEMPORARY until observer lands
+            from .metrics import Metrics
+            from .observer import Observer
+        except ImportError:
+            return
 
         assert self.view is not None
         self.metrics = Metrics()
         self.observer = Observer(self.view.shape)
 
     def _start_services(self) -> None:
-        from .http_api import HttpApi
-
         config = self.config
         handlers = {"status": self._cmd_status, "reload": self._cmd_reload, "plan": self._cmd_plan,
                     "explain": self._cmd_explain, "observe": lambda req, progress: {"observe": self.observe_json()}}
@@ -195,7 +196,9 @@ class Daemon:
         control = ControlServer(config.control_socket, handlers, config.control_group)
         control.start()
         self._services.append(control)
-        if config.http_port:
+        if config.http_port and self.metrics is not None:
+            from .http_api import HttpApi
+
             self.http = HttpApi(config.http_listen, config.http_port, self.metrics_text, self.observe_json)
             self.http.start()
             self._services.append(self.http)
@@ -273,7 +276,7 @@ class Daemon:
                 if "reload" in pending:
                     self.reload(pending["reload"])
                 elif changes:
-                    self.replan("events")
+                    self.replan("events", changes)
                 now = time.monotonic()
                 if now >= next_reconcile or self.inventory.needs_reconcile:
                     summary = self.inventory.reconcile()
@@ -294,13 +297,23 @@ class Daemon:
 
     # ---- decide and act -----------------------------------------------------------------------
 
-    def replan(self, trigger: str) -> None:
+    def replan(self, trigger: str, changes: Optional[List[Any]] = None) -> None:
+        """Match and plan again; apply the whole plan when it changed, else only treat the threads
+        that are new (a whole-host apply costs milliseconds per hundred threads)."""
         assert self.view is not None and self.matcher is not None
         snapshot = self.inventory.snapshot()
         self._refresh_busiest(snapshot)
         match, layer_plan = decide(self.view, self.matcher, snapshot.processes.values())
+        unchanged = changes is not None and layer_plan == self.plan
         self.match, self.plan = match, layer_plan
-        self.last_apply = self.backend.apply(layer_plan, snapshot)
+        if unchanged:
+            fresh = _new_threads(changes, snapshot)
+            if not fresh:
+                return
+            result = self.backend.on_new_threads(fresh)
+        else:
+            result = self.backend.apply(layer_plan, snapshot.threads.values())
+        self.last_apply = result
         self.replans += 1
         if self.metrics is not None:
             self.metrics.record_apply(self.last_apply)
@@ -461,6 +474,21 @@ class Daemon:
             return {"pid": proc.pid, "tid": task if proc.pid != task else None, "process": proc.name,
                     "workload": dataclasses.asdict(workload) if workload else None,
                     "why_not": None if workload else self.matcher.explain_unmatched(proc)}
+
+
+def _new_threads(changes, snapshot) -> List[Any]:
+    """Threads that appeared with these changes (a new process brings all of its threads)."""
+    out: Dict[int, Any] = {}
+    for change in changes:
+        if change.kind == "new_thread" and change.tid is not None:
+            thread = snapshot.thread(change.tid)
+            if thread is not None:
+                out[thread.tid] = thread
+        elif change.kind in ("new_process", "reused", "exec"):
+            proc = snapshot.process(change.pid)
+            if proc is not None:
+                out.update(proc.threads)
+    return list(out.values())
 
 
 def workload_summary(workload) -> dict:

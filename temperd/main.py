@@ -29,6 +29,7 @@ def main(config_dir, sysfs_root, state_dir, http_port, control_socket, log_level
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s" if os.environ.get("INVOCATION_ID")
                         else "%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("watchdog").setLevel(logging.WARNING)  # its debug output is per inotify event
     if check:
         sys.exit(_check(config_dir, sysfs_root))
     from .daemon import Daemon, StartupError
