@@ -16,6 +16,7 @@ from temperd.matcher import MatchResult
 from temperd.plan import LayerPlan
 from temperd.shape import ShapeError, format_cpulist
 
+from .daemon_cmd import ask, socket_option
 from .output import print_json, print_table
 
 config_option = click.option("--config", "config_dir", default=DEFAULT_CONFIG_DIR, show_default=True,
@@ -55,39 +56,48 @@ def plan_json(view: HostView, match: MatchResult, layer_plan: LayerPlan) -> dict
     }
 
 
-def print_plan(view: HostView, match: MatchResult, layer_plan: LayerPlan) -> None:
-    click.echo(f"machine shape: {view.shape.describe()}")
+def print_plan(data: dict) -> None:
+    """The plan as tables, from its JSON form (the daemon's reply or a local dry run)."""
+    click.echo(f"machine shape: {data['machine_shape']}")
     click.echo("")
     print_table(("WORKLOAD", "PROFILE", "TIER", "BUDGET", "THREADS", "WHY"),
-                [(w.key, w.profile_id or "-", w.tier, f"{w.budget:g}" if w.budget is not None else "-",
-                  len(w.threads), w.reason) for w in match.workloads])
+                [(w["key"], w["profile_id"] or "-", w["tier"], "-" if w["budget"] is None else f"{w['budget']:g}",
+                  len(w["threads"]), w["reason"]) for w in data["workloads"]])
     click.echo("")
+    plan = data["plan"] or {"layers": [], "decisions": [], "errors": []}
     print_table(("LAYER", "KIND", "TREATMENT", "CPUS", "MEMBERS", "REASON"),
-                [(l.name, l.kind, l.treatment, format_cpulist(l.cpus) or "-", len(l.selector.tids),
-                  "; ".join(l.reasons)) for l in layer_plan.layers])
+                [(l["name"], l["kind"], l["treatment"], format_cpulist(l["cpus"]) or "-", len(l["selector"]["tids"]),
+                  "; ".join(l["reasons"])) for l in plan["layers"]])
     click.echo("")
-    for decision in layer_plan.decisions:
+    for decision in plan["decisions"]:
         click.echo(f"- {decision}")
-    for error in layer_plan.errors:
+    for error in plan["errors"]:
         click.echo(f"error: {error}")
 
 
 @click.command("plan")
-@click.option("--dry-run", is_flag=True, help="Compute the plan here (as root) instead of asking the daemon.")
+@click.option("--dry-run", is_flag=True, help="Compute the plan here (as root, no daemon needed) instead of asking temperd.")
 @config_option
 @sysfs_option
+@socket_option
 @json_option
-def plan_command(dry_run: bool, config_dir: str, sysfs_root: str, as_json: bool) -> None:
-    """Show the layer plan: layer, kind, CPUs, members and the reason for each decision."""
-    if not dry_run:
-        raise click.UsageError("the daemon's plan is not available from this temperctl; use --dry-run")
-    view, _, match, layer_plan = compute(config_dir, sysfs_root)
-    if as_json:
-        print_json(plan_json(view, match, layer_plan))
+def plan_command(dry_run: bool, config_dir: str, sysfs_root: str, socket_path: str, as_json: bool) -> None:
+    """Show the layer plan: layer, kind, CPUs, members and the reason for each decision.
+
+    Without --dry-run, the plan the running temperd applies; with --dry-run, the plan temperd
+    would make from --config on this host (or, with --sysfs, on a fixture machine shape)."""
+    if dry_run:
+        view, _, match, layer_plan = compute(config_dir, sysfs_root)
+        data = plan_json(view, match, layer_plan)
     else:
-        print_plan(view, match, layer_plan)
-    if layer_plan.errors:
+        data = ask(socket_path, "plan")
+    if as_json:
+        print_json({k: data[k] for k in ("machine_shape", "workloads", "plan")})
+    else:
+        print_plan(data)
+    if data["plan"] and data["plan"]["errors"]:
         sys.exit(1)
+
 
 
 @click.command("explain")
