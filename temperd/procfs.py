@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 
+from .shape import parse_cpulist
+
 PROC = "/proc"
 
 # Errors that mean "the task is gone" or "not ours to read": expected, silent.
@@ -193,17 +195,6 @@ def proc_pids_are_ours() -> bool:
     return _pids_are_ours
 
 
-def parse_cpu_list(text: str) -> FrozenSet[int]:
-    """A kernel CPU list ("0-3,8,10-11") as a set."""
-    cpus = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return frozenset(cpus)
-
-
 def read_affinity(tid: int, pid: Optional[int] = None) -> Optional[FrozenSet[int]]:
     """The CPUs the thread may run on: one syscall where our pids are /proc's (cheaper than
     parsing Cpus_allowed_list, which is the way in a foreign pid namespace)."""
@@ -221,7 +212,7 @@ def read_affinity(tid: int, pid: Optional[int] = None) -> Optional[FrozenSet[int
     if marker < 0:
         return None
     line = data[marker + len(b"Cpus_allowed_list:") :].split(b"\n", 1)[0]
-    return parse_cpu_list(line.decode("ascii", "replace"))
+    return frozenset(parse_cpulist(line.decode("ascii", "replace")))
 
 
 def read_comm(pid: int, tid: Optional[int] = None) -> Optional[str]:

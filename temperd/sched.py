@@ -27,6 +27,8 @@ import threading
 from dataclasses import dataclass
 from typing import FrozenSet, Iterable, Optional
 
+from .shape import format_cpulist, parse_cpulist
+
 SCHED_OTHER = 0
 SCHED_FIFO = 1
 SCHED_RR = 2
@@ -131,32 +133,9 @@ def set_affinity(tid: int, cpus: Iterable[int]) -> None:
 def online_cpus(path: str = "/sys/devices/system/cpu/online") -> FrozenSet[int]:
     try:
         with open(path) as handle:
-            return parse_cpu_list(handle.read())
+            return frozenset(parse_cpulist(handle.read()))
     except OSError:
         return frozenset(range(os.cpu_count() or 1))
-
-
-def parse_cpu_list(text: str) -> FrozenSet[int]:
-    """'0-3,8,10-11' -> {0, 1, 2, 3, 8, 10, 11}."""
-    cpus = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        low, _, high = part.partition("-")
-        cpus.update(range(int(low), int(high or low) + 1))
-    return frozenset(cpus)
-
-
-def format_cpu_list(cpus: Iterable[int]) -> str:
-    """{0, 1, 2, 5} -> '0-2,5', as /proc shows Cpus_allowed_list."""
-    ordered = sorted(set(cpus))
-    runs = []
-    for cpu in ordered:
-        if runs and cpu == runs[-1][1] + 1:
-            runs[-1][1] = cpu
-        else:
-            runs.append([cpu, cpu])
-    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
 # ---- policy, nice, slice ----------------------------------------------------------------------

@@ -529,4 +529,3 @@ def test_parse_stat_with_an_awkward_name():
     stat = procfs.parse_stat(line)
     assert stat.comm == "a) b (c) " and stat.state == "S" and stat.ppid == 1
     assert (stat.nice, stat.start_time, stat.last_cpu, stat.policy) == (-5, 123456, 1, 3)
-    assert procfs.parse_cpu_list("0-3,8,10-11\n") == frozenset({0, 1, 2, 3, 8, 10, 11})

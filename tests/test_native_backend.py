@@ -21,6 +21,7 @@ from temperd.backends.native import AUTOGROUP, NativeBackend, scan_threads
 from temperd.cgroup_weight import CgroupWeights, WeightSupport
 from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, YIELD, Layer, LayerPlan, MemberSelector
 from temperd.pmqos import PmQos
+from temperd.shape import format_cpulist
 from thread_children import (Children, cpu_ticks, cpus_allowed, nice_of, percpu_kthreads, policy_of, read_json_line,
                              snapshot)
 
@@ -34,7 +35,7 @@ EXCL_CPU = 1
 
 
 def _rest() -> str:
-    return sched.format_cpu_list(sched.online_cpus() - {EXCL_CPU})
+    return format_cpulist(sched.online_cpus() - {EXCL_CPU})
 
 
 def layer(name, kind, treatment, tids=(), pids=(), cpus=(), comm=(), catch_all=False, **kw) -> Layer:
@@ -170,7 +171,7 @@ def test_new_threads_are_treated_at_once(tmp_path, children, backends, server):
     backend.stop()
     # Each was created by a thread temperd had kept off CPU 1 (or made SCHED_IDLE) and inherited that;
     # stop() gives back the creator's original, not the inheritance.
-    full = sched.format_cpu_list(sched.online_cpus())
+    full = format_cpulist(sched.online_cpus())
     for pid, tid in ((srv.pid, hot), (srv.pid, net), (job.pid, bg), (other.pid, stray)):
         assert (cpus_allowed(pid, tid), policy_of(pid, tid), nice_of(pid, tid)) == (full, 0, 0), tid
 
@@ -186,7 +187,7 @@ def test_thread_inherits_treatment_but_keeps_true_original(tmp_path, children, b
     assert cpus_allowed(srv.pid, helper) == _rest()
     backend.on_new_threads([t for t in scan_threads([srv.pid]) if t.tid == helper])
     backend.stop()
-    assert cpus_allowed(srv.pid, helper) == sched.format_cpu_list(sched.online_cpus())
+    assert cpus_allowed(srv.pid, helper) == format_cpulist(sched.online_cpus())
 
 
 def test_thread_leaving_a_layer_gets_its_originals_back(tmp_path, children, backends, server):
@@ -202,7 +203,7 @@ def test_thread_leaving_a_layer_gets_its_originals_back(tmp_path, children, back
     result = backend.apply(smaller, threads)
     assert not result.failed, result.errors
     assert result.restored.get("nice", 0) >= 1 and result.restored.get("affinity", 0) >= 1
-    full = sched.format_cpu_list(sched.online_cpus())
+    full = format_cpulist(sched.online_cpus())
     assert (cpus_allowed(srv.pid, net), nice_of(srv.pid, net)) == (full, 0)
     assert cpus_allowed(srv.pid, srv.threads["hot-0"]) == full
     assert policy_of(job.pid, job.threads["bg-a"]) == sched.SCHED_IDLE  # still a member
@@ -428,7 +429,7 @@ def test_idle_resume_bound_on_confined_cpus_only_and_undone_after_a_crash(tmp_pa
     recovered = fresh.recover()
     assert recovered.restored["pmqos"] == 1
     assert (sysfs / "cpu1/power/pm_qos_resume_latency_us").read_text() == "0"
-    assert cpus_allowed(srv.pid, srv.threads["hot-0"]) == sched.format_cpu_list(sched.online_cpus())
+    assert cpus_allowed(srv.pid, srv.threads["hot-0"]) == format_cpulist(sched.online_cpus())
 
 
 def test_idle_resume_bound_for_open_layers_when_asked(tmp_path, children, backends):
@@ -494,4 +495,4 @@ def test_a_refused_setting_is_reported_once_per_plan(tmp_path, children, backend
     assert f"tid {srv.threads['hot-0']} (hot-0): setting affinity: Invalid argument" in first.errors
     second = backend.apply(plan, universe(srv, kthreads=False))
     assert not second.failed and not second.errors  # not retried under the same plan
-    assert cpus_allowed(srv.pid, srv.threads["hot-0"]) == sched.format_cpu_list(sched.online_cpus())
+    assert cpus_allowed(srv.pid, srv.threads["hot-0"]) == format_cpulist(sched.online_cpus())

@@ -21,12 +21,6 @@ def children():
     kids.kill_all()
 
 
-def test_cpu_list_round_trip():
-    assert sched.parse_cpu_list("0-3,8,10-11\n") == frozenset({0, 1, 2, 3, 8, 10, 11})
-    assert sched.format_cpu_list({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8"
-    assert sched.parse_cpu_list(sched.format_cpu_list({3})) == frozenset({3})
-
-
 @needs_two_cpus
 def test_affinity_is_per_thread(children):
     child = children.spawn(["aff-a", "aff-b"])

@@ -41,6 +41,7 @@ from ..pmqos import PmQos
 from ..restore_ledger import (AFFINITY, NICE, POLICY, SLICE, THREAD_KINDS, LedgerError, Original,
                               RestoreLedger, RestoreOutcome, ThreadRecord, custom_slice_of)
 from ..schema import glob_match
+from ..shape import format_cpulist
 
 log = logging.getLogger(__name__)
 
@@ -345,7 +346,7 @@ class NativeBackend:
         online = sched.online_cpus()
         exclusive = frozenset(c for l in plan.layers if l.kind == CONFINED for c in l.cpus) & online
         if exclusive and exclusive >= online:
-            result.errors.append(f"exclusive CPUs {sched.format_cpu_list(exclusive)} cover every online CPU: "
+            result.errors.append(f"exclusive CPUs {format_cpulist(exclusive)} cover every online CPU: "
                                  "nothing would be left for other threads; not keeping others off them")
             exclusive = frozenset()
         self._exclusive = exclusive
@@ -354,7 +355,7 @@ class NativeBackend:
             result.unsupported.append(f"custom slice: {support.reason}")
         for layer in plan.layers:
             if layer.kind == GROUPED and layer.cpus:
-                result.notes.append(f"layer {layer.name}: Grouped on CPUs {sched.format_cpu_list(layer.cpus)} has no "
+                result.notes.append(f"layer {layer.name}: Grouped on CPUs {format_cpulist(layer.cpus)} has no "
                                     "native form (owned but shared when idle); members keep their affinity")
 
     def _want(self, layer: Optional[Layer], original_affinity: FrozenSet[int], policy_now: int) -> _Want:
