@@ -249,7 +249,7 @@ class Matcher:
         out: Dict[int, ThreadMatch] = {}
         for thread in threads:
             for group in profile.thread_groups:
-                why = _selector_reason(group, thread.comm, title)
+                why = selector_reason(group, thread.comm, title)
                 if why:
                     out[thread.tid] = ThreadMatch(thread.tid, proc.pid, thread.comm, group.name, why)
                     break
@@ -287,7 +287,7 @@ def _threads(proc) -> List:
     return list(threads.values()) if isinstance(threads, Mapping) else list(threads)
 
 
-def _selector_reason(group: ThreadGroup, comm: str, title: str) -> Optional[str]:
+def selector_reason(group: ThreadGroup, comm: str, title: str) -> Optional[str]:
     for pattern in group.thread_names:
         if glob_match(pattern, comm):
             return f"thread name {comm!r} matches {pattern!r} of group {group.name}"

@@ -24,9 +24,8 @@ from typing import Iterator, Optional
 import pytest
 
 import servers as S
-from temperd.matcher import fingerprint_reason
+from temperd.matcher import fingerprint_reason, selector_reason
 from temperd.profile import Profile, load_profile
-from temperd.schema import glob_match
 
 pytestmark = pytest.mark.servers
 
@@ -39,14 +38,12 @@ def profile(profile_id: str) -> Profile:
 
 
 def group_of(prof: Profile, comm: str, title: str = "") -> Optional[str]:
-    """The group a thread falls in by name/title selectors, else the catch-all (None: neither).
+    """The group the matcher puts a thread in by name/title selectors, else the catch-all (None: neither).
 
     ``busiest`` groups are decided by CPU time and are not evaluated here.
     """
     for group in prof.thread_groups:
-        if any(glob_match(p, comm) for p in group.thread_names):
-            return group.name
-        if title and any(re.search(p, title) for p in group.process_titles):
+        if selector_reason(group, comm, title):
             return group.name
     return next((g.name for g in prof.thread_groups if g.catch_all), None)
 
