@@ -1,0 +1,56 @@
+"""Backend selection: auto picks scx_layered only where sched_ext and the binary are there, and says why."""
+
+import os
+
+import pytest
+
+from temperd.backends.scx_detect import detect_sched_ext
+from temperd.backends.select import choose, scx_availability
+
+
+def fake_sysfs(tmp_path, state, ops=None):
+    base = tmp_path / "kernel" / "sched_ext"
+    (base / "root").mkdir(parents=True)
+    (base / "state").write_text(state + "\n")
+    if ops is not None:
+        (base / "root" / "ops").write_text(ops + "\n")
+    return str(tmp_path)
+
+
+def test_this_host_has_no_sched_ext_so_auto_means_native():
+    if os.path.isdir("/sys/kernel/sched_ext"):
+        pytest.skip("this kernel has sched_ext")
+    available, reason = scx_availability("/sys")
+    assert not available and "no /sys/kernel/sched_ext" in reason
+    choice = choose("auto", available, reason)
+    assert choice.active == "native"
+    assert choice.reason.startswith("auto: no /sys/kernel/sched_ext") and choice.reason.endswith("native backend")
+
+
+def test_scx_requested_but_unavailable_falls_back_and_says_so():
+    choice = choose("scx", False, "no sched_ext")
+    assert choice.active == "native" and "requested but unavailable (no sched_ext)" in choice.reason
+
+
+def test_native_requested():
+    assert choose("native", True, "").active == "native"
+
+
+def test_another_scheduler_loaded_is_named(tmp_path):
+    found = detect_sched_ext(fake_sysfs(tmp_path, "enabled", "rustland_1.0.3"), binary="/usr/bin/scx_layered")
+    assert not found.usable and found.kernel_supported
+    assert "'rustland_1.0.3' is loaded" in found.reason
+
+
+def test_disabled_state_with_binary_is_usable(tmp_path):
+    found = detect_sched_ext(fake_sysfs(tmp_path, "disabled"), binary="/usr/bin/scx_layered")
+    assert found.usable and choose("auto", found.usable, found.reason).active == "scx"
+
+
+def test_disabled_state_without_binary(tmp_path):
+    from temperd.backends.scx_detect import find_binary
+
+    if find_binary():
+        pytest.skip("scx_layered is installed here")
+    found = detect_sched_ext(fake_sysfs(tmp_path, "disabled"))
+    assert not found.usable and "scx_layered is not installed" in found.reason
