@@ -23,8 +23,12 @@ from .config import DEFAULT_CONFIG_DIR
 from .control import ControlError, ControlServer
 from .engine import HostView, decide, load_host_view, make_matcher
 from .errors import ConfigError, ConfigProblem
+from .http_api import HttpApi
 from .inventory import Inventory
+from .linter import RateLimitedLog, lint
+from .metrics import Metrics
 from .matcher import Matcher, MatchResult
+from .observer import Observer
 from .plan import LayerPlan
 from .shape import ShapeError
 from .watch import ConfigWatcher, CpuHotplugWatcher
@@ -146,6 +150,7 @@ class Daemon:
             log.warning("process events unavailable (%s): scanning /proc every %.0f s instead",
                         self.inventory.unavailable_reason, self.config.reconcile_interval_s)
         self._start_observation()
+        self.metrics.record_reload(self.last_reload.ok, self.generation, self.last_reload.at, len(self.last_reload.problems))
         self.replan("start")
         self._start_services()
         self.state = "running"
@@ -178,15 +183,11 @@ class Daemon:
             log.warning("could not check for leftover trace instances: %s", exc)
 
     def _start_observation(self) -> None:
-        try:  # TEMPORARY until observer lands
-            from .metrics import Metrics
-            from .observer import Observer
-        except ImportError:
-            return
 
         assert self.view is not None
         self.metrics = Metrics()
         self.observer = Observer(self.view.shape)
+        self.lint_log = RateLimitedLog()
 
     def _start_services(self) -> None:
         config = self.config
@@ -196,9 +197,7 @@ class Daemon:
         control = ControlServer(config.control_socket, handlers, config.control_group)
         control.start()
         self._services.append(control)
-        if config.http_port and self.metrics is not None:
-            from .http_api import HttpApi
-
+        if config.http_port:
             self.http = HttpApi(config.http_listen, config.http_port, self.metrics_text, self.observe_json)
             self.http.start()
             self._services.append(self.http)
@@ -356,7 +355,7 @@ class Daemon:
             self.matcher = make_matcher(view)
             if old is not None and old.shape != view.shape:
                 log.info("machine shape changed: %s", view.shape.describe())
-                self.observer = type(self.observer)(view.shape) if self.observer is not None else None
+                self.observer = Observer(view.shape)
             self.replan(f"reload ({trigger})")
             result = ReloadResult(True, self.generation, time.time(), trigger, [], self._view_summary(view))
             log.info("reloaded (%s): generation %d, %s", trigger, self.generation, result.summary)
@@ -374,18 +373,17 @@ class Daemon:
     def observe(self) -> None:
         if self.observer is None or self.plan is None:
             return
-        from .linter import lint
-
         snapshot = self.inventory.snapshot()
         self.observation = self.observer.sample(self.plan, snapshot.processes, self.match, time.time())
-        self.violations = lint(self.plan, self.observation, self.view.shape, self.match)
+        self.violations = lint(self.plan, self.observation, self.view.shape, self.match,
+                               check_treatment=self.backend_choice.active == "native")
+        self.lint_log.report(self.violations)
         if self.metrics is not None:
             self.metrics.record_observation(self.observation)
             self.metrics.set_lint(self.violations)
             self.metrics.record_inventory(self.inventory.stats)
             self.metrics.set_workloads(self.match.workloads)
-            self.metrics.set_backend(self.backend_choice.active, self.backend_choice.reason,
-                                     self.backend_status().get("safe_mode", False))
+            self.metrics.set_backend(self.backend_choice.active, self.backend_status().get("safe_mode", False))
         self._notify_status()
 
     # ---- what others see ----------------------------------------------------------------------

@@ -171,11 +171,30 @@ def read_thread_stats(pid: int) -> Optional[Dict[int, TaskStat]]:
 
 def read_runtime_ns(pid: int, tid: int) -> Optional[int]:
     """Time the thread has run on a CPU, in ns (first field of schedstat)."""
+    stat = read_schedstat(pid, tid)
+    return stat[0] if stat else None
+
+
+def read_schedstat(pid: int, tid: int) -> Optional[Tuple[int, int]]:
+    """(ns on a CPU, ns waiting on a runqueue) of one thread."""
     data = read_bytes(f"{PROC}/{pid}/task/{tid}/schedstat", 256, single=True)
     if not data:
         return None
     try:
-        return int(data.split(None, 1)[0])
+        run, wait = data.split()[:2]
+        return int(run), int(wait)
+    except ValueError:
+        return None
+
+
+def read_process_cpu_ticks(pid: int) -> Optional[int]:
+    """utime + stime of the whole process in clock ticks (stat fields 14 and 15)."""
+    data = read_bytes(f"{PROC}/{pid}/stat", 1024, single=True)
+    if not data:
+        return None
+    try:
+        fields = data[data.rindex(b")") + 2:].split()
+        return int(fields[11]) + int(fields[12])
     except (ValueError, IndexError):
         return None
 
