@@ -1,0 +1,135 @@
+"""/metrics passes promtool, a real Prometheus scrapes it; /observe serves JSON; the linter sees real misplacement."""
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import pytest
+
+from servers import free_port
+from temperd.http_api import HttpApi
+from temperd.linter import lint
+from temperd.metrics import Metrics
+from temperd.observer import Observer
+from temperd.plan import CONFINED, EXCLUSIVE, YIELD, OPEN, Layer, LayerPlan, MemberSelector
+from temperd.inventory import Inventory
+from temperd.matcher import MatchResult
+from temperd.shape import read_shape
+
+
+class Result:
+    applied = {"affinity": 3, "nice": 1}
+    failed = {"affinity": 1}
+    restored = {}
+    drift = {"nice": 1}
+
+
+@pytest.fixture
+def api():
+    metrics = Metrics()
+    metrics.record_apply(Result())
+    metrics.record_reload(True, 3, time.time(), 0)
+    metrics.set_backend("native", False)
+    server = HttpApi("127.0.0.1", 0, metrics.exposition, lambda: {"layers": [], "ok": True})
+    server.start()
+    yield server, metrics
+    server.stop()
+
+
+def get(port, path):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+        return reply.status, reply.headers.get("Content-Type"), reply.read()
+
+
+def test_metrics_and_observe_endpoints(api):
+    server, _ = api
+    status, ctype, body = get(server.port, "/metrics")
+    assert status == 200 and ctype.startswith("text/plain")
+    assert b'temperd_actions_applied_total{kind="affinity"} 3.0' in body
+    assert b"temperd_config_generation 3.0" in body
+    assert b'temperd_lint_violations{invariant="smt_collision"} 0.0' in body
+    assert json.loads(get(server.port, "/observe")[2]) == {"layers": [], "ok": True}
+    with pytest.raises(urllib.error.HTTPError) as info:
+        get(server.port, "/other")
+    assert info.value.code == 404
+    request = urllib.request.Request(f"http://127.0.0.1:{server.port}/metrics", data=b"x", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=5)
+    assert info.value.code == 405
+
+
+def test_promtool_accepts_the_metrics(api):
+    promtool = shutil.which("promtool")
+    if not promtool:
+        pytest.skip("promtool not installed (Debian package prometheus)")
+    server, _ = api
+    body = get(server.port, "/metrics")[2]
+    out = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_real_prometheus_scrapes_temperd(api, tmp_path):
+    prometheus = shutil.which("prometheus")
+    if not prometheus:
+        pytest.skip("prometheus not installed (Debian package prometheus)")
+    server, _ = api
+    (tmp_path / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: temperd\n"
+        f"    static_configs:\n      - targets: ['127.0.0.1:{server.port}']\n")
+    port = free_port()
+    proc = subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        found = None
+        while time.monotonic() < deadline and not found:
+            time.sleep(1)
+            try:
+                reply = json.loads(get(port, "/api/v1/query?query=temperd_config_generation")[2])
+            except OSError:
+                continue
+            found = reply["data"]["result"]
+        assert found and found[0]["value"][1] == "3", found
+        targets = json.loads(get(port, "/api/v1/targets")[2])["data"]["activeTargets"]
+        assert targets[0]["health"] == "up"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_linter_sees_a_confined_member_running_outside_its_cpus(spawn):
+    """A real busy thread pinned to CPU 0 while the plan says it owns CPU 1."""
+    child = spawn("tmpd-lint")
+    child.wait_ready()
+    tid = int(child.command("thread lint-hot"))
+    os.sched_setaffinity(tid, {0})
+    child.command("spin lint-spin")
+    shape = read_shape()
+    plan = LayerPlan(layers=(
+        Layer(name="w.hot", kind=CONFINED, treatment=EXCLUSIVE, tier="critical", workload="w", group="hot",
+              selector=MemberSelector(tids=(tid,)), cpus=(1,)),
+        Layer(name="w.rest", kind=OPEN, treatment=YIELD, tier="critical", workload="w", group="rest",
+              selector=MemberSelector(tids=(child.pid,)), policy="idle"),
+    ), reserve_cpus=(0,))
+    inventory = Inventory()
+    inventory.reconcile()
+    observer = Observer(shape)
+    observer.sample(plan, inventory.processes, MatchResult())
+    # make the pinned thread busy for the next window
+    spin = int(child.command("spin lint-busy"))
+    os.sched_setaffinity(spin, {0})
+    inventory.reconcile()
+    plan = LayerPlan(layers=(plan.layers[0].__class__(**{**plan.layers[0].__dict__, "selector": MemberSelector(tids=(spin,))}),
+                             plan.layers[1]), reserve_cpus=(0,))
+    observer.sample(plan, inventory.processes, MatchResult())
+    child.command(f"spin lint-busy2")
+    obs = observer.sample(plan, inventory.processes, MatchResult())
+    violations = lint(plan, obs, shape)
+    kinds = {(v.invariant, v.tid) for v in violations}
+    assert ("layer_mismatch", spin) in kinds  # may run on CPU 0, the layer owns CPU 1
+    assert ("layer_mismatch", child.pid) in kinds  # SCHED_OTHER where the plan says SCHED_IDLE
