@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh python3-pytest \
   memcached libmemcached-tools redis-server redis-tools postgresql mariadb-server mariadb-client \
-  sysbench stress-ng prometheus default-jdk-headless util-linux
+  sysbench stress-ng prometheus default-jdk-headless util-linux systemd
 exec .venv/bin/python -m pytest -q -ra "$@"

@@ -1,0 +1,34 @@
+"""units/temperd.service: systemd-analyze accepts it (with ExecStart pointed at this checkout's temperd)."""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+UNIT = pathlib.Path(__file__).resolve().parent.parent / "units" / "temperd.service"
+
+
+def test_systemd_analyze_verify(tmp_path):
+    analyze = shutil.which("systemd-analyze")
+    if not analyze:
+        pytest.skip("systemd-analyze not installed (Debian package systemd)")
+    temperd = os.path.join(os.path.dirname(sys.executable), "temperd")
+    text = UNIT.read_text().replace("/usr/bin/temperd", temperd)
+    unit = tmp_path / "temperd.service"
+    unit.write_text(text)
+    out = subprocess.run([analyze, "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stderr.strip() == "", out.stderr
+
+
+def test_unit_is_notify_with_watchdog_reload_and_hardening():
+    text = UNIT.read_text()
+    for line in ("Type=notify", "WatchdogSec=30s", "ExecReload=/bin/kill -HUP $MAINPID", "Restart=on-failure",
+                 "ProtectSystem=strict", "NoNewPrivileges=yes", "RuntimeDirectoryPreserve=yes"):
+        assert line in text.splitlines(), line
+    caps = next(l for l in text.splitlines() if l.startswith("CapabilityBoundingSet="))
+    for cap in caps.split("=", 1)[1].split():
+        assert f"# {cap}" in text or cap in " ".join(l for l in text.splitlines() if l.startswith("#")), f"{cap} unexplained"
