@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then echo "run as root (sudo bash $0)" >&2; exit 1; fi
 
 export DEBIAN_FRONTEND=noninteractive
-packages=(python3 python3-venv python3-pip python3-click python3-psutil python3-prometheus-client
+packages=(python3 python3-venv python3-pip python3-setuptools python3-click python3-psutil python3-prometheus-client
           python3-watchdog python3-pyudev python3-sdnotify)
 # bcc is the distribution's (python3-bpfcc); PyPI's "bcc" is an unrelated project.
 apt-cache show python3-bpfcc >/dev/null 2>&1 || apt-get update -qq
