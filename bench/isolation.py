@@ -8,7 +8,8 @@ drift hits both. Spinners: `stress-ng --cpu N --cpu-method int64`, started from 
 so they share the benchmark's session (autogroup on). Where the load generator runs: under
 stock it floats over both CPUs; under temperd the redis event loop owns CPU 1 and everything
 else — redis-benchmark and the spinners included — is kept on CPU 0. The generator competes
-with the spinners there, which is the honest cost of a 2-core host.
+with the spinners there, which is the honest cost of a 2-core host. The spinners run in their own
+cgroup, bound to the `background` tier in temperd.toml, so under temperd they yield (SCHED_IDLE).
 """
 
 from __future__ import annotations
@@ -41,10 +42,16 @@ def run_benchmark(port: int, requests: int, clients: int):
     return float(row["rps"]), float(row["p50_latency_ms"]), float(row["p99_latency_ms"])
 
 
+CGROUP_ROOT = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
+BG_CGROUP = "temperd-bench-background"
+
+
 def spinners(n: int):
+    """The spinners join their own cgroup first, so a [[binding]] can give them the background tier."""
     if n == 0:
         return None
-    return subprocess.Popen(["stress-ng", "--cpu", str(n), "--cpu-method", "int64", "--timeout", "120"],
+    procs = os.path.join(CGROUP_ROOT, BG_CGROUP, "cgroup.procs")
+    return subprocess.Popen(["sh", "-c", f'echo $$ > {procs} && exec stress-ng --cpu {n} --cpu-method int64 --timeout 120'],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -63,7 +70,8 @@ def start_temperd(workdir: str, redis_pid: int):
     os.makedirs(os.path.join(cfg, "profiles.d"), exist_ok=True)
     run = os.path.join(workdir, "run")
     with open(os.path.join(cfg, "temperd.toml"), "w") as handle:
-        handle.write(f'backend = "native"\nstate_dir = "{run}"\n[http]\nport = 0\n[control]\nsocket = "{run}/s"\n')
+        handle.write(f'backend = "native"\nstate_dir = "{run}"\n[http]\nport = 0\n[control]\nsocket = "{run}/s"\n'
+                     f'[[binding]]\ncgroup = "/{BG_CGROUP}"\ntier = "background"\n')
     proc = subprocess.Popen([os.path.join(BINDIR, "temperd"), "--config", cfg, "--log-level", "warning"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
@@ -84,6 +92,7 @@ def main() -> None:
     args = parser.parse_args()
     ladder = [int(x) for x in args.ladder.split(",")]
     results = {}
+    os.makedirs(os.path.join(CGROUP_ROOT, BG_CGROUP), exist_ok=True)
     with S.redis_server() as server, tempfile.TemporaryDirectory() as workdir:
         S.redis_cli(server, "DEBUG", "POPULATE", "100000", "key", "64")
         for rep in range(args.reps):
@@ -97,6 +106,10 @@ def main() -> None:
                     finally:
                         stop(spin)
                         stop(daemon)
+    try:
+        os.rmdir(os.path.join(CGROUP_ROOT, BG_CGROUP))
+    except OSError:
+        pass
     print(f"redis GET, {args.clients} clients, {args.requests} requests, {args.reps} repetitions (medians)")
     print(f"{'bg':>3} {'arm':<8} {'rps':>9} {'p50 ms':>7} {'p99 ms':>7} {'rps x':>6} {'p99 x':>6}")
     med = {}

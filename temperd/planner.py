@@ -104,6 +104,8 @@ def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
         if profile is None:
             if workload.tier == "critical":
                 layers.append(_tier_layer(workload, alloc, tier_weight, unique))
+            elif workload.tier == "background":
+                layers.append(_background_layer(workload, tier_weight, unique))
             continue
         for group in profile.thread_groups:
             layer = _group_layer(workload, group, alloc, unique, decisions)
@@ -180,6 +182,16 @@ def _tier_layer(workload: Workload, alloc: _CoreAllocator, weight: int, unique) 
     return Layer(kind=GROUPED, cpus=cpus, reasons=(
         f"critical tier without a profile: Grouped on {want} CPU(s) {_cpus(cpus)} spread over physical cores "
         f"({workload.budget_reason})",), **common)
+
+
+def _background_layer(workload: Workload, weight: int, unique) -> Layer:
+    """Background tier without a profile: all of it yields (SCHED_IDLE). cgroup weights alone do
+    not reach hosts without a cgroup v2 cpu controller, and not across one session's threads."""
+    tids = tuple(t.tid for t in workload.threads)
+    return Layer(name=unique(f"{_slug(workload.key)}.tier"), kind=OPEN, treatment=YIELD, tier=workload.tier,
+                 workload=workload.key, group="", selector=_selector(workload, None, tids), weight=weight,
+                 policy="idle", reasons=("background tier without a profile: yields (SCHED_IDLE), weight "
+                                         f"{weight}",))
 
 
 def _cpus(cpus: Sequence[int]) -> str:

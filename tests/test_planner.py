@@ -165,3 +165,11 @@ def test_latency_and_yield_layers_are_open():
     io, rest = only(p, group="io"), only(p, group="rest")
     assert (io.kind, io.nice) == (OPEN, -10) and (rest.kind, rest.policy) == (OPEN, "idle")
     assert only(p, group="compute").cpus == (1,) and p.reserve_cpus == (0,)
+
+
+def test_background_workload_without_profile_yields():
+    shape = load_fixture_shape("gcp-c2-standard-8")
+    p = plan(shape, [workload("batch.service", None, [(None, 3)], tier="background")], {})
+    layer = only(p)
+    assert (layer.kind, layer.treatment, layer.policy, len(layer.selector.tids)) == (OPEN, "yield", "idle", 3)
+    assert p.cgroup_weights[0].weight == 10
