@@ -65,9 +65,23 @@ def stop(proc):
             proc.wait()
 
 
-def start_temperd(workdir: str, redis_pid: int):
+PROFILES = os.path.join(HERE, "..", "profiles")
+
+
+def start_temperd(workdir: str, redis_pid: int, idle_resume_us=None):
     cfg = os.path.join(workdir, "etc")
     os.makedirs(os.path.join(cfg, "profiles.d"), exist_ok=True)
+    override = os.path.join(cfg, "profiles.d", "redis.toml")
+    if idle_resume_us is not None:
+        # The builtin redis profile with an idle-resume bound on the event loop's CPU (per-CPU PM QoS).
+        with open(os.path.join(PROFILES, "redis.toml")) as handle:
+            text = handle.read()
+        marker = 'treatment = "exclusive"\ncpu_fraction = 1.0\n'
+        assert marker in text
+        with open(override, "w") as handle:
+            handle.write(text.replace(marker, marker + f"idle_resume_us = {idle_resume_us}\n"))
+    elif os.path.exists(override):
+        os.unlink(override)
     run = os.path.join(workdir, "run")
     with open(os.path.join(cfg, "temperd.toml"), "w") as handle:
         handle.write(f'backend = "native"\nstate_dir = "{run}"\n[http]\nport = 0\n[control]\nsocket = "{run}/s"\n'
@@ -89,7 +103,10 @@ def main() -> None:
     parser.add_argument("--ladder", default="0,1,2,4")
     parser.add_argument("--requests", type=int, default=200000)
     parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--idle-resume-us", type=int, default=None,
+                        help="add a third arm: temperd with this idle_resume_us on the event loop (PM QoS)")
     args = parser.parse_args()
+    arms = ("stock", "temperd") + (("temperd+pmqos",) if args.idle_resume_us is not None else ())
     ladder = [int(x) for x in args.ladder.split(",")]
     results = {}
     os.makedirs(os.path.join(CGROUP_ROOT, BG_CGROUP), exist_ok=True)
@@ -97,8 +114,9 @@ def main() -> None:
         S.redis_cli(server, "DEBUG", "POPULATE", "100000", "key", "64")
         for rep in range(args.reps):
             for bg in ladder:
-                for arm in ("stock", "temperd"):
-                    daemon = start_temperd(workdir, server.pid) if arm == "temperd" else None
+                for arm in arms:
+                    daemon = None if arm == "stock" else start_temperd(
+                        workdir, server.pid, args.idle_resume_us if arm == "temperd+pmqos" else None)
                     spin = spinners(bg)
                     try:
                         time.sleep(0.5)
@@ -111,16 +129,16 @@ def main() -> None:
     except OSError:
         pass
     print(f"redis GET, {args.clients} clients, {args.requests} requests, {args.reps} repetitions (medians)")
-    print(f"{'bg':>3} {'arm':<8} {'rps':>9} {'p50 ms':>7} {'p99 ms':>7} {'rps x':>6} {'p99 x':>6}")
+    print(f"{'bg':>3} {'arm':<14} {'rps':>9} {'p50 ms':>7} {'p99 ms':>7} {'rps x':>6} {'p99 x':>6}")
     med = {}
     for bg in ladder:
-        for arm in ("stock", "temperd"):
+        for arm in arms:
             rows = results[(bg, arm)]
             med[(bg, arm)] = tuple(statistics.median(r[i] for r in rows) for i in range(3))
-        for arm in ("stock", "temperd"):
+        for arm in arms:
             rps, p50, p99 = med[(bg, arm)]
             srps, _, sp99 = med[(bg, "stock")]
-            print(f"{bg:>3} {arm:<8} {rps:9.0f} {p50:7.3f} {p99:7.3f} {rps / srps:6.2f} {p99 / sp99:6.2f}")
+            print(f"{bg:>3} {arm:<14} {rps:9.0f} {p50:7.3f} {p99:7.3f} {rps / srps:6.2f} {p99 / sp99:6.2f}")
     best = min(med[(bg, "temperd")][2] for bg in ladder)
     top = max(ladder)
     goals = [
