@@ -18,6 +18,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from .pmqos import HostSettingResult
 from .procfs import unit_from_cgroup
 
 SYSTEMD = "systemd"
@@ -108,16 +109,6 @@ def detect(proc_root: str = "/proc", run_root: str = "/run", mountinfo: Optional
     return WeightSupport(CGROUPFS, mount, f"PID 1 is {init!r}, not systemd: cpu.weight is written under {mount}")
 
 
-@dataclass
-class WeightResult:
-    applied: int = 0
-    restored: int = 0
-    failed: int = 0
-    drift: int = 0
-    errors: List[str] = field(default_factory=list)
-    unsupported: List[str] = field(default_factory=list)
-
-
 class CgroupWeights:
     """Applies plan.cgroup_weights; remembers originals keyed 'systemd:UNIT' or 'cgroupfs:/path'."""
 
@@ -174,8 +165,8 @@ class CgroupWeights:
 
     # ---- plan-wide ---------------------------------------------------------------------------
 
-    def apply(self, weights: Iterable) -> WeightResult:
-        result = WeightResult()
+    def apply(self, weights: Iterable) -> HostSettingResult:
+        result = HostSettingResult()
         desired: Dict[str, str] = {}
         for weight in weights:
             key, why = self._target(weight)
@@ -212,7 +203,7 @@ class CgroupWeights:
             result.applied += 1
         return result
 
-    def _restore_one(self, key: str, result: WeightResult) -> None:
+    def _restore_one(self, key: str, result: HostSettingResult) -> None:
         original = self.originals.pop(key, None)
         written = self.written.pop(key, None)
         drifted = self.drifted.pop(key, None) is not None
@@ -228,8 +219,8 @@ class CgroupWeights:
         else:
             result.restored += 1
 
-    def restore_all(self) -> WeightResult:
-        result = WeightResult()
+    def restore_all(self) -> HostSettingResult:
+        result = HostSettingResult()
         for key in sorted(set(self.originals) | set(self.written)):
             self._restore_one(key, result)
         return result

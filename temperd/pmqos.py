@@ -28,7 +28,9 @@ def encode(resume_us: int) -> str:
 
 
 @dataclass
-class PmQosResult:
+class HostSettingResult:
+    """What one apply or restore of a host-wide setting (PM QoS bound, cgroup weight) did."""
+
     applied: int = 0
     restored: int = 0
     failed: int = 0
@@ -68,9 +70,9 @@ class PmQos:
         with open(self.path(cpu), "w") as handle:
             handle.write(text)
 
-    def apply(self, desired: Mapping[int, int]) -> PmQosResult:
+    def apply(self, desired: Mapping[int, int]) -> HostSettingResult:
         """Make the bounds in `desired` (cpu -> us) hold and restore CPUs no longer in it."""
-        result = PmQosResult()
+        result = HostSettingResult()
         for cpu in sorted(set(self.written) - set(desired)):
             self._restore_one(cpu, result)
         for cpu in sorted(desired):
@@ -106,7 +108,7 @@ class PmQos:
             result.applied += 1
         return result
 
-    def _restore_one(self, cpu: int, result: PmQosResult) -> None:
+    def _restore_one(self, cpu: int, result: HostSettingResult) -> None:
         original = self.originals.get(cpu)
         written = self.written.get(cpu)
         # A bound someone else wrote over ours is theirs: leave it.
@@ -125,8 +127,8 @@ class PmQos:
             result.failed += 1
             result.errors.append(f"cpu{cpu}: restoring {original!r} to {self.path(cpu)}: {exc.strerror}")
 
-    def restore_all(self) -> PmQosResult:
-        result = PmQosResult()
+    def restore_all(self) -> HostSettingResult:
+        result = HostSettingResult()
         for cpu in sorted(set(self.originals) | set(self.written)):
             self._restore_one(cpu, result)
         return result

@@ -108,7 +108,7 @@ class ApplyResult:
         self.errors.extend(outcome.errors)
 
     def take_counts(self, kind: str, part: Any) -> None:
-        """Merge a PmQosResult / WeightResult."""
+        """Merge a HostSettingResult (PM QoS, cgroup weights)."""
         self.bump(self.applied, kind, part.applied)
         self.bump(self.restored, kind, part.restored)
         self.bump(self.failed, kind, part.failed)
