@@ -48,7 +48,9 @@ class ConfigWatcher:
         class _Handler(FileSystemEventHandler):
             def on_any_event(self, event) -> None:
                 paths = [getattr(event, "src_path", ""), getattr(event, "dest_path", "")]
-                if event.is_directory or any(str(p).endswith(".toml") for p in paths):
+                # A directory's own "modified" comes with any file in it: only its creation,
+                # removal or renaming counts (profiles.d appearing), besides *.toml files.
+                if (event.is_directory and event.event_type != "modified") or any(str(p).endswith(".toml") for p in paths):
                     debouncer.poke()
 
         self._observer = Observer()
@@ -83,23 +85,22 @@ class CpuHotplugWatcher:
             import pyudev
 
             context = pyudev.Context()
-            try:
-                monitor = pyudev.Monitor.from_netlink(context, source="udev")
-            except Exception:
-                # No udevd (containers, minimal hosts): the kernel's own uevents still arrive.
-                monitor = pyudev.Monitor.from_netlink(context, source="kernel")
+            # Without udevd (containers, minimal hosts) nothing is re-broadcast on the udev group:
+            # listen to the kernel's own uevents there.
+            source = "udev" if os.path.exists("/run/udev/control") else "kernel"
+            monitor = pyudev.Monitor.from_netlink(context, source=source)
             monitor.filter_by(subsystem="cpu")
 
-            def _event(action, device) -> None:
-                if action in ("online", "offline", "add", "remove", "change"):
-                    log.info("CPU hotplug: %s %s", action, device.sys_name)
+            def _event(device) -> None:
+                if device.action in ("online", "offline", "add", "remove", "change"):
+                    log.info("CPU hotplug: %s %s", device.action, device.sys_name)
                     self.on_change()
 
-            self._observer = pyudev.MonitorObserver(monitor, _event, name="cpu-hotplug")
+            self._observer = pyudev.MonitorObserver(monitor, callback=_event, name="cpu-hotplug")
             self._observer.daemon = True
             self._observer.start()
             self.active = True
-            self.reason = "watching udev cpu events"
+            self.reason = f"watching {source} cpu events"
         except Exception as exc:  # pyudev missing or netlink refused: shape is re-read at reload instead
             self.active = False
             self.reason = f"CPU hotplug not watched: {exc}"

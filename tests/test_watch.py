@@ -1,0 +1,62 @@
+"""What the daemon reacts to: CPU hotplug uevents (udev/kernel netlink) and config edits (debounced)."""
+
+import os
+import threading
+import time
+
+import pytest
+
+from temperd.watch import ConfigWatcher, CpuHotplugWatcher, Debouncer
+
+UEVENT = "/sys/devices/system/cpu/cpu0/uevent"
+
+
+def test_cpu_uevent_reaches_the_hotplug_watcher():
+    """A real kernel uevent for a CPU device ("change", harmless: nothing goes offline)."""
+    if not os.access(UEVENT, os.W_OK):
+        pytest.skip(f"{UEVENT} is not writable here")
+    fired = threading.Event()
+    watcher = CpuHotplugWatcher(fired.set)
+    watcher.start()
+    try:
+        if not watcher.active:
+            pytest.skip(watcher.reason)
+        time.sleep(0.2)
+        with open(UEVENT, "w") as handle:
+            handle.write("change")
+        assert fired.wait(3), "no cpu uevent seen"
+    finally:
+        watcher.stop()
+
+
+def test_config_edits_are_debounced_into_one_reload_within_half_a_second(tmp_path):
+    (tmp_path / "profiles.d").mkdir()
+    calls = []
+    watcher = ConfigWatcher(str(tmp_path), str(tmp_path / "profiles.d"), lambda: calls.append(time.monotonic()))
+    watcher.start()
+    try:
+        time.sleep(0.2)
+        start = time.monotonic()
+        for i in range(5):  # an editor's several writes
+            (tmp_path / "profiles.d" / "a.toml").write_text(f"# edit {i}\n")
+            time.sleep(0.02)
+        deadline = time.monotonic() + 2
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        assert len(calls) == 1
+        assert calls[0] - start < 0.5
+        (tmp_path / "notes.txt").write_text("not a toml file\n")
+        time.sleep(0.4)
+        assert len(calls) == 1, "non-TOML files do not trigger a reload"
+    finally:
+        watcher.stop()
+
+
+def test_debouncer_runs_once_after_the_last_poke():
+    calls = []
+    debouncer = Debouncer(0.05, lambda: calls.append(1))
+    for _ in range(10):
+        debouncer.poke()
+    time.sleep(0.2)
+    assert calls == [1]
