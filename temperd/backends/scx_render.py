@@ -148,13 +148,22 @@ class _LayerRender:
         if sel.comm_patterns:
             prefixes: List[str] = []
             dropped: List[str] = []
+            plain: List[str] = []  # names without a wildcard, one note for all of them
             for found in (comm_prefix(p) for p in sel.comm_patterns):
-                if found.note:
-                    self.notes.append(found.note)
                 if found.prefix is None:
                     dropped.append(found.pattern)
                 else:
                     prefixes.append(found.prefix)
+                if found.prefix == found.pattern and not found.exact:
+                    plain.append(found.pattern)
+                elif found.note:
+                    self.notes.append(found.note)
+            if plain:
+                names = ", ".join(repr(p) for p in plain)
+                self.notes.append((f"thread names {names} match as prefixes: longer names that start with them match too"
+                                   if len(plain) > 1 else
+                                   f"thread name {names} matches as a prefix: longer names that start with it match too")
+                                  + " (scx_layered has no exact thread-name match)")
             prefixes = _dedupe_prefixes(prefixes)
             if not prefixes:
                 self.notes.append("no thread-name glob of this layer can be expressed: matched by the member "
