@@ -1,4 +1,12 @@
-"""Is sched_ext here, is a BPF scheduler already loaded, is scx_layered installed?"""
+"""Is sched_ext here, is a BPF scheduler already loaded, is scx_layered installed?
+
+sysfs (kernel/sched_ext, mainline since 6.12):
+- `state`: "disabled", "enabling", "enabled" or "disabling";
+- `root/ops`: the loaded scheduler's name (scx_layered's starts with "layered"), present only
+  while one is loaded.
+scx_layered 1.1.x also refuses or panics at startup when possible CPUs outnumber online ones
+(offline CPUs, or a VM with hot-pluggable slots), so that is checked here too.
+"""
 
 from __future__ import annotations
 
@@ -9,19 +17,22 @@ from typing import Optional
 
 SCX_BINARY = "scx_layered"
 BINARY_DIRS = ("/usr/bin", "/usr/local/bin", "/usr/sbin")
+LAYERED_OPS_PREFIX = "layered"
 
 
 @dataclass(frozen=True)
 class ScxAvailability:
     kernel_supported: bool
-    state: Optional[str]  # /sys/kernel/sched_ext/state: "disabled", "enabled", "enabling", ...
+    state: Optional[str]  # /sys/kernel/sched_ext/state: "disabled", "enabled", "enabling", "disabling"
     loaded_ops: Optional[str]  # /sys/kernel/sched_ext/root/ops: the loaded scheduler's name
     binary: Optional[str]
     reason: str
+    topology_problem: Optional[str] = None  # why scx_layered would fail to start on these CPUs
 
     @property
     def usable(self) -> bool:
-        return self.kernel_supported and self.binary is not None and self.state == "disabled"
+        return (self.kernel_supported and self.binary is not None and self.state == "disabled"
+                and self.topology_problem is None)
 
 
 def _read(path: str) -> Optional[str]:
@@ -30,6 +41,33 @@ def _read(path: str) -> Optional[str]:
             return handle.read().strip()
     except OSError:
         return None
+
+
+def sched_ext_dir(sysfs_root: str = "/sys") -> str:
+    return os.path.join(sysfs_root, "kernel", "sched_ext")
+
+
+def read_state(sysfs_root: str = "/sys") -> "tuple[Optional[str], Optional[str]]":
+    """(state, loaded ops name); (None, None) on a kernel without sched_ext."""
+    base = sched_ext_dir(sysfs_root)
+    return _read(os.path.join(base, "state")), (_read(os.path.join(base, "root", "ops")) or None)
+
+
+def describe_loaded(state: Optional[str], ops: Optional[str], sysfs_root: str = "/sys") -> str:
+    """A sentence naming the scheduler that holds sched_ext."""
+    where = os.path.join(sched_ext_dir(sysfs_root), "root", "ops")
+    if not ops:
+        return f"a sched_ext scheduler is loaded (state {state!r}; {where} names none)"
+    return f"sched_ext scheduler {ops!r} is loaded (state {state!r}, {where})"
+
+
+def topology_problem(sysfs_root: str = "/sys") -> Optional[str]:
+    cpu_dir = os.path.join(sysfs_root, "devices", "system", "cpu")
+    possible, online = _read(os.path.join(cpu_dir, "possible")), _read(os.path.join(cpu_dir, "online"))
+    if possible is None or online is None or possible == online:
+        return None
+    return (f"possible CPUs {possible} differ from online CPUs {online}: scx_layered fails to start on hosts with "
+            "offline or hot-pluggable CPUs (holes in CPU IDs, init_cpus panic)")
 
 
 def find_binary(path_env: Optional[str] = None) -> Optional[str]:
@@ -44,18 +82,18 @@ def find_binary(path_env: Optional[str] = None) -> Optional[str]:
 
 
 def detect_sched_ext(sysfs_root: str = "/sys", binary: Optional[str] = None) -> ScxAvailability:
-    base = os.path.join(sysfs_root, "kernel", "sched_ext")
+    base = sched_ext_dir(sysfs_root)
     binary = binary if binary is not None else find_binary()
     if not os.path.isdir(base):
-        return ScxAvailability(False, None, None, binary,
-                               f"no {base}: this kernel has no sched_ext (CONFIG_SCHED_CLASS_EXT)")
-    state = _read(os.path.join(base, "state"))
-    ops = _read(os.path.join(base, "root", "ops")) or None
+        return ScxAvailability(False, None, None, binary, f"no {base}: kernel without CONFIG_SCHED_CLASS_EXT")
+    state, ops = read_state(sysfs_root)
     if state != "disabled":
-        who = f"{ops!r}" if ops else "another scheduler"
         return ScxAvailability(True, state, ops, binary,
-                               f"sched_ext state is {state!r}: {who} is loaded; refusing to start scx_layered beside it")
+                               describe_loaded(state, ops, sysfs_root) + "; refusing to start scx_layered beside it")
     if binary is None:
         return ScxAvailability(True, state, ops, None,
                                f"sched_ext is available but {SCX_BINARY} is not installed (package scx-scheds)")
+    problem = topology_problem(sysfs_root)
+    if problem:
+        return ScxAvailability(True, state, ops, binary, problem, problem)
     return ScxAvailability(True, state, ops, binary, f"sched_ext available and {binary} installed")
