@@ -7,7 +7,10 @@ from typing import Optional, Tuple
 
 import click
 
+from temperd.backends.scx_detect import detect_sched_ext
 from temperd.backends.scx_validate import RULES, validate_file, validate_text
+
+from .output import print_json
 
 
 @click.group()
@@ -55,3 +58,24 @@ def rules_command() -> None:
     width = max(len(rule) for rule in RULES)
     for rule, what in RULES.items():
         click.echo(f"{rule.ljust(width)}  {what}")
+
+
+@scx.command("detect")
+@click.option("--sysfs", "sysfs_root", default="/sys", show_default=True, help="sysfs root (a fixture tree for tests).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def detect_command(sysfs_root: str, as_json: bool) -> None:
+    """Can scx_layered run here? sched_ext in the kernel, a scheduler already loaded, the binary.
+
+    Exit status 0 when it can, 1 when not (the reason says why)."""
+    found = detect_sched_ext(sysfs_root)
+    if as_json:
+        print_json({"usable": found.usable, "kernel_supported": found.kernel_supported, "state": found.state,
+                    "loaded_ops": found.loaded_ops, "binary": found.binary, "reason": found.reason})
+    else:
+        click.echo(f"sched_ext:   {'yes' if found.kernel_supported else 'no'}" + (f" (state {found.state})" if found.state else ""))
+        if found.loaded_ops:
+            click.echo(f"loaded:      {found.loaded_ops}")
+        click.echo(f"scx_layered: {found.binary or 'not installed'}")
+        click.echo(f"usable:      {'yes' if found.usable else 'no'}: {found.reason}")
+    if not found.usable:
+        sys.exit(1)

@@ -18,7 +18,7 @@ import pytest
 
 from temperd.backends.scx_detect import detect_sched_ext
 from temperd.backends.scx_supervisor import (BACKOFF, REFUSED, RUNNING, SAFE_MODE, STOPPED, RestartPolicy,
-                                             ScxConfigError, ScxSupervisor, StatsClient, StatsError)
+                                             ScxConfigError, ScxSupervisor, StatsClient, StatsError, summarize_stats)
 
 STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standins", "fake_scx_layered.py")
 WAIT_S = 10.0  # upper bound for anything these tests wait for
@@ -176,6 +176,15 @@ def test_start_writes_config_and_reads_stats_over_one_connection(env):
     assert len(env.events("stats-connect")) == 1
     assert 0 <= stats["total"] < 1000
     assert status["stats_age_s"] < 5
+    summary = summarize_stats(stats)
+    assert summary["system"]["busy"] == stats["busy"] and summary["layers"]["db"]["cur_nr_cpus"] == 2
+    assert "l_runq_lat_hist" not in summary["layers"]["db"]  # lists are not metrics
+
+
+def test_summarize_stats_tolerates_missing_and_unknown_fields():
+    assert summarize_stats(None) == {"system": {}, "layers": {}}
+    summary = summarize_stats({"busy": 1.5, "new_field": 3, "antistall": True, "layers": {"a": {"tasks": 4, "x": 1}}})
+    assert summary == {"system": {"busy": 1.5}, "layers": {"a": {"tasks": 4}}}
 
 
 def test_stop_sends_sigterm_and_scx_exits_cleanly(env):

@@ -191,3 +191,11 @@ def test_cli_warnings_do_not_fail():
 def test_cli_usage_errors_exit_2(tmp_path):
     assert CliRunner().invoke(scx, ["validate"]).exit_code == 2
     assert CliRunner().invoke(scx, ["validate", str(tmp_path / "missing.json")]).exit_code == 2
+
+
+def test_cli_detect_says_why(tmp_path):
+    result = CliRunner().invoke(scx, ["detect", "--sysfs", str(tmp_path), "--json"])
+    assert result.exit_code == 1
+    assert json.loads(result.output)["reason"] == f"no {tmp_path}/kernel/sched_ext: kernel without CONFIG_SCHED_CLASS_EXT"
+    result = CliRunner().invoke(scx, ["detect", "--sysfs", str(tmp_path)])
+    assert "usable:      no: no " in result.output

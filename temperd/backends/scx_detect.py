@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 SCX_BINARY = "scx_layered"
 BINARY_DIRS = ("/usr/bin", "/usr/local/bin", "/usr/sbin")
@@ -47,7 +47,7 @@ def sched_ext_dir(sysfs_root: str = "/sys") -> str:
     return os.path.join(sysfs_root, "kernel", "sched_ext")
 
 
-def read_state(sysfs_root: str = "/sys") -> "tuple[Optional[str], Optional[str]]":
+def read_state(sysfs_root: str = "/sys") -> Tuple[Optional[str], Optional[str]]:
     """(state, loaded ops name); (None, None) on a kernel without sched_ext."""
     base = sched_ext_dir(sysfs_root)
     return _read(os.path.join(base, "state")), (_read(os.path.join(base, "root", "ops")) or None)

@@ -179,6 +179,28 @@ def _exit_reason(log_path: str, code: int) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
 
 
+SYSTEM_STAT_FIELDS = ("busy", "util", "total", "local_sel", "local_enq", "open_idle", "affn_viol", "hi_fb", "lo_fb",
+                      "proc_ms", "antistall", "system_cpu_util_ewma")
+LAYER_STAT_FIELDS = ("util", "util_frac", "util_open_frac", "util_protected_frac", "tasks", "cur_nr_cpus",
+                     "min_nr_cpus", "max_nr_cpus", "slice_us", "preempt", "affn_viol", "migration")
+
+
+def summarize_stats(stats: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The numeric fields worth a metric, {"system": {field: value}, "layers": {name: {field: value}}}.
+
+    scx_layered adds stats fields from release to release: unknown ones are ignored and
+    missing ones left out, never an error."""
+    def numbers(source: Any, fields: Sequence[str]) -> Dict[str, float]:
+        if not isinstance(source, Mapping):
+            return {}
+        return {f: source[f] for f in fields
+                if isinstance(source.get(f), (int, float)) and not isinstance(source.get(f), bool)}
+
+    layers = stats.get("layers") if isinstance(stats, Mapping) else None
+    return {"system": numbers(stats, SYSTEM_STAT_FIELDS),
+            "layers": {name: numbers(values, LAYER_STAT_FIELDS) for name, values in sorted((layers or {}).items())}}
+
+
 class ScxSupervisor:
     def __init__(self, binary: str, state_dir: str, stats_socket_path: str = DEFAULT_STATS_SOCKET, *,
                  sysfs_root: str = "/sys", clock: Callable[[], float] = time.monotonic,
