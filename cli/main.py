@@ -9,6 +9,7 @@ from temperd import __version__
 from .daemon_cmd import reload_command, status_command
 from .plan_cmd import explain_command, plan_command
 from .profiles_cmd import profiles
+from .scx_cmd import scx
 
 # Exit codes: 0 ok, 1 invalid input or failed check, 2 usage error (click's own).
 
@@ -24,6 +25,7 @@ main.add_command(plan_command)
 main.add_command(explain_command)
 main.add_command(status_command)
 main.add_command(reload_command)
+main.add_command(scx)
 
 
 if __name__ == "__main__":  # pragma: no cover
