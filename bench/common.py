@@ -102,18 +102,25 @@ def descendants(root: int, stats: Mapping[int, ProcStat]) -> set:
     return out
 
 
-def thread_runtime_ns(pid: int) -> int:
-    """Sum of /proc/PID/task/*/schedstat run time of the live threads (ns; exited threads are not in it)."""
-    total = 0
+def schedstat_totals(pid: int) -> Tuple[int, int]:
+    """(run ns, runqueue wait ns) summed over the live threads' /proc/PID/task/*/schedstat
+    (exited threads are not in it)."""
+    run = wait = 0
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return 0
+        return 0, 0
     for tid in tids:
-        text = read_text(f"/proc/{pid}/task/{tid}/schedstat")
-        if text:
-            total += int(text.split()[0])
-    return total
+        fields = read_text(f"/proc/{pid}/task/{tid}/schedstat").split()
+        if len(fields) >= 2:
+            run += int(fields[0])
+            wait += int(fields[1])
+    return run, wait
+
+
+def thread_runtime_ns(pid: int) -> int:
+    """Run time of the live threads (ns)."""
+    return schedstat_totals(pid)[0]
 
 
 # ---- host noise -----------------------------------------------------------------------------------
@@ -273,11 +280,12 @@ def temperd_toml(state_dir: str, socket: str, http_port: int = 0, extra: str = "
 
 @contextlib.contextmanager
 def running_temperd(*, bindings: str = "", profiles: Optional[Mapping[str, str]] = None, http_port: int = 0,
-                    log_level: str = "warning", settings: str = "", argv_prefix: Sequence[str] = (),
+                    log_level: str = "warning", settings: str = "", command: Optional[Sequence[str]] = None,
                     env: Optional[Mapping[str, str]] = None, ready_timeout_s: float = 20.0) -> Iterator[TemperdProcess]:
     """temperd (native backend) in the foreground with its own config dir, state dir and control
     socket; `bindings` is TOML appended to temperd.toml ([[binding]] tables), `profiles` maps file
-    names to profile TOML for profiles.d. Ready = the control socket exists (the first plan has
+    names to profile TOML for profiles.d, `command` replaces the temperd executable (a profiler
+    wrapper). Ready = the control socket exists (the first plan has
     been applied before the socket is served). Stopped with SIGTERM on exit (restores)."""
     workdir = tempfile.mkdtemp(prefix="temperd-bench-")
     config_dir = os.path.join(workdir, "etc")
@@ -291,7 +299,7 @@ def running_temperd(*, bindings: str = "", profiles: Optional[Mapping[str, str]]
             handle.write(text)
     log_path = os.path.join(workdir, "temperd.log")
     log = open(log_path, "w")
-    argv = [*argv_prefix, os.path.join(BINDIR, "temperd"), "--config", config_dir, "--log-level", log_level]
+    argv = [*(command or [os.path.join(BINDIR, "temperd")]), "--config", config_dir, "--log-level", log_level]
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=dict(os.environ, **(env or {})))
     daemon = TemperdProcess(proc, workdir, config_dir, socket_path, http_port, log_path)

@@ -33,16 +33,20 @@ What runs:
                    profile = "redis" cpus = 1.0`: the builtin profile, event loop on an exclusive core;
     temperd+bg     the same plus `[[binding]] cgroup = "/temperd-bench-PID-spinners"
                    tier = "background"`: the spinners yield (SCHED_IDLE);
-    temperd+pmqos  (single client, bg 0 and 1) the temperd arm with a file profile overriding the
-                   builtin with `idle_resume_us = 0` on the exclusive group: the native backend
-                   writes pm_qos_resume_latency_us = "n/a" (0 us, polling idle only) on that CPU.
+    temperd+pmqos, temperd+bg+pmqos  (single client, bg 0 and 1) those arms with a file profile
+                   overriding the builtin with `idle_resume_us = 0` on the exclusive group: the
+                   native backend writes pm_qos_resume_latency_us = "n/a" (0 us: polling idle
+                   only, the one value that changes anything under the haltpoll governor) on
+                   that CPU.
   temperd starts before the spinners and stops after them, so every run starts from a restored
   host; stock runs check that affinities and PM QoS values were put back.
 - Where the load generator runs: on this 2-CPU host it is a local process competing for CPU.
   Under stock it floats over both CPUs; under temperd the server's exclusive group owns CPU 1 and
   every other thread -- the load generator and the spinners included -- is kept on CPU 0, where
   the load generator competes with the spinners of its own session. The table's `client` column
-  shows where it really ran (its last CPU, sampled every 50 ms) and its affinity.
+  shows where it really ran (its last CPU, sampled every 50 ms) and its affinity; `cwait%` is
+  its runqueue wait (schedstat) as a share of the run, `swait%` the server threads' runqueue
+  wait: together they tell whether a tail comes from the server or from the load generator.
 - Per run: the host's idle and steal share (from /proc/stat deltas) and the CPU used by user-space
   processes outside this benchmark (foreign, % of one core). A run with foreign > --noisy-foreign
   or steal > --noisy-steal is repeated once (at most --max-retries in all); a run still noisy is
@@ -68,8 +72,10 @@ import common as C  # bench/common.py; also puts the checkout and tests/ on sys.
 import servers as S  # noqa: E402  (tests/servers.py: real servers on loopback)
 from temperd.plan import CONFINED  # noqa: E402
 
-STOCK, TEMPERD, TEMPERD_BG, PMQOS = "stock", "temperd", "temperd+bg", "temperd+pmqos"
+STOCK, TEMPERD, TEMPERD_BG = "stock", "temperd", "temperd+bg"
+PMQOS, PMQOS_BG = "temperd+pmqos", "temperd+bg+pmqos"
 ARMS = (STOCK, TEMPERD, TEMPERD_BG)
+PMQOS_OF = {TEMPERD: PMQOS, TEMPERD_BG: PMQOS_BG}  # the same arm with idle_resume_us = 0
 PMQOS_FILE = "/sys/devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us"
 
 
@@ -303,6 +309,8 @@ class Run:
     retried: bool = False
     client_cpus: str = "-"  # where the load generator last ran (sampled)
     client_allowed: str = "-"  # its affinity while running
+    client_wait_pct: float = float("nan")  # runqueue wait of the load generator, % of its run's wall time
+    server_wait_pct: float = float("nan")  # runqueue wait of the server's threads, % of wall time
     server_cpus: str = "-"
     spinners_allowed: str = "-"
     spinners_policy: str = "-"
@@ -347,9 +355,9 @@ def arm_context(arm: str, settings: Settings, server) -> Iterator[Tuple[frozense
     target = settings.target
     binding = (f'[[binding]]\ncgroup = "{settings.server_cgroup}"\ntier = "critical"\nprofile = "{target.profile_id}"\n'
                f'cpus = 1.0\n')
-    if arm == TEMPERD_BG:
+    if arm in (TEMPERD_BG, PMQOS_BG):
         binding += f'[[binding]]\ncgroup = "{settings.spinner_cgroup}"\ntier = "background"\n'
-    profiles = {f"{target.profile_id}.toml": pmqos_profile(target, 0)} if arm == PMQOS else {}
+    profiles = {f"{target.profile_id}.toml": pmqos_profile(target, 0)} if arm in (PMQOS, PMQOS_BG) else {}
     with C.running_temperd(bindings=binding, profiles=profiles) as daemon:
         status = daemon.status()
         if status["profiles"]["failed"]:
@@ -392,7 +400,7 @@ def run_once(settings: Settings, server, clients: int, bg: int, arm: str, rep: i
                     if not kept_off:
                         run.error = "spinners were not kept off the exclusive CPU within 5 s"
                         return run
-                if arm == TEMPERD_BG and workers:
+                if arm in (TEMPERD_BG, PMQOS_BG) and workers:
                     idle = C.wait_until(lambda: all(_policy(w) == os.SCHED_IDLE for w in workers), 5.0)
                     if not idle:
                         run.error = "background-tier spinners did not get SCHED_IDLE within 5 s"
@@ -414,8 +422,11 @@ def _measure(settings: Settings, server, run: Run, clients: int) -> None:
     monitor.start()
     proc = subprocess.Popen(target.argv(server, clients, run.amount), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
-    deadline = time.monotonic() + settings.timeout_s
+    started = time.monotonic()
+    deadline = started + settings.timeout_s
     allowed = set()
+    server0 = C.schedstat_totals(server.pid)
+    client_wait = (0, 0.0)  # (wait ns, seconds since start) at the last sample
     try:
         while proc.poll() is None:
             if time.monotonic() >= deadline:
@@ -428,10 +439,14 @@ def _measure(settings: Settings, server, run: Run, clients: int) -> None:
             found = C.affinity_of(proc.pid)
             if found:
                 allowed.add(C.cpulist(found))
+            waited = C.schedstat_totals(proc.pid)[1]
+            if waited:
+                client_wait = (waited, time.monotonic() - started)
             time.sleep(0.05)
         stdout = proc.stdout.read()
     finally:
         window = monitor.stop()
+        server1 = C.schedstat_totals(server.pid)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
@@ -441,6 +456,9 @@ def _measure(settings: Settings, server, run: Run, clients: int) -> None:
     run.noisy = window.noisy(settings.noisy_foreign, settings.noisy_steal)
     run.client_cpus, run.server_cpus = sampler.describe("client"), sampler.describe("server")
     run.client_allowed = "/".join(sorted(allowed)) or "-"
+    if client_wait[1] > 0:
+        run.client_wait_pct = 100.0 * client_wait[0] / 1e9 / client_wait[1]
+    run.server_wait_pct = 100.0 * (server1[1] - server0[1]) / 1e9 / max(window.seconds, 1e-6)
     if proc.returncode != 0:
         run.error = f"{target.tool} exited with {proc.returncode}: {stdout.strip()[-200:]}"
         return
@@ -484,7 +502,8 @@ def build_steps(clients: Sequence[int], ladder: Sequence[int], pmqos_bgs: Sequen
     steps = []
     for c in clients:
         for bg in ladder:
-            arms = tuple(base_arms) + ((PMQOS,) if c == 1 and bg in pmqos_bgs else ())
+            extra = tuple(PMQOS_OF[a] for a in base_arms if a in PMQOS_OF) if c == 1 and bg in pmqos_bgs else ()
+            arms = tuple(base_arms) + extra
             steps.append(Step(c, bg, arms))
     return steps
 
@@ -501,6 +520,8 @@ class Summary:
     foreign_core_pct: float
     client_cpus: str
     client_allowed: str
+    client_wait_pct: float
+    server_wait_pct: float
     server_cpus: str
     errors: List[str] = field(default_factory=list)
 
@@ -517,7 +538,8 @@ def summarise(runs: Sequence[Run]) -> Dict[Tuple[int, int, str], Summary]:
             C.median([r.rps for r in good]), C.median([r.p50_ms for r in good]), C.median([r.p99_ms for r in good]),
             len(good), sum(1 for r in good if r.noisy), C.median([r.idle_pct for r in good]),
             C.median([r.steal_pct for r in good]), C.median([r.foreign_core_pct for r in good]),
-            last.client_cpus, last.client_allowed, last.server_cpus, [r.error for r in group if r.error])
+            last.client_cpus, last.client_allowed, C.median([r.client_wait_pct for r in good]),
+            C.median([r.server_wait_pct for r in good]), last.server_cpus, [r.error for r in group if r.error])
     return out
 
 
@@ -529,8 +551,9 @@ def print_table(target: Target, clients: int, steps: Sequence[Step], summary, am
     print()
     print(f"{target.name}, {target.tool} {clients} client(s), {amounts[clients]} "
           f"{'requests' if target.name == 'redis' else 's'} per run; medians over the runs")
-    head = (f"{'bg':>3} {'arm':<14} {'rps':>9} {'p50 ms':>7} {'p99 ms':>7} {'rps/st':>7} {'p99/st':>7} "
-            f"{'runs':>4} {'noisy':>5} {'idle%':>6} {'steal%':>6} {'frgn%':>6}  client ran on (allowed); server ran on")
+    head = (f"{'bg':>3} {'arm':<16} {'rps':>9} {'p50 ms':>7} {'p99 ms':>7} {'rps/st':>7} {'p99/st':>7} "
+            f"{'cwait%':>6} {'swait%':>6} {'runs':>4} {'noisy':>5} {'idle%':>5} {'steal%':>6} {'frgn%':>5}  "
+            f"client ran on (allowed); server ran on")
     print(head)
     print("-" * len(head))
     for step in steps:
@@ -543,8 +566,9 @@ def print_table(target: Target, clients: int, steps: Sequence[Step], summary, am
                 continue
             rr = ratio(s.rps, stock.rps) if stock else float("nan")
             pr = ratio(s.p99_ms, stock.p99_ms) if stock else float("nan")
-            print(f"{step.bg:>3} {arm:<14} {s.rps:9.0f} {s.p50_ms:7.3f} {s.p99_ms:7.3f} {rr:7.2f} {pr:7.2f} "
-                  f"{s.runs:>4} {s.noisy:>5} {s.idle_pct:6.1f} {s.steal_pct:6.1f} {s.foreign_core_pct:6.1f}  "
+            print(f"{step.bg:>3} {arm:<16} {s.rps:9.0f} {s.p50_ms:7.3f} {s.p99_ms:7.3f} {rr:7.2f} {pr:7.2f} "
+                  f"{s.client_wait_pct:6.1f} {s.server_wait_pct:6.1f} "
+                  f"{s.runs:>4} {s.noisy:>5} {s.idle_pct:5.1f} {s.steal_pct:6.1f} {s.foreign_core_pct:5.1f}  "
                   f"{s.client_cpus} ({s.client_allowed}); {s.server_cpus}")
             for error in s.errors:
                 print(f"      error: {error}")
@@ -673,6 +697,7 @@ def main() -> int:
     print("Where the load generator ran: a local process on this host. Under stock it floats over all CPUs;")
     print("under temperd the server's exclusive group owns its CPU and every other thread, the load generator and")
     print("the spinners included, is kept off it (the `client` column: last CPU, sampled every 50 ms).")
+    print("cwait% / swait%: runqueue wait (schedstat) of the load generator / the server's threads, % of the run.")
     verdicts = []
     for c in clients:
         label = "saturated" if c > 1 else "single client"
@@ -704,18 +729,25 @@ def _progress(done: int, planned: int, run: Run, started: float) -> None:
 
 
 def _print_pmqos(clients: Sequence[int], pmqos_bgs: Sequence[int], summary) -> None:
-    rows = [(bg, summary.get((1, bg, TEMPERD)), summary.get((1, bg, PMQOS)), summary.get((1, bg, STOCK)))
-            for bg in pmqos_bgs if 1 in clients]
-    rows = [r for r in rows if r[1] is not None and r[2] is not None]
+    if 1 not in clients:
+        return
+    rows = []
+    for bg in pmqos_bgs:
+        stock = summary.get((1, bg, STOCK))
+        for base, bound in PMQOS_OF.items():
+            plain, with_bound = summary.get((1, bg, base)), summary.get((1, bg, bound))
+            if plain is not None and with_bound is not None:
+                rows.append((bg, base, plain, with_bound, stock))
     if not rows:
         return
-    print("\nIdle-resume bound (idle_resume_us = 0 on the exclusive group -> pm_qos_resume_latency_us 'n/a'), 1 client:")
-    print(f"{'bg':>3} {'temperd p99':>12} {'+pmqos p99':>11} {'p99 ratio':>10} {'temperd rps':>12} {'+pmqos rps':>11} "
-          f"{'rps ratio':>10} {'stock p99':>10} {'stock rps':>10}")
-    for bg, plain, bound, stock in rows:
-        print(f"{bg:>3} {plain.p99_ms:12.3f} {bound.p99_ms:11.3f} {ratio(bound.p99_ms, plain.p99_ms):10.2f} "
-              f"{plain.rps:12.0f} {bound.rps:11.0f} {ratio(bound.rps, plain.rps):10.2f} "
-              f"{stock.p99_ms if stock else float('nan'):10.3f} {stock.rps if stock else float('nan'):10.0f}")
+    print("\nIdle-resume bound: idle_resume_us = 0 on the exclusive group (pm_qos_resume_latency_us 'n/a' on its CPU),"
+          " 1 client, medians:")
+    print(f"{'bg':>3} {'arm':<11} {'p99 ms':>7} {'+bound':>7} {'ratio':>6} {'rps':>7} {'+bound':>7} {'ratio':>6} "
+          f"{'stock p99':>9} {'stock rps':>9}")
+    for bg, base, plain, bound, stock in rows:
+        print(f"{bg:>3} {base:<11} {plain.p99_ms:7.3f} {bound.p99_ms:7.3f} {ratio(bound.p99_ms, plain.p99_ms):6.2f} "
+              f"{plain.rps:7.0f} {bound.rps:7.0f} {ratio(bound.rps, plain.rps):6.2f} "
+              f"{stock.p99_ms if stock else float('nan'):9.3f} {stock.rps if stock else float('nan'):9.0f}")
 
 
 if __name__ == "__main__":
