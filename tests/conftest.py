@@ -3,6 +3,7 @@
 import pytest
 
 from driven import DrivenProcess
+from thread_children import Children
 
 
 @pytest.fixture
@@ -17,3 +18,11 @@ def spawn():
     yield start
     for workload in started:
         workload.close()
+
+
+@pytest.fixture
+def children():
+    """Child processes with named threads (tests/thread_children.py), killed afterwards."""
+    kids = Children()
+    yield kids
+    kids.kill_all()

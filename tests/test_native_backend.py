@@ -22,13 +22,12 @@ from temperd.cgroup_weight import CgroupWeights, WeightSupport
 from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, YIELD, Layer, LayerPlan, MemberSelector
 from temperd.pmqos import PmQos
 from temperd.shape import format_cpulist
-from thread_children import (Children, cpu_ticks, cpus_allowed, nice_of, percpu_kthreads, policy_of, read_json_line,
+from thread_children import (needs_two_cpus, cpu_ticks, cpus_allowed, nice_of, percpu_kthreads, policy_of, read_json_line,
                              snapshot)
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="changing other processes' scheduling needs root"),
-    pytest.mark.skipif(len(sched.online_cpus()) < 2 or not {0, 1} <= os.sched_getaffinity(0),
-                       reason="needs CPUs 0 and 1 online and allowed"),
+    needs_two_cpus,
 ]
 
 EXCL_CPU = 1
@@ -50,13 +49,6 @@ def make_backend(state_dir, **kw) -> NativeBackend:
     kw.setdefault("weights", CgroupWeights(WeightSupport(None, None, "off in this test")))
     kw.setdefault("pmqos", PmQos(str(state_dir) + "/no-sysfs"))
     return NativeBackend(str(state_dir), **kw)
-
-
-@pytest.fixture
-def children():
-    kids = Children()
-    yield kids
-    kids.kill_all()
 
 
 @pytest.fixture

@@ -7,18 +7,9 @@ import os
 import pytest
 
 from temperd import sched
-from thread_children import Children, cpus_allowed, nice_of, policy_of
+from thread_children import cpus_allowed, needs_two_cpus, nice_of, policy_of
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing other threads' scheduling needs root")
-needs_two_cpus = pytest.mark.skipif(len(sched.online_cpus()) < 2 or not {0, 1} <= os.sched_getaffinity(0),
-                                    reason="needs CPUs 0 and 1 online and allowed")
-
-
-@pytest.fixture
-def children():
-    kids = Children()
-    yield kids
-    kids.kill_all()
 
 
 @needs_two_cpus

@@ -17,6 +17,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List
 
+import pytest
+
+from temperd import sched
+
 CHILD_LIFETIME_S = 120
 
 CHILD_SCRIPT = r"""
@@ -186,3 +190,7 @@ def percpu_kthreads(cpu: int) -> List[int]:
         except (OSError, ValueError):
             continue
     return out
+
+
+needs_two_cpus = pytest.mark.skipif(len(sched.online_cpus()) < 2 or not {0, 1} <= os.sched_getaffinity(0),
+                                    reason="needs CPUs 0 and 1 online and allowed")
