@@ -141,17 +141,24 @@ def online_cpus(path: str = "/sys/devices/system/cpu/online") -> FrozenSet[int]:
 # ---- policy, nice, slice ----------------------------------------------------------------------
 
 
+def _attr_or_none(tid: int) -> Optional[_SchedAttr]:
+    """The thread's sched_attr, or None where sched_getattr does not exist (unknown arch, ENOSYS)."""
+    if _NUMBERS is None:
+        return None
+    try:
+        return _getattr_raw(tid)
+    except OSError as exc:
+        if exc.errno != errno.ENOSYS:
+            raise
+        return None
+
+
 def get_sched(tid: int) -> SchedState:
-    if _NUMBERS is not None:
-        try:
-            attr = _getattr_raw(tid)
-        except OSError as exc:
-            if exc.errno != errno.ENOSYS:
-                raise
-        else:
-            fair = attr.sched_policy in FAIR_POLICIES
-            return SchedState(policy=attr.sched_policy, priority=attr.sched_priority, nice=attr.sched_nice,
-                              slice_ns=(attr.sched_runtime or None) if fair else None)
+    attr = _attr_or_none(tid)
+    if attr is not None:
+        fair = attr.sched_policy in FAIR_POLICIES
+        return SchedState(policy=attr.sched_policy, priority=attr.sched_priority, nice=attr.sched_nice,
+                          slice_ns=(attr.sched_runtime or None) if fair else None)
     policy = os.sched_getscheduler(tid)
     return SchedState(policy=policy, priority=os.sched_getparam(tid).sched_priority,
                       nice=os.getpriority(os.PRIO_PROCESS, tid), slice_ns=None)
@@ -175,27 +182,22 @@ def set_sched(tid: int, *, policy: Optional[int] = None, nice: Optional[int] = N
     """
     if nice is not None and not NICE_MIN <= nice <= NICE_MAX:
         raise ValueError(f"nice {nice} outside {NICE_MIN}..{NICE_MAX}")
-    if _NUMBERS is not None:
-        try:
-            attr = _getattr_raw(tid)
-        except OSError as exc:
-            if exc.errno != errno.ENOSYS:
-                raise
-        else:
-            current_custom = _custom_slice(attr.sched_runtime) if attr.sched_policy in FAIR_POLICIES else 0
-            if policy is not None:
-                attr.sched_policy = policy
-            if priority is not None:
-                attr.sched_priority = priority
-            elif attr.sched_policy in FAIR_POLICIES:
-                attr.sched_priority = 0
-            if nice is not None:
-                attr.sched_nice = nice
-            if attr.sched_policy in FAIR_POLICIES:
-                attr.sched_runtime = current_custom if slice_ns is None else slice_ns
-                attr.sched_deadline = attr.sched_period = 0
-            _setattr_raw(tid, attr)
-            return
+    attr = _attr_or_none(tid)
+    if attr is not None:
+        current_custom = _custom_slice(attr.sched_runtime) if attr.sched_policy in FAIR_POLICIES else 0
+        if policy is not None:
+            attr.sched_policy = policy
+        if priority is not None:
+            attr.sched_priority = priority
+        elif attr.sched_policy in FAIR_POLICIES:
+            attr.sched_priority = 0
+        if nice is not None:
+            attr.sched_nice = nice
+        if attr.sched_policy in FAIR_POLICIES:
+            attr.sched_runtime = current_custom if slice_ns is None else slice_ns
+            attr.sched_deadline = attr.sched_period = 0
+        _setattr_raw(tid, attr)
+        return
     if slice_ns:
         raise OSError(errno.ENOSYS, "sched_setattr is not available: no custom slice")
     if policy is not None or priority is not None:
