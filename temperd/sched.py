@@ -320,7 +320,11 @@ def autogroup_enabled(path: str = "/proc/sys/kernel/sched_autogroup_enabled") ->
 
 
 def read_autogroup(pid: int) -> Optional[tuple]:
-    """(name, nice) of the process's autogroup, e.g. ('/autogroup-14', 0); None if gone or not built in."""
+    """(name, nice) of the process's autogroup, e.g. ('/autogroup-14', 0).
+
+    None if the process is gone, the kernel lacks autogroup, or the process is in the root
+    autogroup (init's session, e.g. a container's PID 1 session): the kernel prints nothing for it.
+    """
     try:
         with open(f"/proc/{pid}/autogroup") as handle:
             text = handle.read().split()
