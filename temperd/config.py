@@ -19,6 +19,7 @@ DEFAULT_HTTP_PORT = 9477
 DEFAULT_SOCKET = "/run/temper/temperd.sock"
 DEFAULT_STATE_DIR = "/run/temper"
 BACKENDS = ("auto", "scx", "native")
+DEFAULT_SCX_STATS_SOCKET = "/var/run/scx/root/stats"
 
 # cgroup v2 cpu.weight per tier (1..10000, the kernel's default is 100).
 DEFAULT_TIER_WEIGHTS = {"critical": 1000, "standard": 100, "background": 10}
@@ -41,6 +42,18 @@ BINDING_SPEC = TableSpec(
     },
 )
 
+SCX_SPEC = TableSpec("scx", "scx", {
+    "binary": Spec("str", "Path of scx_layered; empty: found on PATH, /usr/bin, /usr/local/bin, /usr/sbin.", default=""),
+    "args": Spec("strlist", "Extra scx_layered command-line options, e.g. ['--disable-topology=false'].", default=[]),
+    "stats_socket": Spec("str", "scx_layered's stats socket.", default=DEFAULT_SCX_STATS_SOCKET),
+    "min_restart_interval_s": Spec("float", "Least time between two restarts for plan changes (each restart is a "
+                                   "moment on the kernel's default scheduler).", minimum=0.0, maximum=3600.0,
+                                   default=30.0),
+    "crash_limit": Spec("int", "This many crashes within crash_window_s put the scx backend into safe mode "
+                        "(the native backend carries the plan).", minimum=1, maximum=100, default=3),
+    "crash_window_s": Spec("float", "The window for crash_limit.", minimum=1.0, maximum=86400.0, default=300.0),
+})
+
 CONFIG_SPEC = TableSpec(
     "temperd configuration",
     "temperd's own settings: /etc/temper/temperd.toml.",
@@ -62,6 +75,8 @@ CONFIG_SPEC = TableSpec(
         "tiers": Spec("table", "Per-tier settings.", default={}, table=TableSpec("tiers", "tiers", {
             name: Spec("table", f"The {name} tier.", default={}, table=_TIER_SPEC) for name in TIERS
         })),
+        "scx": Spec("table", "The scx backend: how temperd runs and supervises scx_layered.", default={},
+                    table=SCX_SPEC),
         "binding": Spec("tables", BINDING_SPEC.doc, default=[], table=BINDING_SPEC),
     },
 )
@@ -81,6 +96,16 @@ class Binding:
 
 
 @dataclass(frozen=True)
+class ScxSettings:
+    binary: str = ""  # empty: search the usual places
+    args: Tuple[str, ...] = ()
+    stats_socket: str = DEFAULT_SCX_STATS_SOCKET
+    min_restart_interval_s: float = 30.0
+    crash_limit: int = 3
+    crash_window_s: float = 300.0
+
+
+@dataclass(frozen=True)
 class DaemonConfig:
     source: str = "(defaults)"
     backend: str = "auto"
@@ -95,6 +120,7 @@ class DaemonConfig:
     control_group: str = "temper"
     tier_weights: Dict[str, int] = field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
     bindings: Tuple[Binding, ...] = ()
+    scx: ScxSettings = field(default_factory=lambda: ScxSettings())
 
 
 def config_from_document(doc: TomlDocument) -> DaemonConfig:
@@ -117,7 +143,7 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
     for name, tier in (values["tiers"] or {}).items():
         if tier and tier.get("weight") is not None:
             weights[name] = tier["weight"]
-    http, control = values["http"] or {}, values["control"] or {}
+    http, control, scx = values["http"] or {}, values["control"] or {}, values["scx"] or {}
     return DaemonConfig(
         source=doc.file,
         backend=values["backend"],
@@ -132,6 +158,7 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
         control_group=control.get("group", "temper"),
         tier_weights=weights,
         bindings=tuple(bindings),
+        scx=ScxSettings(**{**scx, "args": tuple(scx.get("args") or ())}),
     )
 
 

@@ -144,6 +144,8 @@ class Daemon:
         self._cleanup_stale_traces()
         self.backend_choice, self.backend = make_backend(self.config, self.sysfs_root, view.shape)
         log.info("backend %s: %s", self.backend_choice.active, self.backend_choice.reason)
+        if hasattr(self.backend, "on_fallback"):  # scx: safe mode or a refusal switches to native on the main loop
+            self.backend.on_fallback = lambda reason: self.request("replan", f"scx fallback: {reason}")
         self.backend.recover()
         self.matcher = make_matcher(view)
         if not self.inventory.start():
@@ -274,6 +276,8 @@ class Daemon:
                     break
                 if "reload" in pending:
                     self.reload(pending["reload"])
+                elif "replan" in pending:
+                    self.replan(pending["replan"])  # a whole apply: the backend's situation changed
                 elif changes:
                     self.replan("events", changes)
                 now = time.monotonic()
@@ -375,15 +379,20 @@ class Daemon:
             return
         snapshot = self.inventory.snapshot()
         self.observation = self.observer.sample(self.plan, snapshot.processes, self.match, time.time())
+        placement = getattr(self.backend, "layer_cpus", None)
         self.violations = lint(self.plan, self.observation, self.view.shape, self.match,
-                               check_treatment=self.backend_choice.active == "native")
+                               check_treatment=self.carried_by() == "native",
+                               confined_cpus=placement() if callable(placement) else None)
         self.lint_log.report(self.violations)
         if self.metrics is not None:
             self.metrics.record_observation(self.observation)
             self.metrics.set_lint(self.violations)
             self.metrics.record_inventory(self.inventory.stats)
             self.metrics.set_workloads(self.match.workloads)
-            self.metrics.set_backend(self.backend_choice.active, self.backend_status().get("safe_mode", False))
+            backend = self.backend_status()
+            self.metrics.set_backend(self.carried_by(), backend.get("safe_mode", False))
+            if "scx_layered" in backend:
+                self.metrics.record_scx(backend["scx_layered"], backend.get("scx_stats") or {})
         self._notify_status()
 
     # ---- what others see ----------------------------------------------------------------------
@@ -391,12 +400,16 @@ class Daemon:
     def status_line(self) -> str:
         workloads = len(self.match.workloads)
         layers = len(self.plan.layers) if self.plan else 0
-        return (f"{self.state}; backend {self.backend_choice.active if self.backend_choice else '-'}; "
+        return (f"{self.state}; backend {self.carried_by()}; "
                 f"generation {self.generation}; {workloads} workloads, {layers} layers; "
                 f"{len(self.violations)} lint violations")
 
     def _notify_status(self) -> None:
         self.notifier.notify(f"STATUS={self.status_line()}")
+
+    def carried_by(self) -> str:
+        """The backend that carries the plan now: the chosen one, or native while scx has fallen back."""
+        return self.backend_status().get("carried_by") or (self.backend_choice.active if self.backend_choice else "-")
 
     def backend_status(self) -> dict:
         describe = getattr(self.backend, "status", None)
@@ -436,7 +449,8 @@ class Daemon:
                 self.observe()
             data = self.observation.to_json() if self.observation is not None else {}
             data["lint"] = [dataclasses.asdict(v) for v in self.violations]
-            data["backend"] = self.backend_choice.active if self.backend_choice else None
+            data["backend"] = ({**dataclasses.asdict(self.backend_choice), **self.backend_status()}
+                               if self.backend_choice else None)
             return data
 
     def metrics_text(self) -> bytes:

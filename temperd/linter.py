@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 from .observer import BUSY_RATIO, Observation
 from .plan import CONFINED, LayerPlan
@@ -31,23 +31,39 @@ class Violation:
     message: str
 
 
-def lint(plan: LayerPlan, observation: Observation, shape, match=None, *, check_treatment: bool = True) -> List[Violation]:
+def lint(plan: LayerPlan, observation: Observation, shape, match=None, *, check_treatment: bool = True,
+         confined_cpus: Optional[Mapping[str, FrozenSet[int]]] = None) -> List[Violation]:
     """check_treatment: the native backend sets affinity/policy/nice itself, so they can be read back;
-    under scx_layered they are the kernel defaults and only placement is checked."""
+    under scx_layered they are the kernel defaults and only placement is checked.
+
+    confined_cpus: the CPUs each Confined layer really owns, by layer name. None: the plan's CPU
+    numbers (the native backend pins exactly those). scx_layered picks a layer's cores itself, so
+    under it this comes from its stats; a layer missing from it is not checked for placement."""
     out: List[Violation] = []
     layers = {layer.name: layer for layer in plan.layers}
+    cpus_of: Dict[str, FrozenSet[int]] = {}
     owned: Dict[int, str] = {}
     for layer in plan.layers:
-        if layer.kind == CONFINED:
-            for cpu in tuple(layer.cpus) + tuple(layer.idle_siblings):
-                owned[cpu] = layer.name
+        if layer.kind != CONFINED:
+            continue
+        if confined_cpus is None:
+            cpus_of[layer.name] = frozenset(layer.cpus)
+            kept = tuple(layer.cpus) + tuple(layer.idle_siblings)
+        elif layer.name in confined_cpus:
+            cpus_of[layer.name] = frozenset(confined_cpus[layer.name])
+            kept = tuple(c for cpu in cpus_of[layer.name] for c in (cpu,) + _siblings(shape, cpu))  # whole cores
+        else:
+            continue
+        for cpu in kept:
+            owned[cpu] = layer.name
     for t in observation.threads:
         layer = layers.get(t.layer) if t.layer else None
         busy = t.util >= BUSY_RATIO
         if layer is not None and layer.kind == CONFINED:
-            if busy and t.cpu not in layer.cpus:
+            mine = cpus_of.get(layer.name)
+            if busy and mine is not None and t.cpu not in mine:
                 out.append(Violation("protected_fallback", layer.name, t.tid,
-                                     f"{t.comm} ({t.tid}) of {layer.name} ran on CPU {t.cpu}, outside its CPUs {list(layer.cpus)}"))
+                                     f"{t.comm} ({t.tid}) of {layer.name} ran on CPU {t.cpu}, outside its CPUs {sorted(mine)}"))
             if busy and t.sibling_busy:
                 sibling_threads = [o for o in observation.threads if o.layer != layer.name and o.util >= BUSY_RATIO
                                    and o.cpu in shape.siblings(t.cpu)]
@@ -64,6 +80,13 @@ def lint(plan: LayerPlan, observation: Observation, shape, match=None, *, check_
             if problem:
                 out.append(Violation("layer_mismatch", layer.name, t.tid, f"{t.comm} ({t.tid}) of {layer.name}: {problem}"))
     return out
+
+
+def _siblings(shape, cpu: int) -> Tuple[int, ...]:
+    try:
+        return tuple(shape.siblings(cpu))
+    except KeyError:  # a CPU the shape does not know (went offline): itself only
+        return (cpu,)
 
 
 def _treatment_mismatch(layer, t) -> Optional[str]:

@@ -36,6 +36,15 @@ class Metrics:
         self.layer_util = Gauge("temperd_layer_cpu_usage_ratio", "Members' CPU use per layer, in CPUs.", ["layer"], registry=r)
         self.layer_members = Gauge("temperd_layer_members", "Member threads per layer.", ["layer"], registry=r)
         self.scx_restarts = Counter("temperd_scx_restarts_total", "scx_layered restarts (each a window on the default scheduler).", registry=r)
+        self.scx_starts = Counter("temperd_scx_starts_total", "scx_layered starts, restarts included.", registry=r)
+        self.scx_crashes = Counter("temperd_scx_crashes_total", "scx_layered exits temperd did not ask for.", registry=r)
+        self.scx_refusals = Counter("temperd_scx_refusals_total", "Starts refused because another sched_ext scheduler was loaded.", registry=r)
+        self.scx_gap = Counter("temperd_scx_default_scheduler_seconds_total", "Time spent on the kernel's default scheduler between scx_layered runs.", registry=r)
+        self.scx_running = Gauge("temperd_scx_running", "1 while scx_layered is attached and carries the plan.", registry=r)
+        self.scx_util = Gauge("temperd_scx_layer_cpu_usage_ratio", "CPU use per scx_layered layer, in CPUs (its stats' util / 100).", ["layer"], registry=r)
+        self.scx_tasks = Gauge("temperd_scx_layer_tasks", "Tasks per scx_layered layer.", ["layer"], registry=r)
+        self.scx_cpus = Gauge("temperd_scx_layer_cpus", "CPUs scx_layered gives each layer now.", ["layer"], registry=r)
+        self._scx_seen: Dict[str, float] = {}
         for invariant in LINT_INVARIANTS:
             self.lint.labels(invariant).set(0)
 
@@ -57,6 +66,29 @@ class Metrics:
         self.backend.clear()
         self.backend.labels(active).set(1)
         self.safe_mode.set(1 if safe_mode else 0)
+
+    def record_scx(self, status: Dict[str, Any], stats: Dict[str, Any]) -> None:
+        """From the scx backend's status: supervisor counters (cumulative there, so counted as
+        increments here) and the summarized scx_layered stats."""
+        totals = {"restarts": status.get("restarts", 0), "starts": status.get("starts", 0),
+                  "crashes": status.get("crashes", 0), "refusals": status.get("refusals", 0),
+                  "gap": (status.get("default_scheduler_gap_s") or {}).get("total", 0.0)}
+        for key, counter in (("restarts", self.scx_restarts), ("starts", self.scx_starts), ("crashes", self.scx_crashes),
+                             ("refusals", self.scx_refusals), ("gap", self.scx_gap)):
+            grown = totals[key] - self._scx_seen.get(key, 0)
+            if grown > 0:
+                counter.inc(grown)
+            self._scx_seen[key] = totals[key]
+        self.scx_running.set(1 if status.get("state") == "running" else 0)
+        for gauge in (self.scx_util, self.scx_tasks, self.scx_cpus):
+            gauge.clear()
+        for layer, fields in (stats.get("layers") or {}).items():
+            if "util" in fields:
+                self.scx_util.labels(layer).set(fields["util"] / 100.0)
+            if "tasks" in fields:
+                self.scx_tasks.labels(layer).set(fields["tasks"])
+            if "cur_nr_cpus" in fields:
+                self.scx_cpus.labels(layer).set(fields["cur_nr_cpus"])
 
     def set_workloads(self, workloads: Iterable[Any]) -> None:
         counts: Dict[tuple, int] = {}

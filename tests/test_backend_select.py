@@ -20,9 +20,9 @@ def fake_sysfs(tmp_path, state, ops=None):
 def test_this_host_has_no_sched_ext_so_auto_means_native():
     if os.path.isdir("/sys/kernel/sched_ext"):
         pytest.skip("this kernel has sched_ext")
-    available, reason = scx_availability("/sys")
-    assert not available and "no /sys/kernel/sched_ext" in reason
-    choice = choose("auto", available, reason)
+    found = scx_availability("/sys")
+    assert not found.usable and "no /sys/kernel/sched_ext" in found.reason
+    choice = choose("auto", found.usable, found.reason)
     assert choice.active == "native"
     assert choice.reason.startswith("auto: no /sys/kernel/sched_ext") and choice.reason.endswith("native backend")
 

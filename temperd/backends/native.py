@@ -118,6 +118,18 @@ class ApplyResult:
             if text not in self.unsupported:
                 self.unsupported.append(text)
 
+    def merge(self, other: "ApplyResult") -> None:
+        """Add another result's counts and messages to this one."""
+        for mine, theirs in ((self.applied, other.applied), (self.failed, other.failed),
+                             (self.restored, other.restored), (self.drift, other.drift)):
+            for kind, n in theirs.items():
+                self.bump(mine, kind, n)
+        self.unmovable += other.unmovable
+        self.gone += other.gone
+        self.errors.extend(other.errors)
+        self.notes.extend(other.notes)
+        self.unsupported.extend(other.unsupported)
+
     @property
     def ok(self) -> bool:
         return not self.failed
@@ -229,7 +241,7 @@ class NativeBackend:
         """Carry out `plan` over `threads`, the host's whole thread list."""
         result = ApplyResult()
         if not self._recovered:
-            self._take(result, self.recover())
+            result.merge(self.recover())
         self._set_plan(plan, result)
         threads = list(threads)
         self._universe = {(t.tid, t.start_time): t for t in threads}
@@ -687,14 +699,3 @@ class NativeBackend:
             result.bump(result.failed, "state_file")
             result.errors.append(f"{self.ledger.path}: cannot write the state file: {exc.strerror or exc}; "
                                  "a crash now would leave changes that the next start cannot undo")
-
-    def _take(self, result: ApplyResult, other: ApplyResult) -> None:
-        for mine, theirs in ((result.applied, other.applied), (result.failed, other.failed),
-                             (result.restored, other.restored), (result.drift, other.drift)):
-            for kind, n in theirs.items():
-                result.bump(mine, kind, n)
-        result.unmovable += other.unmovable
-        result.gone += other.gone
-        result.errors.extend(other.errors)
-        result.notes.extend(other.notes)
-        result.unsupported.extend(other.unsupported)

@@ -32,18 +32,25 @@ def choose(requested: str, scx_available: bool, scx_reason: str) -> BackendChoic
 def make_backend(config, sysfs_root: str = "/sys", shape=None) -> Tuple[BackendChoice, Any]:
     from .native import NativeBackend
 
-    available, reason = scx_availability(sysfs_root) if config.backend != "native" else (False, "")
-    choice = choose(config.backend, available, reason)
+    found = scx_availability(sysfs_root, config.scx.binary) if config.backend != "native" else None
+    choice = choose(config.backend, bool(found and found.usable), found.reason if found else "")
     native = NativeBackend(config.state_dir)
     if choice.active == "native":
         return choice, native
-    from .scx import ScxBackend
+    from .scx import ScxBackend, restart_policy
+    from .scx_supervisor import ScxSupervisor
 
-    return choice, ScxBackend(config, shape, native, sysfs_root=sysfs_root)
+    assert found is not None and found.binary is not None and shape is not None
+    supervisor = ScxSupervisor(found.binary, config.state_dir, config.scx.stats_socket, sysfs_root=sysfs_root,
+                               policy=restart_policy(config.scx), args=config.scx.args, cpu_count=shape.n_cpus)
+    return choice, ScxBackend(supervisor, native, shape.n_cpus)
 
 
-def scx_availability(sysfs_root: str = "/sys") -> Tuple[bool, str]:
-    from .scx_detect import detect_sched_ext
+def scx_availability(sysfs_root: str = "/sys", binary: str = ""):
+    """detect_sched_ext with temperd.toml's scx.binary (empty: search the usual places)."""
+    from .scx_detect import ScxAvailability, detect_sched_ext, sched_ext_dir
 
-    found = detect_sched_ext(sysfs_root)
-    return found.usable, found.reason
+    if binary and not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        return ScxAvailability(os.path.isdir(sched_ext_dir(sysfs_root)), None, None, None,
+                               f"scx.binary = {binary!r} in temperd.toml is not an executable file")
+    return detect_sched_ext(sysfs_root, binary or None)

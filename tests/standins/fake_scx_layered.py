@@ -21,6 +21,7 @@ Test controls (environment):
                          DEBUG DUMP on stderr and exit status FAKE_SCX_CRASH_CODE (default 1)
   FAKE_SCX_SYSFS         a fake sysfs root: refuses to start when its kernel/sched_ext/state is
                          not "disabled"; writes "enabled" and root/ops while attached
+  FAKE_SCX_NR_CPUS       CPUs to hand out to Confined layers (from the highest down; default: this host's)
   FAKE_SCX_RECORD        a file to which the stand-in appends JSON lines: {"event": "attach", pid,
                          argv, specs} when it attaches, {"event": "stats-connect", pid} per
                          stats connection
@@ -94,6 +95,14 @@ def load_specs(args):
     return layers
 
 
+def cpu_mask_words(cpus):
+    """LayerStats `cpus`: the layer's CPU mask as 64-bit words."""
+    words = [0] * (max(cpus, default=0) // 64 + 1)
+    for cpu in cpus:
+        words[cpu // 64] |= 1 << (cpu % 64)
+    return words
+
+
 class FakeSysfs:
     def __init__(self, root):
         self.base = os.path.join(root, "kernel", "sched_ext") if root else None
@@ -165,13 +174,16 @@ class StatsServer:
         delta = now - last[0]
         last[0] = now
         layers = {}
+        free_top = int(os.environ.get("FAKE_SCX_NR_CPUS") or os.cpu_count() or 1)  # Confined layers: CPUs from the top
         for index, spec in enumerate(self.layers):
             (kind, body), = spec.get("kind", {"Open": {}}).items()
             cpus = (body.get("cpus_range") or [0, 0]) if kind != "Open" else [0, 0]
+            owned = range(max(0, free_top - cpus[1]), free_top) if kind == "Confined" else range(0)
+            free_top = owned.start if kind == "Confined" else free_top
             layers[spec["name"]] = {
                 "index": index, "util": 12.5 * (index + 1), "util_frac": 0.1, "util_open_frac": 0.0,
                 "util_protected_frac": 0.0, "tasks": 3 + index, "total": delta // (index + 1),
-                "cur_nr_cpus": cpus[1], "min_nr_cpus": cpus[0], "max_nr_cpus": cpus[1], "cpus": [0],
+                "cur_nr_cpus": cpus[1], "min_nr_cpus": cpus[0], "max_nr_cpus": cpus[1], "cpus": cpu_mask_words(owned),
                 "slice_us": body.get("slice_us") or 20000, "preempt": 0.0, "affn_viol": 0.0, "migration": 0.0,
                 "l_runq_lat_hist": [0, 0, 0],
             }

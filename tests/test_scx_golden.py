@@ -1,0 +1,107 @@
+"""Golden scx_layered configs: builtin profiles planned on real machine shapes (sysfs fixture trees).
+
+Each case plans one workload of a builtin profile on a fixture shape, renders the plan and
+compares it with tests/fixtures/scx_golden/<shape>--<profile>.json. Beyond the file, each
+config must pass the validator, the exclusive layer must get the CPU count the planner computed
+(its whole cores: CPUs plus the siblings kept idle), and a first-match simulation must put each
+thread name in its group's layer. TEMPERD_UPDATE_GOLDEN=1 rewrites the files (review the diff).
+"""
+
+import json
+import os
+
+import pytest
+from fixture_shapes import load_fixture_shape
+from test_scx_render import layer_of
+
+from temperd.backends.scx_render import render_plan
+from temperd.backends.scx_validate import validate_config
+from temperd.matcher import ThreadMatch, Workload
+from temperd.plan import CONFINED, EXCLUSIVE, GROUPED
+from temperd.planner import exclusive_cores, plan
+from temperd.profileset import load_builtin_profiles
+
+GOLDEN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "scx_golden")
+BUILTINS = {p.id: p for p in load_builtin_profiles()}
+
+# Thread names as the servers really name them (docs/profile-evidence.md), per thread group.
+THREADS = {
+    "mysql-innodb": {"connections": ["connection"] * 12 + ["one_connection"] * 2, "innodb-io": [
+        "ib_io_rd-1", "ib_io_wr-1", "ib_io_log", "ib_pg_flush_co", "page_cleaner", "ib_log_writer"],
+        "unnamed": ["mysqld"], "background": ["ib_src_main", "ib_buf_dump", "sig_handler", "evt_sched"]},
+    "onnx-inference": {"intra-op": ["python3"] * 8, "serving": ["python3"] * 3},
+}
+UNITS = {"mysql-innodb": "mysql.service", "onnx-inference": "onnx-serve.service"}
+# CPU budgets that fit the exclusive groups on each shape (reserve_cpus = 1: one whole core kept).
+BUDGETS = {"aws-m5.xlarge": 1.0, "gcp-c2-standard-8": 3.0, "dual-socket-64c": 16.0}
+CASES = [(shape, profile) for shape in BUDGETS for profile in THREADS]
+
+
+def workload(profile_id, budget, pid=4000):
+    threads, tid = [], pid
+    for group, names in THREADS[profile_id].items():
+        for name in names:
+            threads.append(ThreadMatch(tid, pid, name, group, "golden"))
+            tid += 1
+    unit = UNITS[profile_id]
+    return Workload(key=unit, profile_id=profile_id, tier="critical", budget=budget, budget_reason="binding cpus",
+                    source="binding", reason="golden", unit=unit, cgroup=f"/system.slice/{unit}", pids=(pid,),
+                    threads=tuple(threads))
+
+
+def planned(shape_name, profile_id, budget=None):
+    shape = load_fixture_shape(shape_name)
+    w = workload(profile_id, BUDGETS[shape_name] if budget is None else budget)
+    return shape, w, plan(shape, [w], {profile_id: BUILTINS[profile_id]})
+
+
+def golden(name, config):
+    path = os.path.join(GOLDEN_DIR, name + ".json")
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    if os.environ.get("TEMPERD_UPDATE_GOLDEN"):
+        os.makedirs(GOLDEN_DIR, exist_ok=True)
+        with open(path, "w") as handle:
+            handle.write(text)
+    with open(path) as handle:
+        assert json.loads(handle.read()) == json.loads(text), f"{path} differs from the rendered config"
+
+
+@pytest.mark.parametrize("shape_name,profile_id", CASES)
+def test_builtin_profile_on_fixture_shape_renders_the_golden_valid_config(shape_name, profile_id):
+    shape, w, layer_plan = planned(shape_name, profile_id)
+    assert not layer_plan.errors
+    rendered = render_plan(layer_plan, shape.n_cpus)
+    config = rendered.config
+    assert validate_config(config, cpu_count=shape.n_cpus) == []
+    golden(f"{shape_name}--{profile_id}", config)
+
+    # The exclusive group's layer: Confined, with the planner's whole cores as its CPU count.
+    exclusive = [l for l in layer_plan.layers if l.treatment == EXCLUSIVE]
+    assert len(exclusive) == 1
+    layer = exclusive[0]
+    group = next(g for g in BUILTINS[profile_id].thread_groups if g.name == layer.group)
+    cores = exclusive_cores(w.budget, group.cpu_fraction)
+    assert layer.kind == CONFINED and len(layer.cpus) == cores
+    spec = next(s for s in config if s["name"] == layer.name)
+    whole_cores = len(layer.cpus) + len(layer.idle_siblings)
+    assert whole_cores == cores * shape.threads_per_core
+    assert spec["kind"][CONFINED]["cpus_range"] == [whole_cores, whole_cores]
+    assert spec["kind"][CONFINED]["protected"] is True
+    assert sum(s["kind"].get(CONFINED, {}).get("cpus_range", [0])[0] for s in config) <= shape.n_cpus - 1
+
+    # Every thread lands in its own group's layer (busiest groups by thread id).
+    by_group = {l.group: l.name for l in layer_plan.layers}
+    for t in w.threads:
+        found = layer_of(config, w.cgroup, t.comm, tgid=t.pid, tid=t.tid)
+        assert found == by_group[t.group], f"{t.comm} ({t.group}) matched {found}"
+
+
+def test_exclusive_demand_beyond_the_shape_renders_a_grouped_layer_of_the_planned_size():
+    shape, w, layer_plan = planned("aws-m5.xlarge", "onnx-inference", budget=2.0)  # 2 cores asked, 1 free
+    layer = next(l for l in layer_plan.layers if l.treatment == EXCLUSIVE)
+    assert layer.kind == GROUPED
+    config = render_plan(layer_plan, shape.n_cpus).config
+    assert validate_config(config, cpu_count=shape.n_cpus) == []
+    spec = next(s for s in config if s["name"] == layer.name)
+    assert spec["kind"][GROUPED]["cpus_range"] == [len(layer.cpus), len(layer.cpus)]
+    assert spec["kind"][GROUPED]["preempt"] is True
