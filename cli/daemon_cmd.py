@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import List
 
 import click
 
@@ -42,6 +43,8 @@ def status_command(socket_path: str, as_json: bool) -> None:
     reload = status["last_reload"] or {}
     click.echo(f"temperd {status['version']}: {status['state']} (pid {status['pid']}, up {status['uptime_s']:.0f} s)")
     click.echo(f"backend:     {backend['active']} ({backend['reason']})" + ("  SAFE MODE" if backend.get("safe_mode") else ""))
+    for line in scx_lines(backend):
+        click.echo("  " + line)
     click.echo(f"machine:     {status['machine_shape']}")
     click.echo(f"config:      generation {status['generation']}, last reload "
                f"{'ok' if reload.get('ok') else 'FAILED'} ({reload.get('trigger', '-')}: {reload.get('summary', '')})")
@@ -69,6 +72,24 @@ def status_command(socket_path: str, as_json: bool) -> None:
         print_table(("LAYER", "KIND", "TREATMENT", "CPUS", "MEMBERS"),
                     [(l["name"], l["kind"], l["treatment"], ",".join(map(str, l["cpus"])) or "-", l["members"])
                      for l in status["layers"]])
+
+
+def scx_lines(backend: dict) -> List[str]:
+    """The scx backend's own state: who carries the plan, scx_layered's process, restarts, notes."""
+    sup = backend.get("scx_layered")
+    if sup is None:
+        return []
+    lines = []
+    if backend.get("carried_by") == "native":
+        lines.append(f"carried by the native backend: {backend.get('fallback_reason')}")
+    pid = f" (pid {sup['pid']})" if sup.get("pid") else ""
+    lines.append(f"scx_layered {sup['state']}{pid}: {sup['starts']} start(s), {sup['restarts']} restart(s) for plan "
+                 f"changes, {sup['crashes']} crash(es), {sup['default_scheduler_gap_s']['total']:g} s on the default "
+                 f"scheduler")
+    if sup.get("last_exit"):
+        lines.append(f"last exit: {sup['last_exit']['reason']}")
+    lines.extend(f"note: {note}" for note in backend.get("render_notes") or [])
+    return lines
 
 
 @click.command("reload")

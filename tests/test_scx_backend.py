@@ -1,0 +1,299 @@
+"""The scx backend: scx_layered carries the plan; the native backend takes over where it cannot.
+
+scx_layered here is tests/standins/fake_scx_layered.py, a STAND-IN: the real binary needs a
+kernel with sched_ext (CONFIG_SCHED_CLASS_EXT), which this host does not have. The stand-in
+takes the config the way scx_layered does, serves its stats protocol, exits 0 on SIGTERM and
+crashes when told. sched_ext's sysfs files are a fake tree the stand-in updates while attached.
+The native fallback is real: thread settings are read back from /proc.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+from fixture_shapes import fixture_root
+from test_native_backend import layer
+from test_native_backend import make_backend as native_backend
+from test_scx_supervisor import STANDIN, alive, fake_sysfs
+from thread_children import nice_of
+
+from temperd.backends.native import scan_threads
+from temperd.backends.scx import NATIVE, SCX, ScxBackend, layer_cpus_from_stats
+from temperd.backends.scx_supervisor import RestartPolicy, ScxSupervisor
+from temperd.backends.select import make_backend
+from temperd.config import DaemonConfig, ScxSettings
+from temperd.daemon import Daemon
+from temperd.linter import lint
+from temperd.metrics import Metrics
+from temperd.observer import Observation, Overhead, ThreadSample
+from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, LayerPlan
+from temperd.shape import read_shape
+
+WAIT_S = 15.0
+BINDIR = os.path.dirname(sys.executable)
+
+
+def wait_for(condition, what, timeout=WAIT_S):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class StandinEnv:
+    """A fake sched_ext sysfs, a short stats socket path and the stand-in's event record."""
+
+    def __init__(self, tmp_path, monkeypatch):
+        self.short = tempfile.mkdtemp(prefix="scxb", dir="/tmp")
+        self.socket = os.path.join(self.short, "stats")
+        self.sysfs = str(tmp_path / "sys")
+        shutil.copytree(fixture_root("this-host"), self.sysfs)  # this host's CPUs: the fallback pins real ones
+        fake_sysfs(self.sysfs, "disabled")
+        self.record = str(tmp_path / "record.jsonl")
+        for key, value in (("FAKE_SCX_STATS_SOCKET", self.socket), ("FAKE_SCX_SYSFS", self.sysfs),
+                           ("FAKE_SCX_RECORD", self.record), ("FAKE_SCX_NR_CPUS", "2")):
+            monkeypatch.setenv(key, value)
+        self.monkeypatch = monkeypatch
+
+    def attaches(self):
+        if not os.path.exists(self.record):
+            return []
+        with open(self.record) as handle:
+            return [e for e in map(json.loads, handle) if e["event"] == "attach"]
+
+    def close(self):
+        for event in self.attaches():  # nothing a test started outlives it
+            if alive(event["pid"]):
+                os.kill(event["pid"], signal.SIGKILL)
+        shutil.rmtree(self.short, ignore_errors=True)
+
+
+@pytest.fixture
+def standin(tmp_path, monkeypatch):
+    env = StandinEnv(tmp_path, monkeypatch)
+    yield env
+    env.close()
+
+
+@pytest.fixture
+def scx_backends(tmp_path):
+    made = []
+
+    def make(env, policy=RestartPolicy(batch_s=0.1, min_interval_s=0.2), cpu_count=2):
+        sup = ScxSupervisor(STANDIN, str(tmp_path / "state"), env.socket, sysfs_root=env.sysfs, policy=policy,
+                            cpu_count=cpu_count)
+        backend = ScxBackend(sup, native_backend(tmp_path / "state"), cpu_count)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.stop()
+
+
+def two_layer_plan(kid):
+    return LayerPlan(layers=(
+        layer("app.hot", CONFINED, EXCLUSIVE, tids=[kid.threads["sb-hot"]], pids=[kid.pid], cpus=[1],
+              comm=["sb-hot"], protected=True),
+        layer("app.rest", OPEN, LATENCY, tids=[kid.threads["sb-rest"]], pids=[kid.pid], catch_all=True, nice=-4),
+    ), reserve_cpus=(0,))
+
+
+def too_many_layers(kid):
+    return LayerPlan(layers=tuple(layer(f"app.l{i}", OPEN, LATENCY, tids=[kid.threads["sb-rest"]], pids=[kid.pid],
+                                        comm=[f"sb-{i}"], nice=-4) for i in range(16)), reserve_cpus=(0,))
+
+
+# ---- the backend, driven directly ------------------------------------------------------------------
+
+def test_scx_layered_carries_the_plan_and_leaves_threads_alone(standin, scx_backends, children):
+    kid = children.spawn(["sb-hot", "sb-rest"])
+    backend = scx_backends(standin)
+    result = backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))
+    assert not result.applied and not result.failed  # nothing per thread: scx_layered schedules them
+    assert any("CPU numbers become CPU counts" in n for n in result.notes)
+    wait_for(lambda: backend.status()["scx_layered"]["state"] == "running", "scx_layered attached")
+    (attach,) = standin.attaches()
+    specs = {s["name"]: s for s in attach["specs"]}
+    assert specs["app.hot"]["kind"][CONFINED]["cpus_range"] == [1, 1]
+    assert list(specs)[-1] == "rest"
+    assert nice_of(kid.pid, kid.threads["sb-rest"]) == 0
+    status = backend.status()
+    assert status["carried_by"] == SCX and status["fallback_reason"] is None and not status["safe_mode"]
+    wait_for(lambda: backend.status()["scx_stats"]["layers"].get("app.hot"), "stats read")
+    assert backend.layer_cpus()["app.hot"] == frozenset({1})  # the stand-in hands out CPUs from the top
+
+
+def test_unexpressible_plan_is_carried_natively_and_says_why(standin, scx_backends, children):
+    kid = children.spawn(["sb-hot", "sb-rest"])
+    backend = scx_backends(standin)
+    result = backend.apply(too_many_layers(kid), scan_threads([kid.pid]))
+    assert backend.carried_by == NATIVE
+    assert "cannot be expressed" in backend.fallback_reason and "exceed scx_layered's 16" in backend.fallback_reason
+    assert result.applied.get("nice") == 1 and nice_of(kid.pid, kid.threads["sb-rest"]) == -4
+    assert backend.layer_cpus() is None  # the plan's own CPU numbers are real now
+    assert standin.attaches() == []
+    # An expressible plan again: scx_layered takes over and the native settings are put back.
+    result = backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))
+    assert backend.carried_by == SCX and result.restored.get("nice") == 1
+    assert nice_of(kid.pid, kid.threads["sb-rest"]) == 0
+    wait_for(lambda: standin.attaches(), "scx_layered attached")
+
+
+def test_refusal_beside_another_scheduler_falls_back_with_its_name(standin, scx_backends, children):
+    kid = children.spawn(["sb-hot", "sb-rest"])
+    fake_sysfs(standin.sysfs, "enabled", "minimal")  # loaded after temperd chose scx
+    backend = scx_backends(standin)
+    asked = []
+    backend.on_fallback = asked.append
+    backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))
+    wait_for(lambda: asked, "the fallback request")
+    assert "'minimal' is loaded" in asked[0]
+    backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))  # what the daemon's replan does
+    assert backend.carried_by == NATIVE and "'minimal'" in backend.fallback_reason
+    assert nice_of(kid.pid, kid.threads["sb-rest"]) == -4
+    assert backend.status()["scx_layered"]["refusals"] == 1 and standin.attaches() == []
+
+
+def test_make_backend_chooses_scx_only_where_it_can_run(standin, tmp_path):
+    shape = read_shape(standin.sysfs)
+    scx = DaemonConfig(backend="scx", state_dir=str(tmp_path / "state"),
+                       scx=ScxSettings(binary=STANDIN, stats_socket=standin.socket))
+    choice, backend = make_backend(scx, standin.sysfs, shape)
+    assert choice.active == "scx" and isinstance(backend, ScxBackend)
+    assert backend.supervisor.binary == STANDIN and backend.cpu_count == shape.n_cpus
+
+    fake_sysfs(standin.sysfs, "enabled", "minimal")
+    choice, backend = make_backend(scx, standin.sysfs, shape)
+    assert choice.active == "native" and "'minimal' is loaded" in choice.reason
+
+    fake_sysfs(standin.sysfs, "disabled")
+    missing = DaemonConfig(backend="auto", scx=ScxSettings(binary=str(tmp_path / "nope")))
+    choice, _ = make_backend(missing, standin.sysfs, shape)
+    assert choice.active == "native" and "is not an executable file" in choice.reason
+
+
+def test_layer_cpus_from_stats_decodes_mask_words():
+    stats = {"layers": {"a": {"cpus": [0b1010, 1]}, "b": {"cpus": "junk"}, "c": {}}}
+    assert layer_cpus_from_stats(stats) == {"a": frozenset({1, 3, 64})}
+    assert layer_cpus_from_stats(None) == {}
+
+
+def test_linter_checks_placement_against_the_cpus_scx_layered_chose():
+    shape = read_shape(fixture_root("gcp-c2-standard-8"))  # siblings (0,4) (1,5) (2,6) (3,7)
+    hot = layer("app.hot", CONFINED, EXCLUSIVE, tids=[50], cpus=[3], idle_siblings=(7,), protected=True)
+    plan = LayerPlan(layers=(hot,), reserve_cpus=(0, 4))
+
+    def seen(tid, cpu, layer_name):
+        return ThreadSample(tid=tid, pid=tid, comm=f"t{tid}", cpu=cpu, util=0.9, wait=0.0, policy=0, nice=0,
+                            affinity=tuple(shape.cpus), layer=layer_name, sibling_busy=False)
+
+    observation = Observation(at=0.0, machine_shape={}, layers=[], threads=[seen(50, 2, "app.hot"), seen(60, 6, None)],
+                              psi=None, overhead=Overhead(0.0, 0.0, 0.0, 1.0))
+    by_plan = {v.invariant for v in lint(plan, observation, shape, check_treatment=False)}
+    assert "protected_fallback" in by_plan  # CPU 2 is not the plan's CPU 3
+    by_scx = lint(plan, observation, shape, check_treatment=False, confined_cpus={"app.hot": frozenset({2})})
+    assert [(v.invariant, v.tid) for v in by_scx] == [("open_reserve", 60)]  # CPU 6 is CPU 2's sibling
+    assert lint(plan, observation, shape, check_treatment=False, confined_cpus={}) == []  # placement unknown
+
+
+def test_scx_metrics_count_restarts_and_expose_layer_stats():
+    metrics = Metrics()
+    status = {"state": "running", "restarts": 2, "starts": 3, "crashes": 1, "refusals": 0,
+              "default_scheduler_gap_s": {"last": 0.2, "total": 0.5}}
+    stats = {"layers": {"app.hot": {"util": 150.0, "tasks": 4, "cur_nr_cpus": 2}}}
+    metrics.record_scx(status, stats)
+    metrics.record_scx({**status, "restarts": 3}, stats)  # cumulative there, increments here
+    text = metrics.exposition().decode()
+    assert "temperd_scx_restarts_total 3.0" in text and "temperd_scx_crashes_total 1.0" in text
+    assert "temperd_scx_default_scheduler_seconds_total 0.5" in text
+    assert 'temperd_scx_layer_cpu_usage_ratio{layer="app.hot"} 1.5' in text
+    assert 'temperd_scx_layer_cpus{layer="app.hot"} 2.0' in text and "temperd_scx_running 1.0" in text
+
+
+# ---- the daemon with backend = "scx" -----------------------------------------------------------------
+
+PROFILE = """schema_version = 1
+id = "scxb"
+[fingerprint]
+process_names = ["scxb-app"]
+[[thread_groups]]
+name = "hot"
+thread_names = ["scxb-hot*"]
+treatment = "exclusive"
+[[thread_groups]]
+name = "rest"
+catch_all = true
+treatment = "latency"
+nice = -6
+"""
+
+
+def temperctl(*args):
+    return subprocess.run([os.path.join(BINDIR, "temperctl"), *args], capture_output=True, text=True, timeout=30)
+
+
+def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash_loop(standin, tmp_path, spawn):
+    etc = tmp_path / "etc"
+    (etc / "profiles.d").mkdir(parents=True)
+    (etc / "profiles.d" / "scxb.toml").write_text(PROFILE)
+    socket_path = os.path.join(standin.short, "temperd.sock")
+    (etc / "temperd.toml").write_text(
+        f'backend = "scx"\nstate_dir = "{tmp_path / "run"}"\n[http]\nport = 0\n[control]\nsocket = "{socket_path}"\n'
+        f'[scx]\nbinary = "{STANDIN}"\nstats_socket = "{standin.socket}"\nmin_restart_interval_s = 0.5\n'
+        f'crash_limit = 2\ncrash_window_s = 60.0\n')
+    app = spawn("scxb-app")
+    app.wait_ready()
+    hot = int(app.command("thread scxb-hot0"))
+    daemon = Daemon(str(etc), standin.sysfs, observe_interval_s=0.2)
+    daemon.start()
+    loop = threading.Thread(target=daemon.run, daemon=True)
+    loop.start()
+    try:
+        status = json.loads(temperctl("status", "--json", "--socket", socket_path).stdout)
+        assert status["backend"]["active"] == "scx" and status["backend"]["carried_by"] == "scx"
+        wait_for(lambda: daemon.backend_status()["scx_layered"]["state"] == "running", "scx_layered attached")
+        first = standin.attaches()[0]["specs"]
+        (hot_spec,) = [s["kind"][CONFINED] for s in first if s["name"].endswith(".hot")]
+        assert hot_spec["cpus_range"] == [1, 1] and hot_spec["protected"] and hot_spec["exclusive"]
+        assert nice_of(app.pid, app.pid) == 0 and os.sched_getaffinity(hot) == {0, 1}  # scx_layered's job now
+        text = temperctl("status", "--socket", socket_path).stdout
+        assert "backend:     scx" in text and "scx_layered running" in text
+
+        # A second hot thread: 2 cores wanted, 1 free -> a Grouped layer -> one restart.
+        app.command("thread scxb-hot1")
+        wait_for(lambda: len(standin.attaches()) == 2, "the restart for the changed plan")
+        second = standin.attaches()[1]["specs"]
+        assert [list(s["kind"]) for s in second if s["name"].endswith(".hot")] == [["Grouped"]]
+        wait_for(lambda: "temperd_scx_restarts_total 1.0" in daemon.metrics_text().decode(), "the restart metric")
+
+        # Crash loop: the running scx_layered is killed, the next one crashes right after attaching.
+        standin.monkeypatch.setenv("FAKE_SCX_CRASH_AFTER", "0.1")
+        killed = standin.attaches()[-1]["pid"]
+        os.kill(killed, signal.SIGKILL)
+        wait_for(lambda: not alive(killed), "the killed scx_layered gone")
+        fake_sysfs(standin.sysfs, "disabled")  # what the kernel does when a BPF scheduler's process dies
+        wait_for(lambda: daemon.backend_status()["safe_mode"], "safe mode", timeout=30)
+        wait_for(lambda: nice_of(app.pid, app.pid) == -6, "the native backend treating the rest group")
+        status = json.loads(temperctl("status", "--json", "--socket", socket_path).stdout)
+        assert status["backend"]["carried_by"] == "native" and "exited 2 times" in status["backend"]["fallback_reason"]
+        assert "SAFE MODE" in temperctl("status", "--socket", socket_path).stdout
+        wait_for(lambda: "temperd_safe_mode 1.0" in daemon.metrics_text().decode(), "the safe-mode metric")
+        assert 'temperd_backend_info{backend="native"} 1.0' in daemon.metrics_text().decode()
+        assert daemon.observe_json()["backend"]["carried_by"] == "native"
+    finally:
+        daemon.request("stop", "test")
+        loop.join(20)
+        daemon.stop()
+    assert nice_of(app.pid, app.pid) == 0  # restored on stop
+    assert not any(alive(e["pid"]) for e in standin.attaches())
