@@ -8,6 +8,7 @@ from typing import Optional, Tuple
 
 import click
 
+from temperd.backends.scx_render import RenderError, render_plan
 from temperd.config import DEFAULT_CONFIG_DIR
 from temperd.engine import HostView, decide, load_host_view, make_matcher
 from temperd.errors import ConfigError
@@ -21,7 +22,7 @@ from .output import print_json, print_table
 
 config_option = click.option("--config", "config_dir", default=DEFAULT_CONFIG_DIR, show_default=True,
                              help="Configuration directory (temperd.toml, profiles.d/).")
-sysfs_option = click.option("--sysfs", "sysfs_root", default="/sys", show_default=True,
+sysfs_option = click.option("--sysfs", "--shape", "sysfs_root", default="/sys", show_default=True,
                             help="sysfs root for the machine shape (a fixture tree plans for another host shape).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
@@ -75,17 +76,39 @@ def print_plan(data: dict) -> None:
         click.echo(f"error: {error}")
 
 
+def print_scx_config(view: HostView, layer_plan: LayerPlan) -> None:
+    """The plan as the scx_layered configuration (JSON on stdout, notes on stderr); exit 1 if it cannot be."""
+    try:
+        rendered = render_plan(layer_plan, view.shape.n_cpus)
+    except RenderError as exc:
+        for problem in exc.problems:
+            click.echo(f"error: cannot be expressed as a scx_layered config: {problem}", err=True)
+        sys.exit(1)
+    for note in rendered.notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(rendered.to_json())
+
+
 @click.command("plan")
 @click.option("--dry-run", is_flag=True, help="Compute the plan here (as root, no daemon needed) instead of asking temperd.")
+@click.option("--backend", type=click.Choice(["native", "scx"]), default="native", show_default=True,
+              help="scx: print the plan as the scx_layered configuration temperd would run (computed here, "
+                   "like --dry-run).")
 @config_option
 @sysfs_option
 @socket_option
 @json_option
-def plan_command(dry_run: bool, config_dir: str, sysfs_root: str, socket_path: str, as_json: bool) -> None:
+def plan_command(dry_run: bool, backend: str, config_dir: str, sysfs_root: str, socket_path: str, as_json: bool) -> None:
     """Show the layer plan: layer, kind, CPUs, members and the reason for each decision.
 
     Without --dry-run, the plan the running temperd applies; with --dry-run, the plan temperd
-    would make from --config on this host (or, with --sysfs, on a fixture machine shape)."""
+    would make from --config on this host (or, with --shape/--sysfs, on the machine shape of
+    another host's sysfs tree). With --backend scx, the scx_layered configuration of that plan:
+    `temperctl plan --backend scx > layered.json` is a file scx_layered takes as f:layered.json."""
+    if backend == "scx":
+        view, _, _, layer_plan = compute(config_dir, sysfs_root)
+        print_scx_config(view, layer_plan)
+        return
     if dry_run:
         view, _, match, layer_plan = compute(config_dir, sysfs_root)
         data = plan_json(view, match, layer_plan)

@@ -74,3 +74,52 @@ def test_explain_thread_and_unmatched_process(tmp_path, spawn):
     assert data["workload"]["profile_id"] is None and data["workload"]["tier"] == "background"
     missing = run("explain", "999999999", "--config", str(tmp_path))
     assert missing.exit_code == 1 and "no process or thread 999999999" in missing.output
+
+
+def split_runner():
+    """stdout and stderr apart (click < 8.2 needs asking; 8.2 always keeps them apart)."""
+    try:
+        return CliRunner(mix_stderr=False)
+    except TypeError:
+        return CliRunner()
+
+
+def scx_config_dir(tmp_path, profile):
+    (tmp_path / "profiles.d").mkdir()
+    (tmp_path / "profiles.d" / "demo.toml").write_text(profile)
+    return str(tmp_path)
+
+
+def test_plan_backend_scx_prints_a_valid_scx_layered_config_for_a_fixture_shape(tmp_path, spawn):
+    from temperd.backends.scx_validate import validate_config
+
+    child = spawn("tmpd-cli3")
+    child.wait_ready()
+    child.command("thread hot-0")
+    child.command("thread hot-1")
+    result = split_runner().invoke(main, ["plan", "--backend", "scx", "--config",
+                                                       scx_config_dir(tmp_path, PROFILE), "--shape",
+                                                       fixture_root("gcp-c2-standard-8")])
+    assert result.exit_code == 0, result.stderr
+    config = json.loads(result.stdout)
+    assert validate_config(config, cpu_count=8) == []
+    (hot,) = [s for s in config if s["name"].endswith(".hot") and f"pid{child.pid}" in s["name"]]
+    assert hot["kind"]["Confined"]["cpus_range"] == [4, 4]  # 2 threads -> 2 whole cores of 2 siblings
+    assert {"TGIDEquals": child.pid} in hot["matches"][0] and {"CommPrefix": "hot-"} in hot["matches"][0]
+    assert config[-1]["matches"] == [[]]
+    assert "note: " in result.stderr and "CPU numbers become CPU counts" in result.stderr
+
+
+def test_plan_backend_scx_names_what_cannot_be_expressed(tmp_path, spawn):
+    groups = "".join(f'[[thread_groups]]\nname = "g{i}"\nthread_names = ["sg{i}x"]\ntreatment = "latency"\n'
+                     for i in range(16))
+    profile = f'schema_version = 1\nid = "wide"\n[fingerprint]\nprocess_names = ["tmpd-cli4"]\n{groups}'
+    child = spawn("tmpd-cli4")
+    child.wait_ready()
+    for i in range(16):
+        child.command(f"thread sg{i}x")
+    result = split_runner().invoke(main, ["plan", "--backend", "scx", "--config",
+                                                       scx_config_dir(tmp_path, profile)])
+    assert result.exit_code == 1 and result.stdout == ""
+    assert "error: cannot be expressed as a scx_layered config: 16 layers plus the catch-all exceed scx_layered's 16" \
+        in result.stderr
