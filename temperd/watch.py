@@ -35,6 +35,23 @@ class Debouncer:
                 self._timer = None
 
 
+# Event types that change a file or directory. watchdog >= 2.3 also reports "opened" and
+# "closed_no_write": the daemon reading its own configuration must not count as an edit, or each
+# reload would trigger the next one.
+EDIT_EVENTS = frozenset({"created", "deleted", "modified", "moved", "closed"})
+
+
+def is_config_edit(event_type: str, is_directory: bool, paths) -> bool:
+    """Whether a watchdog event is an edit that asks for a reload."""
+    if event_type not in EDIT_EVENTS:
+        return False
+    # A directory's own "modified" comes with any file in it: only its creation, removal or
+    # renaming counts (profiles.d appearing), besides *.toml files.
+    if is_directory and event_type != "modified":
+        return True
+    return any(str(p).endswith(".toml") for p in paths)
+
+
 class ConfigWatcher:
     """Watches the configuration directory (temperd.toml and profiles.d/, recursively) for TOML edits."""
 
@@ -48,9 +65,7 @@ class ConfigWatcher:
         class _Handler(FileSystemEventHandler):
             def on_any_event(self, event) -> None:
                 paths = [getattr(event, "src_path", ""), getattr(event, "dest_path", "")]
-                # A directory's own "modified" comes with any file in it: only its creation,
-                # removal or renaming counts (profiles.d appearing), besides *.toml files.
-                if (event.is_directory and event.event_type != "modified") or any(str(p).endswith(".toml") for p in paths):
+                if is_config_edit(event.event_type, event.is_directory, paths):
                     debouncer.poke()
 
         self._observer = Observer()

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from temperd.watch import ConfigWatcher, CpuHotplugWatcher, Debouncer
+from temperd.watch import ConfigWatcher, CpuHotplugWatcher, Debouncer, is_config_edit
 
 UEVENT = "/sys/devices/system/cpu/cpu0/uevent"
 
@@ -60,3 +60,15 @@ def test_debouncer_runs_once_after_the_last_poke():
         debouncer.poke()
     time.sleep(0.2)
     assert calls == [1]
+
+
+def test_reading_the_configuration_is_not_an_edit():
+    """watchdog >= 2.3 reports opens and read-only closes: counting them made every reload start the next."""
+    toml = ["/etc/temper/temperd.toml", ""]
+    assert not is_config_edit("opened", False, toml)
+    assert not is_config_edit("closed_no_write", False, toml)
+    assert is_config_edit("closed", False, toml) and is_config_edit("modified", False, toml)
+    assert is_config_edit("moved", False, ["/etc/temper/profiles.d/a.toml.tmp", "/etc/temper/profiles.d/a.toml"])
+    assert not is_config_edit("modified", False, ["/etc/temper/notes.txt", ""])
+    assert is_config_edit("created", True, ["/etc/temper/profiles.d", ""])
+    assert not is_config_edit("modified", True, ["/etc/temper/profiles.d", ""])
