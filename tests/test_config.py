@@ -58,6 +58,8 @@ def test_profile_dir_is_relative_to_the_config_dir(tmp_path):
 
 @pytest.mark.parametrize("text, expected", [
     ('backend = "fast"\n', "temperd.toml:1: backend: expected one of 'auto', 'scx', 'native', found 'fast'"),
+    ('[scx]\ncrash_limit = 0\n', "temperd.toml:2: scx.crash_limit: expected a value with 1 <= value <= 100, found 0"),
+    ('[scx]\nargs = "-v"\n', "temperd.toml:2: scx.args: expected an array of strings, found '-v'"),
     ('[http]\nport = 70000\n', "temperd.toml:2: http.port: expected a value with 0 <= value <= 65535, found 70000"),
     ('[tiers.gold]\nweight = 1\n', "temperd.toml:1: tiers.gold: unknown key; expected one of: background, critical, standard"),
     ('[[binding]]\nunit = "a.service"\ncgroup = "/x"\n', "temperd.toml:1: binding[0]: expected exactly one of unit, cgroup"),
