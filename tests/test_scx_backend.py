@@ -297,3 +297,22 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
         daemon.stop()
     assert nice_of(app.pid, app.pid) == 0  # restored on stop
     assert not any(alive(e["pid"]) for e in standin.attaches())
+
+
+def test_auto_on_this_host_runs_native_and_status_says_why(tmp_path):
+    if os.path.isdir("/sys/kernel/sched_ext"):
+        pytest.skip("this kernel has sched_ext")
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    socket_path = str(tmp_path / "temperd.sock")
+    (etc / "temperd.toml").write_text(f'state_dir = "{tmp_path / "run"}"\n[http]\nport = 0\n'
+                                      f'[control]\nsocket = "{socket_path}"\n')  # backend: the default, auto
+    daemon = Daemon(str(etc))
+    daemon.start()
+    try:
+        text = temperctl("status", "--socket", socket_path).stdout
+        assert ("backend:     native (auto: no /sys/kernel/sched_ext: kernel without CONFIG_SCHED_CLASS_EXT; "
+                "native backend)") in text
+        assert daemon.observe_json()["backend"]["requested"] == "auto"
+    finally:
+        daemon.stop()
