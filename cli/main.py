@@ -10,6 +10,7 @@ from .daemon_cmd import reload_command, status_command
 from .plan_cmd import explain_command, plan_command
 from .profiles_cmd import profiles
 from .scx_cmd import scx
+from .trace_cmd import trace_command
 
 # Exit codes: 0 ok, 1 invalid input or failed check, 2 usage error (click's own).
 
@@ -26,6 +27,7 @@ main.add_command(explain_command)
 main.add_command(status_command)
 main.add_command(reload_command)
 main.add_command(scx)
+main.add_command(trace_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

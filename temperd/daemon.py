@@ -31,6 +31,8 @@ from .matcher import Matcher, MatchResult
 from .observer import Observer
 from .plan import LayerPlan
 from .shape import ShapeError
+from .trace_capture import cleanup_stale_instances
+from .trace_service import trace_handler
 from .watch import ConfigWatcher, CpuHotplugWatcher
 
 log = logging.getLogger("temperd")
@@ -174,10 +176,6 @@ class Daemon:
 
     def _cleanup_stale_traces(self) -> None:
         try:
-            from .trace_capture import cleanup_stale_instances
-        except ImportError:
-            return
-        try:
             removed = cleanup_stale_instances()
             if removed:
                 log.info("removed %d trace instance(s) left by a dead capture", len(removed))
@@ -212,10 +210,6 @@ class Daemon:
         self._services.append(hotplug)
 
     def _extra_handlers(self) -> Dict[str, Any]:
-        try:
-            from .trace_service import trace_handler
-        except ImportError:
-            return {}
         return {"trace": trace_handler}
 
     def request(self, kind: str, trigger: str) -> None:

@@ -1,0 +1,146 @@
+"""`temperctl trace`: a bounded kernel scheduling trace that opens in the Perfetto UI.
+
+Through temperd's control socket when temperd runs (it does the capture; this copies the file
+to -o); directly in this process, as root, when it does not (or with --direct).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from typing import Any, Dict, Optional
+
+import click
+
+from temperd import trace_capture
+from temperd.control import DaemonUnavailable, request
+from temperd.trace_capture import CaptureRequest, TraceError, capture, parse_duration, parse_size
+
+from .daemon_cmd import json_option, socket_option
+from .output import print_json
+
+# Beyond the capture itself: time temperd may need to write a large trace before it replies.
+REPLY_GRACE_S = 300.0
+
+
+class ProgressLine:
+    """One status line on stderr, rewritten in place on a terminal, a line per note otherwise."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.shown = False
+
+    def __call__(self, note: Dict[str, Any]) -> None:
+        text = (f"capturing: {note.get('elapsed_s', 0):.1f}/{float(note.get('duration_s', 0)):g} s, "
+                f"{note.get('events', 0)} events, {note.get('bytes', 0) / 2**20:.1f} MiB")
+        if self.tty:
+            click.echo("\r" + text.ljust(70), nl=False, err=True)
+        else:
+            click.echo(text, err=True)
+        self.shown = True
+
+    def done(self) -> None:
+        if self.shown and self.tty:
+            click.echo("", err=True)
+
+
+def _fail(message: str) -> None:
+    click.echo(f"temperctl: {message}", err=True)
+    sys.exit(1)
+
+
+def _through_daemon(socket_path: str, args: Dict[str, Any], output: str, show: ProgressLine) -> Optional[dict]:
+    """The result, or None when temperd is not running."""
+    try:
+        reply = request(socket_path, "trace", timeout=float(args["duration"]) + REPLY_GRACE_S,
+                        on_progress=show, **args)
+    except DaemonUnavailable as exc:
+        if "permission denied" in str(exc):
+            _fail(str(exc))
+        return None
+    show.done()
+    if not reply.get("ok"):
+        _fail(reply.get("error", "trace capture failed"))
+    result = reply["trace"]
+    source = result["output"]
+    target = output + ".gz" if source.endswith(".gz") and not output.endswith(".gz") else output
+    try:
+        shutil.copyfile(source, target)
+    except OSError as exc:
+        _fail(f"temperd wrote {source} but it cannot be copied to {target}: {exc.strerror}")
+    try:
+        os.unlink(source)  # root may; temperd prunes old ones otherwise
+    except OSError:
+        pass
+    result.update(output=target, file_bytes=os.path.getsize(target), via="temperd")
+    return result
+
+
+def _direct(args: Dict[str, Any], output: str, show: ProgressLine) -> dict:
+    if os.geteuid() != 0:
+        _fail("temperd is not running and capturing directly needs root")
+    try:
+        result = capture(CaptureRequest(output=output, duration_s=args["duration"], max_bytes=args["max_size"],
+                                        pid=args.get("pid"), unit=args.get("unit"), requester=args["requester"]),
+                         progress=show)
+    except TraceError as exc:
+        show.done()
+        _fail(str(exc))
+    show.done()
+    out = result.as_dict()
+    out["via"] = "direct"
+    return out
+
+
+def _print_result(result: dict) -> None:
+    kind = "gzip" if result["compressed"] else "text"
+    click.echo(f"wrote {result['output']}: {result['file_bytes'] / 2**20:.2f} MiB ({kind}), {result['events']} events "
+               f"in {result['duration_s']:.2f} s (stopped by {result['stopped_by']}), "
+               f"{result['lost_events']} lost, via {result['via']}")
+    for event, count in sorted(result["by_event"].items(), key=lambda item: -item[1]):
+        click.echo(f"  {event:<22} {count:>9}")
+    click.echo("open it in https://ui.perfetto.dev (Open trace file)")
+
+
+@click.command("trace")
+@click.option("--duration", default=f"{trace_capture.DEFAULT_DURATION_S:g}s", show_default=True,
+              help=f"How long to capture (e.g. 10s, 500ms; at most {trace_capture.MAX_DURATION_S:g}s).")
+@click.option("--unit", help="Only this systemd unit's threads (and what they fork).")
+@click.option("--pid", type=int, help="Only this process's threads (and what they fork).")
+@click.option("--max-size", default=f"{trace_capture.DEFAULT_MAX_BYTES >> 20}M", show_default=True,
+              help=f"Stop early at this much trace text (at most {trace_capture.HARD_MAX_BYTES >> 20}M).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Trace file to write; gzip when it ends in .gz or the trace is large.")
+@click.option("--direct", is_flag=True, help="Capture in this process (root) without asking temperd.")
+@socket_option
+@json_option
+def trace_command(duration: str, unit: Optional[str], pid: Optional[int], max_size: str, output: str,
+                  direct: bool, socket_path: str, as_json: bool) -> None:
+    """Capture scheduling events (switches, wakeups, migrations, forks, exits) for the Perfetto UI."""
+    try:
+        seconds = parse_duration(duration)
+        size = parse_size(max_size)
+    except TraceError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if pid is not None and unit:
+        raise click.UsageError("give either --unit or --pid, not both")
+    output = os.path.abspath(output)
+    if not os.path.isdir(os.path.dirname(output)):
+        _fail(f"output: directory {os.path.dirname(output)} does not exist")
+    args: Dict[str, Any] = {"duration": seconds, "max_size": size, "gzip": output.endswith(".gz"),
+                            "requester": f"temperctl pid {os.getpid()} uid {os.getuid()} for {output}"}
+    if pid is not None:
+        args["pid"] = pid
+    if unit:
+        args["unit"] = unit
+    show = ProgressLine()
+    result = None if direct else _through_daemon(socket_path, args, output, show)
+    if result is None:
+        if not direct:
+            click.echo("temperd is not running: capturing directly", err=True)
+        result = _direct(args, output, show)
+    if as_json:
+        print_json(result)
+    else:
+        _print_result(result)
