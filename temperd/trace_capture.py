@@ -400,15 +400,15 @@ def capture(request: CaptureRequest, progress: Optional[Progress] = None,
     with CaptureLock(holder, lock_path):
         root = tracefs or find_tracefs()
         raw_path = f"{request.output}.raw-{os.getpid()}"
-        instance = Instance(root)
         try:
-            instance.configure(tids)
-            with open(raw_path, "wb") as raw:
-                text_bytes, elapsed, stopped_by = _stream(instance, raw, request, progress, cancel)
-            lost = instance.lost_events()
-        finally:
-            instance.remove()
-        try:
+            instance = Instance(root)
+            try:
+                instance.configure(tids)
+                with open(raw_path, "wb") as raw:
+                    text_bytes, elapsed, stopped_by = _stream(instance, raw, request, progress, cancel)
+                lost = instance.lost_events()
+            finally:
+                instance.remove()
             notes = {"captured by": f"temperd trace capture ({request.requester})",
                      "filter": holder["filter"],
                      "events": ", ".join(instance.enabled),
