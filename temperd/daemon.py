@@ -351,6 +351,9 @@ class Daemon:
             self.view = view
             self.generation += 1
             self.matcher = make_matcher(view)
+            retry = getattr(self.backend, "retry", None)
+            if callable(retry) and retry():  # a reload is the operator's way to leave scx safe mode
+                log.info("reload (%s): scx backend leaves safe mode", trigger)
             if old is not None and old.shape != view.shape:
                 log.info("machine shape changed: %s", view.shape.describe())
                 self.observer = Observer(view.shape)

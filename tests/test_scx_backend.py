@@ -291,6 +291,13 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
         wait_for(lambda: "temperd_safe_mode 1.0" in daemon.metrics_text().decode(), "the safe-mode metric")
         assert 'temperd_backend_info{backend="native"} 1.0' in daemon.metrics_text().decode()
         assert daemon.observe_json()["backend"]["carried_by"] == "native"
+
+        # The operator fixes the cause and reloads: scx_layered carries the plan again.
+        standin.monkeypatch.delenv("FAKE_SCX_CRASH_AFTER")
+        assert temperctl("reload", "--socket", socket_path).returncode == 0
+        wait_for(lambda: daemon.backend_status()["scx_layered"]["state"] == "running", "scx_layered running again")
+        assert daemon.backend_status()["carried_by"] == "scx" and not daemon.backend_status()["safe_mode"]
+        assert nice_of(app.pid, app.pid) == 0  # the native fallback's settings put back
     finally:
         daemon.request("stop", "test")
         loop.join(20)

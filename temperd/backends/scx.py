@@ -86,6 +86,16 @@ class ScxBackend:
         result.notes.extend(str(note) for note in rendered.notes)
         return result
 
+    def retry(self) -> bool:
+        """After a reload: leave safe mode (or a refusal) and try scx_layered again on the next apply.
+
+        True when there was something to retry."""
+        if not self.supervisor.safe_mode:
+            return False
+        log.info("scx backend: trying scx_layered again (was: %s)", self.supervisor.safe_mode_reason)
+        self.supervisor.clear_safe_mode()
+        return True
+
     def on_new_threads(self, threads: Iterable) -> ApplyResult:
         if self.carried_by == NATIVE:
             return self.native.on_new_threads(threads)
