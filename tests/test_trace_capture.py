@@ -173,6 +173,30 @@ def test_pid_filter_keeps_only_the_workload(pingpong, tmp_path):
 
 
 @needs_tracefs
+def test_unit_filter_takes_the_threads_of_the_units_processes(pingpong, tmp_path):
+    root = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
+    unit_dir = os.path.join(root, "tmpd-trace-test.service")
+    try:
+        os.mkdir(unit_dir)
+    except OSError as exc:
+        pytest.skip(f"cannot make a cgroup for a test unit: {exc}")
+    try:
+        with open(os.path.join(unit_dir, "cgroup.procs"), "w") as procs:
+            procs.write(str(pingpong.pid))
+        assert tc.unit_pids("tmpd-trace-test") == [pingpong.pid]
+        result = tc.capture(tc.CaptureRequest(output=str(tmp_path / "unit.trace"), duration_s=1.0,
+                                              unit="tmpd-trace-test"))
+        assert {pingpong.ping, pingpong.pong} <= set(result.filter_pids)
+        assert parse_trace(result.output).edges.get((pingpong.pong, pingpong.ping), 0) > 50
+    finally:
+        with open(os.path.join(root, "cgroup.procs"), "w") as procs:
+            procs.write(str(pingpong.pid))
+        os.rmdir(unit_dir)
+    with pytest.raises(tc.TraceError, match="unit tmpd-trace-test.service has no running processes"):
+        tc.filter_tids(None, "tmpd-trace-test.service")
+
+
+@needs_tracefs
 def test_second_capture_is_refused_naming_the_running_one(tmp_path):
     first_out = str(tmp_path / "first.trace")
     outcome = {}
