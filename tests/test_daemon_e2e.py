@@ -19,6 +19,7 @@ import urllib.request
 import pytest
 
 import servers as S
+from thread_children import wait_for
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
 
@@ -63,16 +64,6 @@ def threads_by_name(pid):
         with open(f"/proc/{pid}/task/{tid}/comm") as handle:
             out.setdefault(handle.read().strip(), []).append(int(tid))
     return out
-
-
-def wait_for(condition, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Temperd:

@@ -15,14 +15,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 import pytest
 from fixture_shapes import fixture_root
 from test_native_backend import layer
 from test_native_backend import make_backend as native_backend
 from test_scx_supervisor import STANDIN, alive, fake_sysfs
-from thread_children import nice_of
+from thread_children import nice_of, wait_for
 
 from temperd.backends.native import scan_threads
 from temperd.backends.scx import NATIVE, SCX, ScxBackend, layer_cpus_from_stats
@@ -38,16 +37,6 @@ from temperd.shape import read_shape
 
 WAIT_S = 15.0
 BINDIR = os.path.dirname(sys.executable)
-
-
-def wait_for(condition, what, timeout=WAIT_S):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class StandinEnv:
@@ -122,7 +111,7 @@ def test_scx_layered_carries_the_plan_and_leaves_threads_alone(standin, scx_back
     result = backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))
     assert not result.applied and not result.failed  # nothing per thread: scx_layered schedules them
     assert any("CPU numbers become CPU counts" in n for n in result.notes)
-    wait_for(lambda: backend.status()["scx_layered"]["state"] == "running", "scx_layered attached")
+    wait_for(lambda: backend.status()["scx_layered"]["state"] == "running", WAIT_S, "scx_layered attached")
     (attach,) = standin.attaches()
     specs = {s["name"]: s for s in attach["specs"]}
     assert specs["app.hot"]["kind"][CONFINED]["cpus_range"] == [1, 1]
@@ -130,7 +119,7 @@ def test_scx_layered_carries_the_plan_and_leaves_threads_alone(standin, scx_back
     assert nice_of(kid.pid, kid.threads["sb-rest"]) == 0
     status = backend.status()
     assert status["carried_by"] == SCX and status["fallback_reason"] is None and not status["safe_mode"]
-    wait_for(lambda: backend.status()["scx_stats"]["layers"].get("app.hot"), "stats read")
+    wait_for(lambda: backend.status()["scx_stats"]["layers"].get("app.hot"), WAIT_S, "stats read")
     assert backend.layer_cpus()["app.hot"] == frozenset({1})  # the stand-in hands out CPUs from the top
 
 
@@ -147,7 +136,7 @@ def test_unexpressible_plan_is_carried_natively_and_says_why(standin, scx_backen
     result = backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))
     assert backend.carried_by == SCX and result.restored.get("nice") == 1
     assert nice_of(kid.pid, kid.threads["sb-rest"]) == 0
-    wait_for(lambda: standin.attaches(), "scx_layered attached")
+    wait_for(lambda: standin.attaches(), WAIT_S, "scx_layered attached")
 
 
 def test_refusal_beside_another_scheduler_falls_back_with_its_name(standin, scx_backends, children):
@@ -157,7 +146,7 @@ def test_refusal_beside_another_scheduler_falls_back_with_its_name(standin, scx_
     asked = []
     backend.on_fallback = asked.append
     backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))
-    wait_for(lambda: asked, "the fallback request")
+    wait_for(lambda: asked, WAIT_S, "the fallback request")
     assert "'minimal' is loaded" in asked[0]
     backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))  # what the daemon's replan does
     assert backend.carried_by == NATIVE and "'minimal'" in backend.fallback_reason
@@ -262,7 +251,7 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
     try:
         status = json.loads(temperctl("status", "--json", "--socket", socket_path).stdout)
         assert status["backend"]["active"] == "scx" and status["backend"]["carried_by"] == "scx"
-        wait_for(lambda: daemon.backend_status()["scx_layered"]["state"] == "running", "scx_layered attached")
+        wait_for(lambda: daemon.backend_status()["scx_layered"]["state"] == "running", WAIT_S, "scx_layered attached")
         first = standin.attaches()[0]["specs"]
         (hot_spec,) = [s["kind"][CONFINED] for s in first if s["name"].endswith(".hot")]
         assert hot_spec["cpus_range"] == [1, 1] and hot_spec["protected"] and hot_spec["exclusive"]
@@ -272,30 +261,30 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
 
         # A second hot thread: 2 cores wanted, 1 free -> a Grouped layer -> one restart.
         app.command("thread scxb-hot1")
-        wait_for(lambda: len(standin.attaches()) == 2, "the restart for the changed plan")
+        wait_for(lambda: len(standin.attaches()) == 2, WAIT_S, "the restart for the changed plan")
         second = standin.attaches()[1]["specs"]
         assert [list(s["kind"]) for s in second if s["name"].endswith(".hot")] == [["Grouped"]]
-        wait_for(lambda: "temperd_scx_restarts_total 1.0" in daemon.metrics_text().decode(), "the restart metric")
+        wait_for(lambda: "temperd_scx_restarts_total 1.0" in daemon.metrics_text().decode(), WAIT_S, "the restart metric")
 
         # Crash loop: the running scx_layered is killed, the next one crashes right after attaching.
         standin.monkeypatch.setenv("FAKE_SCX_CRASH_AFTER", "0.1")
         killed = standin.attaches()[-1]["pid"]
         os.kill(killed, signal.SIGKILL)
-        wait_for(lambda: not alive(killed), "the killed scx_layered gone")
+        wait_for(lambda: not alive(killed), WAIT_S, "the killed scx_layered gone")
         fake_sysfs(standin.sysfs, "disabled")  # what the kernel does when a BPF scheduler's process dies
-        wait_for(lambda: daemon.backend_status()["safe_mode"], "safe mode", timeout=30)
-        wait_for(lambda: nice_of(app.pid, app.pid) == -6, "the native backend treating the rest group")
+        wait_for(lambda: daemon.backend_status()["safe_mode"], 30, "safe mode")
+        wait_for(lambda: nice_of(app.pid, app.pid) == -6, WAIT_S, "the native backend treating the rest group")
         status = json.loads(temperctl("status", "--json", "--socket", socket_path).stdout)
         assert status["backend"]["carried_by"] == "native" and "exited 2 times" in status["backend"]["fallback_reason"]
         assert "SAFE MODE" in temperctl("status", "--socket", socket_path).stdout
-        wait_for(lambda: "temperd_safe_mode 1.0" in daemon.metrics_text().decode(), "the safe-mode metric")
+        wait_for(lambda: "temperd_safe_mode 1.0" in daemon.metrics_text().decode(), WAIT_S, "the safe-mode metric")
         assert 'temperd_backend_info{backend="native"} 1.0' in daemon.metrics_text().decode()
         assert daemon.observe_json()["backend"]["carried_by"] == "native"
 
         # The operator fixes the cause and reloads: scx_layered carries the plan again.
         standin.monkeypatch.delenv("FAKE_SCX_CRASH_AFTER")
         assert temperctl("reload", "--socket", socket_path).returncode == 0
-        wait_for(lambda: daemon.backend_status()["scx_layered"]["state"] == "running", "scx_layered running again")
+        wait_for(lambda: daemon.backend_status()["scx_layered"]["state"] == "running", WAIT_S, "scx_layered running again")
         assert daemon.backend_status()["carried_by"] == "scx" and not daemon.backend_status()["safe_mode"]
         assert nice_of(app.pid, app.pid) == 0  # the native fallback's settings put back
     finally:

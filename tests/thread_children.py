@@ -173,6 +173,17 @@ def wait_until(predicate, timeout_s: float = 5.0, step_s: float = 0.02) -> bool:
     return predicate()
 
 
+def wait_for(condition, timeout: float = 10.0, what: str = "condition"):
+    """condition()'s first truthy value within timeout seconds; AssertionError naming `what` otherwise."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def percpu_kthreads(cpu: int) -> List[int]:
     """Kernel threads bound to exactly `cpu` (ksoftirqd/N, migration/N, ...)."""
     out = []
