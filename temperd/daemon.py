@@ -18,6 +18,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from . import __version__
+from .backends import Backend
 from .backends.select import BackendChoice, make_backend
 from .config import DEFAULT_CONFIG_DIR
 from .control import ControlError, ControlServer
@@ -93,7 +94,7 @@ class Daemon:
         self.plan: Optional[LayerPlan] = None
         self.last_reload: Optional[ReloadResult] = None
         self.backend_choice: Optional[BackendChoice] = None
-        self.backend = None
+        self.backend: Optional[Backend] = None
         self.last_apply: Optional[Any] = None
         self.observation: Optional[Any] = None
         self.violations: List[Any] = []
@@ -351,8 +352,7 @@ class Daemon:
             self.view = view
             self.generation += 1
             self.matcher = make_matcher(view)
-            retry = getattr(self.backend, "retry", None)
-            if callable(retry) and retry():  # a reload is the operator's way to leave scx safe mode
+            if self.backend.retry():  # a reload is the operator's way to leave scx safe mode
                 log.info("reload (%s): scx backend leaves safe mode", trigger)
             if old is not None and old.shape != view.shape:
                 log.info("machine shape changed: %s", view.shape.describe())
@@ -376,10 +376,9 @@ class Daemon:
             return
         snapshot = self.inventory.snapshot()
         self.observation = self.observer.sample(self.plan, snapshot.processes, self.match, time.time())
-        placement = getattr(self.backend, "layer_cpus", None)
         self.violations = lint(self.plan, self.observation, self.view.shape, self.match,
                                check_treatment=self.carried_by() == "native",
-                               confined_cpus=placement() if callable(placement) else None)
+                               confined_cpus=self.backend.layer_cpus())
         self.lint_log.report(self.violations)
         if self.metrics is not None:
             self.metrics.record_observation(self.observation)
@@ -406,11 +405,10 @@ class Daemon:
 
     def carried_by(self) -> str:
         """The backend that carries the plan now: the chosen one, or native while scx has fallen back."""
-        return self.backend_status().get("carried_by") or (self.backend_choice.active if self.backend_choice else "-")
+        return self.backend_status().get("carried_by", "-")
 
     def backend_status(self) -> dict:
-        describe = getattr(self.backend, "status", None)
-        return describe() if callable(describe) else {}
+        return self.backend.status() if self.backend is not None else {}
 
     def status(self) -> dict:
         with self.lock:

@@ -325,6 +325,15 @@ class NativeBackend:
         previous.delete()
         return result
 
+    def status(self) -> Dict[str, Any]:
+        return {"carried_by": "native"}
+
+    def layer_cpus(self) -> None:
+        return None  # the plan's CPU numbers are the ones pinned
+
+    def retry(self) -> bool:
+        return False  # nothing is ever given up
+
     def drift_report(self) -> List[Dict[str, Any]]:
         """Settings someone else changed after temperd set them (temperd no longer enforces these)."""
         out = []
