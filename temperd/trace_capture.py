@@ -35,7 +35,11 @@ DEFAULT_DURATION_S = 10.0
 MAX_DURATION_S = 60.0
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # uncompressed trace text
 HARD_MAX_BYTES = 256 * 1024 * 1024
-BUFFER_KB_PER_CPU = 4096  # the instance's ring buffer: absorbs bursts between two reads
+# The instance's ring buffer per CPU: about a third of the size cap over all CPUs (a binary
+# event is about a third of its text), so a burst the reader cannot keep up with is held rather
+# than lost; within these bounds.
+BUFFER_KB_MIN = 1024
+BUFFER_KB_MAX = 16384
 READ_CHUNK = 1 << 20
 POLL_S = 0.05
 PROGRESS_EVERY_S = 0.5
@@ -166,6 +170,11 @@ def find_tracefs(mount: bool = True) -> str:
     return target
 
 
+def buffer_kb_per_cpu(max_bytes: int, cpus: Optional[int] = None) -> int:
+    cpus = cpus or os.cpu_count() or 1
+    return max(BUFFER_KB_MIN, min(BUFFER_KB_MAX, max_bytes // 3 // cpus // 1024))
+
+
 def _write(path: str, value: str) -> None:
     try:
         with open(path, "w") as handle:
@@ -214,9 +223,9 @@ class Instance:
                 raise TraceError(f"cannot create tracefs instance {self.path}: {exc.strerror}") from None
         self.enabled: List[str] = []
 
-    def configure(self, filter_tids: Sequence[int]) -> None:
+    def configure(self, filter_tids: Sequence[int], max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         _write(self._file("tracing_on"), "0")
-        _write(self._file("buffer_size_kb"), str(BUFFER_KB_PER_CPU))
+        _write(self._file("buffer_size_kb"), str(buffer_kb_per_cpu(max_bytes)))
         clocks = _read(self._file("trace_clock"))
         if "mono" in clocks.replace("[", " ").replace("]", " ").split():
             _write(self._file("trace_clock"), "mono")  # CLOCK_MONOTONIC: what Perfetto assumes
@@ -403,7 +412,7 @@ def capture(request: CaptureRequest, progress: Optional[Progress] = None,
         try:
             instance = Instance(root)
             try:
-                instance.configure(tids)
+                instance.configure(tids, request.max_bytes)
                 with open(raw_path, "wb") as raw:
                     text_bytes, elapsed, stopped_by = _stream(instance, raw, request, progress, cancel)
                 lost = instance.lost_events()
@@ -436,19 +445,42 @@ def capture(request: CaptureRequest, progress: Optional[Progress] = None,
                          instance=instance.name, filter_pids=tids, events_enabled=instance.enabled)
 
 
+class _Sink:
+    """Whole lines from trace_pipe into the raw file, never past the size cap."""
+
+    def __init__(self, raw, max_bytes: int):
+        self.raw = raw
+        self.max_bytes = max_bytes
+        self.written = 0
+        self.events = 0
+        self.tail = b""
+
+    def add(self, chunk: bytes) -> bool:
+        """False when the cap is reached (what did not fit is dropped)."""
+        data = self.tail + chunk
+        cut = data.rfind(b"\n") + 1
+        data, self.tail = data[:cut], data[cut:]
+        room = self.max_bytes - self.written
+        fits = len(data) <= room
+        if not fits:
+            data = data[:data.rfind(b"\n", 0, room) + 1]
+        self.raw.write(data)
+        self.written += len(data)
+        self.events += data.count(b"\n")
+        return fits
+
+
 def _stream(instance: Instance, raw, request: CaptureRequest, progress: Optional[Progress],
             cancel: Optional[threading.Event]):
     """Copy trace_pipe to raw until the duration or size limit; returns (bytes, seconds, why)."""
     fd = os.open(os.path.join(instance.path, "trace_pipe"), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    written = 0
-    events = 0
+    sink = _Sink(raw, request.max_bytes)
     stopped_by = "duration"
     try:
         instance.start()
         started = time.monotonic()
         deadline = started + request.duration_s
         next_note = started + PROGRESS_EVERY_S
-        tail = b""
         while True:
             now = time.monotonic()
             if now >= deadline:
@@ -457,41 +489,26 @@ def _stream(instance: Instance, raw, request: CaptureRequest, progress: Optional
                 stopped_by = "cancel"
                 break
             chunk = _read_available(fd)
-            if chunk:
-                data = tail + chunk
-                cut = data.rfind(b"\n") + 1
-                data, tail = data[:cut], data[cut:]
-                if written + len(data) > request.max_bytes:
-                    data = data[:data.rfind(b"\n", 0, request.max_bytes - written) + 1]
-                    stopped_by = "size"
-                raw.write(data)
-                written += len(data)
-                events += data.count(b"\n")
-                if stopped_by == "size":
-                    break
-            else:
+            if chunk and not sink.add(chunk):
+                stopped_by = "size"
+                break
+            if not chunk:
                 time.sleep(POLL_S)
             if progress is not None and now >= next_note:
                 progress({"elapsed_s": round(now - started, 1), "duration_s": request.duration_s,
-                          "events": events, "bytes": written})
+                          "events": sink.events, "bytes": sink.written})
                 next_note = now + PROGRESS_EVERY_S
         elapsed = time.monotonic() - started
         instance.stop()
-        if stopped_by == "duration":
-            # what the buffer still holds was recorded within the window
-            while written < request.max_bytes:
-                chunk = _read_available(fd)
-                if not chunk:
-                    break
-                data = tail + chunk
-                cut = data.rfind(b"\n") + 1
-                data, tail = data[:cut], data[cut:]
-                data = data[:max(0, data.rfind(b"\n", 0, request.max_bytes - written) + 1)]
-                raw.write(data)
-                written += len(data)
+        while stopped_by == "duration":  # what the buffer still holds was recorded in the window
+            chunk = _read_available(fd)
+            if not chunk:
+                break
+            if not sink.add(chunk):
+                stopped_by = "size"
     finally:
         os.close(fd)
-    return written, elapsed, stopped_by
+    return sink.written, elapsed, stopped_by
 
 
 def _read_available(fd: int) -> bytes:

@@ -9,6 +9,7 @@ KEEP_TRACES files are kept there.
 from __future__ import annotations
 
 import grp
+import logging
 import os
 import time
 from typing import Any, Dict, Optional
@@ -20,6 +21,8 @@ from .trace_capture import CaptureRequest, TraceError, capture, parse_duration, 
 TRACE_DIR = os.path.join(os.path.dirname(trace_capture.LOCK_PATH), "traces")
 KEEP_TRACES = 3
 GROUP = "temper"
+
+log = logging.getLogger("temperd.trace")
 
 
 def _optional_int(request: Dict[str, Any], key: str) -> Optional[int]:
@@ -57,10 +60,15 @@ def _group_id() -> Optional[int]:
 
 
 def _share(path: str, mode: int) -> None:
-    """Readable by group temper (temperctl of a non-root member copies the file)."""
+    """Readable by group temper (temperctl of a non-root member copies the file). Under the
+    systemd unit temperd already runs with group temper (and UMask=0077, hence the chmod) and
+    has no CAP_CHOWN, so the group is only changed where it differs."""
     gid = _group_id()
-    if gid is not None:
-        os.chown(path, 0, gid)
+    if gid is not None and os.stat(path).st_gid != gid:
+        try:
+            os.chown(path, -1, gid)
+        except OSError as exc:
+            log.warning("cannot give %s to group %s: %s", path, GROUP, exc.strerror)
     os.chmod(path, mode)
 
 

@@ -298,5 +298,9 @@ def test_limits_are_checked():
             tc.parse_size(bad)
     with pytest.raises(tc.TraceError, match="either a pid or a unit"):
         tc.filter_tids(1, "x.service")
+    # ring buffer: a third of the cap over all CPUs, within bounds
+    assert tc.buffer_kb_per_cpu(64 << 20, cpus=2) == (64 << 20) // 3 // 2 // 1024
+    assert tc.buffer_kb_per_cpu(64 << 20, cpus=256) == tc.BUFFER_KB_MIN
+    assert tc.buffer_kb_per_cpu(tc.HARD_MAX_BYTES, cpus=1) == tc.BUFFER_KB_MAX
     assert tc.filter_tids(None, None) == []
     assert tc.filter_tids(os.getpid(), None) == sorted(int(t) for t in os.listdir("/proc/self/task"))
