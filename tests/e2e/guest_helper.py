@@ -1,0 +1,136 @@
+#!/usr/bin/python3
+"""Helpers for the VM test's guest steps (runs on the guest's own Python, stdlib only).
+
+  guest_helper.py snap PID FILE              save each thread's comm, policy, nice, affinity as JSON
+  guest_helper.py show PID                   print the threads as a table
+  guest_helper.py same FILE PID              exit 1 (and say which) if a thread differs from the snapshot
+  guest_helper.py expect PID GLOB KEY=VALUE...   every thread whose comm matches GLOB has these values
+                                             (policy: other|fifo|rr|batch|idle; nice: int; affinity: CPU list
+                                             like 0-1,3 or "all")
+  guest_helper.py json EXPR                  evaluate EXPR on the JSON document on stdin (as d), print it;
+                                             exit 1 when it is false or fails
+"""
+
+import fnmatch
+import json
+import os
+import sys
+
+POLICIES = {0: "other", 1: "fifo", 2: "rr", 3: "batch", 5: "idle", 6: "deadline"}
+
+
+def threads(pid: int) -> dict:
+    out = {}
+    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as handle:
+                comm = handle.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            affinity = sorted(os.sched_getaffinity(int(tid)))
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread exited meanwhile
+        # After the comm: fields[0] is field 3 (state); nice is field 19, policy field 41.
+        out[tid] = {"comm": comm, "policy": POLICIES.get(int(fields[38]), fields[38]),
+                    "nice": int(fields[16]), "affinity": affinity}
+    return out
+
+
+def cpu_list(cpus) -> str:
+    cpus = sorted(cpus)
+    if cpus == list(range(os.cpu_count() or 0)):
+        return "all"
+    ranges, start = [], None
+    for i, cpu in enumerate(cpus):
+        if start is None:
+            start = cpu
+        if i + 1 == len(cpus) or cpus[i + 1] != cpu + 1:
+            ranges.append(str(start) if start == cpu else f"{start}-{cpu}")
+            start = None
+    return ",".join(ranges)
+
+
+def parse_cpus(text: str):
+    if text == "all":
+        return list(range(os.cpu_count() or 0))
+    out = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        out.extend(range(int(low), int(high or low) + 1))
+    return sorted(out)
+
+
+def show(pid: int) -> int:
+    print(f"{'TID':>7} {'COMM':16} {'POLICY':7} {'NICE':>4} AFFINITY")
+    for tid, t in threads(pid).items():
+        print(f"{tid:>7} {t['comm']:16} {t['policy']:7} {t['nice']:>4} {cpu_list(t['affinity'])}")
+    return 0
+
+
+def same(path: str, pid: int) -> int:
+    with open(path) as handle:
+        before = json.load(handle)
+    now = threads(pid)
+    bad = 0
+    for tid, old in before.items():
+        new = now.get(tid)
+        if new is None:
+            print(f"thread {tid} ({old['comm']}) is gone")
+            bad += 1
+            continue
+        for key in ("policy", "nice", "affinity"):
+            if new[key] != old[key]:
+                print(f"thread {tid} ({old['comm']}): {key} {old[key]} before, {new[key]} now")
+                bad += 1
+    print(f"{len(before)} threads compared, {bad} differences")
+    return 1 if bad or not before else 0
+
+
+def expect(pid: int, glob: str, pairs) -> int:
+    want = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        want[key] = int(value) if key == "nice" else parse_cpus(value) if key == "affinity" else value
+    matched = bad = 0
+    for tid, t in threads(pid).items():
+        if not fnmatch.fnmatchcase(t["comm"], glob):
+            continue
+        matched += 1
+        for key, value in want.items():
+            if t[key] != value:
+                print(f"thread {tid} ({t['comm']}): {key} is {t[key]}, expected {value}")
+                bad += 1
+    print(f"{matched} thread(s) named {glob!r}: " + ("as expected" if matched and not bad else f"{bad} mismatches"))
+    return 0 if matched and not bad else 1
+
+
+def evaluate(expr: str) -> int:
+    try:
+        d = json.load(sys.stdin)
+        value = eval(expr, {"d": d, "any": any, "all": all, "len": len})  # noqa: S307 - the test's own expressions
+    except Exception as exc:  # the document may not be there yet: the caller retries
+        print(f"{type(exc).__name__}: {exc}")
+        return 1
+    print(value if not isinstance(value, (dict, list)) else json.dumps(value))
+    return 0 if value else 1
+
+
+def main(argv) -> int:
+    if len(argv) >= 3 and argv[0] == "snap":
+        with open(argv[2], "w") as handle:
+            json.dump(threads(int(argv[1])), handle, indent=1)
+        return 0
+    if len(argv) == 2 and argv[0] == "show":
+        return show(int(argv[1]))
+    if len(argv) == 3 and argv[0] == "same":
+        return same(argv[1], int(argv[2]))
+    if len(argv) >= 4 and argv[0] == "expect":
+        return expect(int(argv[1]), argv[2], argv[3:])
+    if len(argv) == 2 and argv[0] == "json":
+        return evaluate(argv[1])
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# End-to-end test of the packaged daemon on a real systemd host: builds (or reuses) a Debian trixie
+# VM image with the trixie-backports kernel (sched_ext, BTF), builds the .deb from this tree, boots
+# the image under QEMU (KVM where it is really usable, else software emulation) and runs
+# tests/e2e/guest-steps.sh inside: apt install ./temperd_*.deb, systemctl enable --now, temperctl
+# status, memcached under its own unit treated by a profile dropped into /etc/temper/profiles.d,
+# a tier binding through systemd, reload, a broken profile, a crash restart, stop restoring every
+# thread, systemd-analyze security, sched_ext detection and refusal beside another BPF scheduler,
+# the bcc programs of bpf/, and removal. Prints each step's result and time; exits 1 on a failure.
+#
+# usage: tests/e2e/run-vm-test.sh [--cache DIR] [--deb FILE] [--timeout MIN] [--keep] [--rebuild-image]
+#   --cache DIR      image cache (default $TEMPERD_E2E_CACHE or /var/cache/temperd-e2e)
+#   --deb FILE       test this .deb instead of building one with scripts/build-packages.sh
+#   --timeout MIN    overall limit, image build included (default 25)
+#   --keep           keep the run directory (console log, guest logs) and print its path
+#   --rebuild-image  build the image even if a fresh one is cached
+#   --only "STEP..." run only these guest steps (names as in guest-steps.sh), e.g. "install enable tier"
+# Needs root (the image build) and the Debian packages:
+#   qemu-system-x86 qemu-utils mmdebstrap e2fsprogs zstd, and to build the .deb:
+#   dpkg-dev debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools
+# The guest reaches the Debian mirror through QEMU's user networking (apt in the guest).
+set -euo pipefail
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+export LC_ALL=C.UTF-8
+
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+cache="${TEMPERD_E2E_CACHE:-/var/cache/temperd-e2e}"
+deb="" timeout_min=25 keep=0 only=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cache) cache="${2:?}"; shift ;;
+    --deb) deb="$(realpath "${2:?}")"; shift ;;
+    --timeout) timeout_min="${2:?}"; shift ;;
+    --keep) keep=1 ;;
+    --only) only="${2:?}"; shift ;;
+    --rebuild-image) export E2E_REBUILD=1 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run-vm-test.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+deadline=$((SECONDS + timeout_min * 60))
+left() { echo $((deadline - SECONDS)); }
+say() { printf '[vm-test %4d s] %s\n' "$SECONDS" "$*"; }
+declare -a TIMES=()
+timed() { TIMES+=("$(printf '%-34s %6d s' "$1" "$2")"); }
+
+missing=()
+for tool in qemu-system-x86_64 mmdebstrap mke2fs zstd timeout; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+if [ -z "$deb" ]; then
+  for tool in dpkg-buildpackage dh; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "run-vm-test.sh: missing ${missing[*]}; install: apt-get install qemu-system-x86 qemu-utils mmdebstrap" \
+       "e2fsprogs zstd dpkg-dev debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools" >&2
+  exit 1
+fi
+
+run="$(mktemp -d /tmp/temperd-e2e.XXXXXX)"
+share="$run/share"
+mkdir -p "$share"
+qemu_pid=""
+cleanup() {
+  [ -n "$qemu_pid" ] && kill "$qemu_pid" 2>/dev/null
+  if [ "$keep" = 1 ]; then echo "run directory kept: $run"; else rm -rf "$run"; fi
+}
+trap cleanup EXIT
+
+# 1. The image (cached; rebuilt when older than a week or when its recipe changes).
+t=$SECONDS
+say "image: $cache"
+image="$(timeout "$(left)" bash "$here/build-image.sh" "$cache")" || { say "FAIL: image build"; exit 1; }
+timed "image (build or reuse)" $((SECONDS - t))
+say "image ready: $image (kernel $(cat "$image/kernel-version"))"
+
+# 2. The package.
+t=$SECONDS
+if [ -z "$deb" ]; then
+  say "building the .deb"
+  if ! timeout "$(left)" bash "$root/scripts/build-packages.sh" --deb-only --no-lint --out "$run/dist" >"$run/build.log" 2>&1; then
+    tail -n 40 "$run/build.log"
+    say "FAIL: .deb build"
+    exit 1
+  fi
+  deb="$(ls "$run"/dist/temperd_*_all.deb)"
+fi
+cp "$deb" "$share/"
+timed "build the .deb" $((SECONDS - t))
+say "package: ${deb##*/}"
+
+# 3. What the guest runs and needs.
+cp "$here/guest-steps.sh" "$here/guest_helper.py" "$share/"
+mkdir -p "$share/bpf"
+find "$root/bpf" -maxdepth 1 -type f \( -name '*.c' -o -name '*.py' \) -exec cp {} "$share/bpf/" \;
+printf '#!/bin/sh\nexec /bin/bash /mnt/host/guest-steps.sh\n' >"$share/run.sh"
+[ -z "$only" ] || echo "$only" >"$share/only"
+chmod 755 "$share/run.sh" "$share/guest-steps.sh"
+
+# 4. Boot. KVM only where it really is: hardware virtualization flags, a writable /dev/kvm, and not
+# the kvm_pvm nested hypervisor (which cannot run an unmodified kernel).
+if grep -qwE 'vmx|svm' /proc/cpuinfo && [ -w /dev/kvm ] && [ ! -d /sys/module/kvm_pvm ]; then
+  accel=(-accel kvm -cpu host)
+  say "accelerator: KVM"
+else
+  accel=(-accel tcg,thread=multi -cpu max)
+  say "accelerator: TCG (software emulation)"
+fi
+limit=$(left)
+if [ "$limit" -lt 120 ]; then say "FAIL: only $limit s left for the VM"; exit 1; fi
+say "booting (limit $limit s)"
+t=$SECONDS
+boot_start=$(date +%s)
+# Two cores with two SMT threads each, so exclusive groups and idle siblings are real.
+timeout --kill-after=15 "$limit" qemu-system-x86_64 "${accel[@]}" -m 4096 \
+  -smp 4,sockets=1,cores=2,threads=2 -nographic -no-reboot \
+  -kernel "$image/vmlinuz" -initrd "$image/initrd.img" \
+  -append "root=/dev/vda rw console=ttyS0 panic=-1 loglevel=4 systemd.show_status=0" \
+  -drive "file=$image/img.raw,if=virtio,format=raw,cache=unsafe" -snapshot \
+  -virtfs "local,path=$share,mount_tag=host,security_model=none,id=host" \
+  -netdev user,id=n0 -device virtio-net-pci,netdev=n0 \
+  </dev/null >"$run/console.log" 2>&1 &
+qemu_pid=$!
+qemu_rc=0
+wait "$qemu_pid" || qemu_rc=$?
+qemu_pid=""
+timed "VM: boot, steps, power off" $((SECONDS - t))
+if [ -f "$share/boot-state" ]; then
+  timed "  of which boot to $(cat "$share/boot-state")" $(( $(stat -c %Y "$share/boot-state") - boot_start ))
+fi
+
+# 5. Results.
+echo
+if [ -f "$share/out.log" ]; then
+  cat "$share/out.log"
+fi
+echo
+echo "=== times (host)"
+printf '%s\n' "${TIMES[@]}"
+echo
+echo "=== results"
+if [ -s "$share/results.tsv" ]; then
+  awk -F '\t' '{ printf "%-5s %7.1f s  %-14s %s\n", $1, $2, $3, $4 }' "$share/results.tsv"
+fi
+[ -f "$share/exposure" ] && echo "systemd-analyze security exposure: $(cat "$share/exposure") (goal <= 2.5)"
+
+fail=0
+if [ "$qemu_rc" = 124 ] || [ "$qemu_rc" = 137 ]; then
+  say "FAIL: the VM ran out of time (overall limit ${timeout_min} min); console tail:"
+  tail -n 30 "$run/console.log"
+  fail=1
+elif [ ! -f "$share/rc" ]; then
+  say "FAIL: the guest did not finish its steps (qemu exit $qemu_rc); console tail:"
+  tail -n 40 "$run/console.log"
+  fail=1
+elif [ "$(cat "$share/rc")" != 0 ] || grep -q '^FAIL' "$share/results.tsv"; then
+  say "FAIL: see the steps above"
+  fail=1
+else
+  say "all steps passed"
+fi
+exit "$fail"
