@@ -4,12 +4,17 @@ Usage (from the checkout):
   .venv/bin/python bench/trace_parse.py                      # synthetic 1 M events, 5 runs
   .venv/bin/python bench/trace_parse.py --events 2000000 --runs 3
   .venv/bin/python bench/trace_parse.py --capture 10         # root: a real 10 s host capture instead
+  .venv/bin/python bench/trace_parse.py --capture 2 --pingpong   # ... while two processes ping-pong
 
 The synthetic trace is what a busy 10 s capture of an 8-CPU host looks like: 400 threads in
 20 processes on 8 CPUs; each step one CPU's running thread wakes another (sched_waking, then
 sched_wakeup on the target CPU) and is switched out, runnable or asleep; now and then a task
 migrates. Lines are written with temperd.trace_format, as a capture writes them. It is parsed
 plain and gzip-compressed.
+
+--pingpong runs two processes that bounce a byte through two pipes as fast as they can during
+the capture (a wakeup-heavy load, hundreds of thousands of events a second); the capture line
+then shows whether the capture kept up (events lost to a full ring buffer).
 
 Reported per input: median wall time over --runs parses, events per second, and memory: the
 peak of Python allocations during one extra parse under tracemalloc (what the parser holds;
@@ -26,6 +31,7 @@ import os
 import random
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -94,12 +100,42 @@ def _ts(us: int) -> str:
     return f"{us // 1_000_000}.{us % 1_000_000:06d}"
 
 
-def capture_real(path: str, seconds: float) -> int:
+PINGPONG = r"""
+import os, sys, time
+a_r, a_w = os.pipe()
+b_r, b_w = os.pipe()
+end = time.monotonic() + float(sys.argv[1])
+if os.fork() == 0:
+    while time.monotonic() < end:
+        os.read(a_r, 1)
+        os.write(b_w, b"y")
+    os._exit(0)
+while time.monotonic() < end:
+    os.write(a_w, b"x")
+    os.read(b_r, 1)
+os.write(a_w, b"x")
+os.wait()
+"""
+
+
+def capture_real(path: str, seconds: float, pingpong: bool) -> int:
     from temperd.trace_capture import CaptureRequest, capture
 
-    result = capture(CaptureRequest(output=path, duration_s=seconds, requester="bench/trace_parse.py"))
-    if result.output != path:
-        shutil.move(result.output, path)
+    load = subprocess.Popen([sys.executable, "-c", PINGPONG, str(seconds + 1)]) if pingpong else None
+    try:
+        start = time.perf_counter()
+        result = capture(CaptureRequest(output=path, duration_s=seconds, requester="bench/trace_parse.py"))
+        wall = time.perf_counter() - start
+    finally:
+        if load is not None:
+            load.wait()
+    print(f"capture: {result.events} events in {result.duration_s:.2f} s ({result.events / result.duration_s:,.0f}/s), "
+          f"{result.lost_events} lost, stopped by {result.stopped_by}; {wall:.1f} s wall including writing "
+          f"{result.text_bytes / 2**20:.1f} MiB")
+    if result.compressed:  # a large capture is written gzip; the bench makes its own of each
+        with gzip.open(result.output, "rb") as src, open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.unlink(result.output)
     return result.events
 
 
@@ -122,6 +158,7 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=1_000_000, help="synthetic trace size (default 1000000)")
     parser.add_argument("--runs", type=int, default=5, help="timed parses per input; the median is shown (default 5)")
     parser.add_argument("--capture", type=float, metavar="SECONDS", help="parse a real capture of this host instead (root)")
+    parser.add_argument("--pingpong", action="store_true", help="with --capture: a wakeup-heavy load during the capture")
     args = parser.parse_args()
     print(C.host_description())
     tmp = tempfile.mkdtemp(prefix="trace-parse-")
@@ -129,8 +166,8 @@ def main() -> int:
         plain = os.path.join(tmp, "trace.txt")
         start = time.perf_counter()
         if args.capture:
-            events = capture_real(plain, args.capture)
-            source = f"real {args.capture:g} s capture of this host"
+            events = capture_real(plain, args.capture, args.pingpong)
+            source = f"real {args.capture:g} s capture of this host" + (" under ping-pong load" if args.pingpong else "")
         else:
             events = synthesize(plain, args.events)
             source = "synthetic (8 CPUs, 400 threads)"
