@@ -4,6 +4,10 @@ trace handler, and directly when no temperd listens."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -13,7 +17,8 @@ from temperd.control import ControlServer
 from temperd.trace_capture import CaptureLock
 from temperd.trace_parse import parse_trace
 from test_cli_plan import split_runner
-from test_trace_capture import assert_perfetto_format, needs_tracefs, pingpong  # noqa: F401 (fixture)
+from test_daemon_e2e import BINDIR, Temperd
+from test_trace_capture import KILLED, ROOT, assert_perfetto_format, instances, needs_tracefs, pingpong  # noqa: F401
 
 
 @pytest.fixture
@@ -85,3 +90,28 @@ def test_bad_input_is_one_line(tmp_path, control):
         assert nopid.exit_code == 1 and "no process with pid 999999999" in nopid.stderr
     for result in (too_long, both, nodir):
         assert "Traceback" not in result.stderr
+
+
+@needs_tracefs
+def test_temperd_start_removes_a_killed_captures_instance_and_serves_trace(pingpong, tmp_path):
+    doomed = subprocess.Popen([sys.executable, "-c", KILLED, ROOT, str(tmp_path / "doomed.trace")])
+    leftover = f"temperd-{doomed.pid}-1"
+    deadline = time.monotonic() + 10
+    while leftover not in instances() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait()
+    assert leftover in instances()
+    daemon = Temperd(tmp_path)
+    daemon.start()
+    try:
+        assert leftover not in instances()  # removed at start, before the socket was served
+        out = tmp_path / "from-temperd.trace"
+        done = subprocess.run([os.path.join(BINDIR, "temperctl"), "trace", "--duration", "1s", "--pid",
+                               str(pingpong.pid), "-o", str(out), "--socket", daemon.socket],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr + daemon.logtext()
+        assert "via temperd" in done.stdout and "capturing: " in done.stderr
+        assert parse_trace(str(out)).edges.get((pingpong.ping, pingpong.pong), 0) > 50
+    finally:
+        assert daemon.stop() == 0, daemon.logtext()
