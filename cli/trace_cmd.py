@@ -93,9 +93,13 @@ def _direct(args: Dict[str, Any], output: str, show: ProgressLine) -> dict:
     return out
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
 def _print_result(result: dict) -> None:
     kind = "gzip" if result["compressed"] else "text"
-    click.echo(f"wrote {result['output']}: {result['file_bytes'] / 2**20:.2f} MiB ({kind}), {result['events']} events "
+    click.echo(f"wrote {result['output']}: {_size(result['file_bytes'])} ({kind}), {result['events']} events "
                f"in {result['duration_s']:.2f} s (stopped by {result['stopped_by']}), "
                f"{result['lost_events']} lost, via {result['via']}")
     for event, count in sorted(result["by_event"].items(), key=lambda item: -item[1]):
