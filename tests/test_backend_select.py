@@ -54,3 +54,15 @@ def test_disabled_state_without_binary(tmp_path):
         pytest.skip("scx_layered is installed here")
     found = detect_sched_ext(fake_sysfs(tmp_path, "disabled"))
     assert not found.usable and "scx_layered is not installed" in found.reason
+
+
+def test_missing_capabilities_make_scx_unusable_and_name_them(tmp_path):
+    sysfs = fake_sysfs(tmp_path / "sys", "disabled")
+    status = tmp_path / "status"
+    status.write_text("Name:\ttemperd\nCapInh:\t0000000000000000\nCapPrm:\t0000000000a00000\n"
+                      "CapEff:\t0000000000a00000\n")  # CAP_SYS_NICE (23) and CAP_SYS_ADMIN (21) only
+    found = detect_sched_ext(sysfs, binary="/usr/bin/scx_layered", status_path=str(status))
+    assert not found.usable and found.privilege_problem
+    assert found.reason.startswith("temperd lacks CAP_PERFMON, CAP_BPF, which scx_layered needs")
+    status.write_text("CapEff:\t000001ffffffffff\n")  # root's full set
+    assert detect_sched_ext(sysfs, binary="/usr/bin/scx_layered", status_path=str(status)).usable

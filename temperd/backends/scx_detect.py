@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 SCX_BINARY = "scx_layered"
 BINARY_DIRS = ("/usr/bin", "/usr/local/bin", "/usr/sbin")
@@ -28,11 +28,12 @@ class ScxAvailability:
     binary: Optional[str]
     reason: str
     topology_problem: Optional[str] = None  # why scx_layered would fail to start on these CPUs
+    privilege_problem: Optional[str] = None  # capabilities scx_layered would lack
 
     @property
     def usable(self) -> bool:
         return (self.kernel_supported and self.binary is not None and self.state == "disabled"
-                and self.topology_problem is None)
+                and self.topology_problem is None and self.privilege_problem is None)
 
 
 def _read(path: str) -> Optional[str]:
@@ -70,6 +71,29 @@ def topology_problem(sysfs_root: str = "/sys") -> Optional[str]:
             "offline or hot-pluggable CPUs (holes in CPU IDs, init_cpus panic)")
 
 
+# scx_layered, a child of temperd, inherits its capabilities: loading BPF maps and programs needs
+# CAP_BPF, struct_ops and tracing programs CAP_PERFMON, attaching a sched_ext scheduler CAP_SYS_ADMIN.
+SCX_CAPABILITIES = (("CAP_SYS_ADMIN", 21), ("CAP_PERFMON", 38), ("CAP_BPF", 39))
+
+
+def missing_capabilities(status_path: str = "/proc/self/status") -> List[str]:
+    """The capabilities scx_layered needs that this process's effective set (CapEff) lacks."""
+    text = _read(status_path) or ""
+    for line in text.splitlines():
+        if line.startswith("CapEff:"):
+            effective = int(line.split()[1], 16)
+            return [name for name, bit in SCX_CAPABILITIES if not effective >> bit & 1]
+    return [name for name, _ in SCX_CAPABILITIES]  # unreadable: assume the worst, say so
+
+
+def privilege_problem(status_path: str = "/proc/self/status") -> Optional[str]:
+    missing = missing_capabilities(status_path)
+    if not missing:
+        return None
+    return (f"temperd lacks {', '.join(missing)}, which scx_layered needs (under systemd, the scx-privileges.conf "
+            "drop-in adds them: see temperd(8))")
+
+
 def find_binary(path_env: Optional[str] = None) -> Optional[str]:
     found = shutil.which(SCX_BINARY, path=path_env)
     if found:
@@ -81,7 +105,8 @@ def find_binary(path_env: Optional[str] = None) -> Optional[str]:
     return None
 
 
-def detect_sched_ext(sysfs_root: str = "/sys", binary: Optional[str] = None) -> ScxAvailability:
+def detect_sched_ext(sysfs_root: str = "/sys", binary: Optional[str] = None,
+                     status_path: str = "/proc/self/status") -> ScxAvailability:
     base = sched_ext_dir(sysfs_root)
     binary = binary if binary is not None else find_binary()
     if not os.path.isdir(base):
@@ -96,4 +121,7 @@ def detect_sched_ext(sysfs_root: str = "/sys", binary: Optional[str] = None) -> 
     problem = topology_problem(sysfs_root)
     if problem:
         return ScxAvailability(True, state, ops, binary, problem, problem)
+    lacking = privilege_problem(status_path)
+    if lacking:
+        return ScxAvailability(True, state, ops, binary, lacking, privilege_problem=lacking)
     return ScxAvailability(True, state, ops, binary, f"sched_ext available and {binary} installed")
