@@ -77,7 +77,10 @@ class ControlServer:
         self._server = socketserver.ThreadingUnixStreamServer(self.path, _Request)
         self._server.daemon_threads = True
         os.chmod(self.path, 0o660)
-        if self.gid is not None:
+        # Under the unit temperd runs with group temper, so the socket is born root:temper; chown
+        # only where it differs: the unit's system call filter leaves chown out (@privileged).
+        born = os.stat(self.path)
+        if self.gid is not None and (born.st_uid, born.st_gid) != (0, self.gid):
             os.chown(self.path, 0, self.gid)
         self._thread = threading.Thread(target=self._server.serve_forever, name="control", daemon=True)
         self._thread.start()
