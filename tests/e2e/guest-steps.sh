@@ -42,7 +42,12 @@ check() {  # check WHAT COMMAND...: run COMMAND, print ok/FAILED with WHAT, retu
   shift
   if "$@"; then echo "ok: $what"; else echo "FAILED: $what"; return 1; fi
 }
-export -f wait_for status_json status_is generation memcached_pid temperd_pid check
+has_words() {  # has_words TEXT WORD...: every WORD is a whole word of TEXT
+  local text=" $1 " word
+  shift
+  for word in "$@"; do [[ "$text" == *" $word "* ]] || return 1; done
+}
+export -f wait_for status_json status_is generation memcached_pid temperd_pid check has_words
 
 # ---- steps ------------------------------------------------------------------------------------------
 
@@ -272,7 +277,8 @@ step_sched_ext() {
 
 scx_cleanup() {
   systemctl stop temperd.service 2>/dev/null
-  rm -rf /sys/fs/bpf/e2e
+  rm -rf /sys/fs/bpf/e2e /usr/local/bin/scx_layered /etc/systemd/system/temperd.service.d
+  systemctl daemon-reload
   [ -f "$W/temperd.toml.orig" ] && cp "$W/temperd.toml.orig" /etc/temper/temperd.toml
   for _ in $(seq 40); do [ "$(cat /sys/kernel/sched_ext/state)" = disabled ] && break; sleep 0.5; done
   echo "cleanup: sched_ext state $(cat /sys/kernel/sched_ext/state)"
@@ -286,16 +292,32 @@ step_scx_refusal() {
   bpftool struct_ops register /usr/local/lib/scx_minimal.bpf.o /sys/fs/bpf/e2e || return 1
   wait_for 30 "e2e_minimal enabled" sh -c '[ "$(cat /sys/kernel/sched_ext/state)" = enabled ] && [ "$(cat /sys/kernel/sched_ext/root/ops)" = e2e_minimal ]' || return 1
   dmesg | grep -i 'sched_ext' | tail -n 2
+  # A stand-in scx_layered (Debian ships none) that says so in the journal if it is ever run:
+  # temperd must refuse to start it, not try and fail.
+  printf '#!/bin/sh\necho "stand-in scx_layered was started: $*" >&2\nexit 1\n' >/usr/local/bin/scx_layered
+  chmod 755 /usr/local/bin/scx_layered
   temperctl scx detect | tee "$W/detect-loaded.txt"
-  check "temperctl scx detect names the loaded scheduler" grep -q e2e_minimal "$W/detect-loaded.txt" || return 1
+  check "temperctl scx detect names the loaded scheduler" grep -q e2e_minimal "$W/detect-loaded.txt" &&
+    check "and finds scx_layered" grep -q /usr/local/bin/scx_layered "$W/detect-loaded.txt" || return 1
   sed -i 's/^#backend = "auto"$/backend = "scx"/' /etc/temper/temperd.toml
   grep -n '^backend' /etc/temper/temperd.toml
+  # What an administrator of the scx backend does: the package's drop-in with scx_layered's privileges.
+  install -D -m 0644 /usr/share/temperd/scx-privileges.conf /etc/systemd/system/temperd.service.d/scx.conf
+  systemctl daemon-reload
+  caps="$(systemctl show -p CapabilityBoundingSet --value temperd.service)"
+  echo "CapabilityBoundingSet: $caps"
+  check "the drop-in adds cap_bpf, cap_perfmon, cap_sys_admin" has_words "$caps" cap_bpf cap_perfmon cap_sys_admin &&
+    check "and the bpf system call" has_words "$(systemctl show -p SystemCallFilter --value temperd.service)" bpf || return 1
+  systemd-analyze security --no-pager temperd.service | tail -n 1
   systemctl start temperd.service || return 1
   wait_for 90 "temperd active" systemctl is-active --quiet temperd.service || return 1
-  temperctl status | sed -n '1,3p'
-  check "backend native, the reason names e2e_minimal" \
+  temperctl status >"$W/status-scx.txt"
+  sed -n '1,3p' "$W/status-scx.txt"
+  check "temperctl status names e2e_minimal" grep -q e2e_minimal "$W/status-scx.txt" &&
+    check "backend native, the reason names e2e_minimal" \
     status_is 'd["backend"]["active"] == "native" and "e2e_minimal" in d["backend"]["reason"]' &&
-    check "sched_ext still runs e2e_minimal (temperd did not replace it)" test "$(cat /sys/kernel/sched_ext/root/ops)" = e2e_minimal
+    check "sched_ext still runs e2e_minimal (temperd did not replace it)" test "$(cat /sys/kernel/sched_ext/root/ops)" = e2e_minimal &&
+    check "scx_layered was never started" sh -c '! journalctl -u temperd.service -b --no-pager | grep "stand-in scx_layered was started"'
 }
 
 step_bcc() {
