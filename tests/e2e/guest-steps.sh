@@ -283,7 +283,28 @@ scx_cleanup() {
   for _ in $(seq 40); do [ "$(cat /sys/kernel/sched_ext/state)" = disabled ] && break; sleep 0.5; done
   echo "cleanup: sched_ext state $(cat /sys/kernel/sched_ext/state)"
 }
-export -f scx_cleanup
+# A stand-in scx_layered (Debian ships none) that says so in the journal if it is ever run.
+install_standin_scx_layered() {
+  printf '#!/bin/sh\necho "stand-in scx_layered was started: $*" >&2\nexit 1\n' >/usr/local/bin/scx_layered
+  chmod 755 /usr/local/bin/scx_layered
+}
+standin_never_started() { ! journalctl -u temperd.service -b --no-pager | grep "stand-in scx_layered was started"; }
+export -f scx_cleanup install_standin_scx_layered standin_never_started
+
+step_scx_privileges() {
+  [ -f "$W/temperd.toml.orig" ] || cp /etc/temper/temperd.toml "$W/temperd.toml.orig"
+  trap scx_cleanup EXIT
+  install_standin_scx_layered
+  sed -i 's/^#backend = "auto"$/backend = "scx"/' /etc/temper/temperd.toml
+  grep -n '^backend' /etc/temper/temperd.toml
+  echo "sched_ext state $(cat /sys/kernel/sched_ext/state); no scx-privileges.conf drop-in"
+  systemctl restart temperd.service || return 1
+  wait_for 90 "temperd active" systemctl is-active --quiet temperd.service || return 1
+  temperctl status | sed -n '1,2p'
+  check "backend native, the reason names the missing capabilities and the drop-in" \
+    status_is 'd["backend"]["active"] == "native" and "CAP_BPF" in d["backend"]["reason"] and "scx-privileges.conf" in d["backend"]["reason"]' &&
+    check "scx_layered was never started" standin_never_started
+}
 
 step_scx_refusal() {
   [ -f "$W/temperd.toml.orig" ] || cp /etc/temper/temperd.toml "$W/temperd.toml.orig"
@@ -292,10 +313,8 @@ step_scx_refusal() {
   bpftool struct_ops register /usr/local/lib/scx_minimal.bpf.o /sys/fs/bpf/e2e || return 1
   wait_for 30 "e2e_minimal enabled" sh -c '[ "$(cat /sys/kernel/sched_ext/state)" = enabled ] && [ "$(cat /sys/kernel/sched_ext/root/ops)" = e2e_minimal ]' || return 1
   dmesg | grep -i 'sched_ext' | tail -n 2
-  # A stand-in scx_layered (Debian ships none) that says so in the journal if it is ever run:
-  # temperd must refuse to start it, not try and fail.
-  printf '#!/bin/sh\necho "stand-in scx_layered was started: $*" >&2\nexit 1\n' >/usr/local/bin/scx_layered
-  chmod 755 /usr/local/bin/scx_layered
+  # temperd must refuse to start scx_layered beside it, not try and fail.
+  install_standin_scx_layered
   temperctl scx detect | tee "$W/detect-loaded.txt"
   check "temperctl scx detect names the loaded scheduler" grep -q e2e_minimal "$W/detect-loaded.txt" &&
     check "and finds scx_layered" grep -q /usr/local/bin/scx_layered "$W/detect-loaded.txt" || return 1
@@ -309,7 +328,7 @@ step_scx_refusal() {
   check "the drop-in adds cap_bpf, cap_perfmon, cap_sys_admin" has_words "$caps" cap_bpf cap_perfmon cap_sys_admin &&
     check "and the bpf system call" has_words "$(systemctl show -p SystemCallFilter --value temperd.service)" bpf || return 1
   systemd-analyze security --no-pager temperd.service | tail -n 1
-  systemctl start temperd.service || return 1
+  systemctl restart temperd.service || return 1
   wait_for 90 "temperd active" systemctl is-active --quiet temperd.service || return 1
   temperctl status >"$W/status-scx.txt"
   sed -n '1,3p' "$W/status-scx.txt"
@@ -317,7 +336,7 @@ step_scx_refusal() {
     check "backend native, the reason names e2e_minimal" \
     status_is 'd["backend"]["active"] == "native" and "e2e_minimal" in d["backend"]["reason"]' &&
     check "sched_ext still runs e2e_minimal (temperd did not replace it)" test "$(cat /sys/kernel/sched_ext/root/ops)" = e2e_minimal &&
-    check "scx_layered was never started" sh -c '! journalctl -u temperd.service -b --no-pager | grep "stand-in scx_layered was started"'
+    check "scx_layered was never started" standin_never_started
 }
 
 step_bcc() {
@@ -418,6 +437,7 @@ run_step crash_restart 180 "profile" "SIGKILL: systemd restarts temperd, /run/te
 run_step stop_restores 120 "enable baseline" "systemctl stop temperd restores every thread and the weight"
 run_step security 60 "install" "systemd-analyze security temperd.service"
 run_step sched_ext 60 "install" "temperctl scx detect: sched_ext available, state disabled"
+run_step scx_privileges 180 "install" "backend scx without the scx-privileges.conf drop-in: native, and says why"
 run_step scx_refusal 240 "install" "another sched_ext scheduler loaded: temperd names it, keeps native"
 run_step bcc 600 "" "bcc programs in bpf/ load"
 run_step journal 60 "enable" "temperd's journal has no traceback"
