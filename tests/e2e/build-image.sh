@@ -92,11 +92,12 @@ until rm -rf "$rootfs" && timeout 1200 mmdebstrap --variant=minbase --mode=root 
   --customize-hook="$work/prep.sh \"\$1\"" \
   --chrooted-customize-hook='passwd -d root; systemctl enable e2e-harness.service systemd-networkd.service; systemctl mask apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer fstrim.timer 2>/dev/null || true' \
   trixie "$rootfs" \
-  "deb $mirror trixie main" "deb $mirror trixie-backports main" >&2; do
+  "deb $mirror trixie main" "deb $mirror trixie-backports main" >"$work/mmdebstrap.log" 2>&1; do
   attempt=$((attempt + 1))
+  tail -n 30 "$work/mmdebstrap.log" >&2
   # One retry: a mirror or network hiccup should not fail the run.
-  [ "$attempt" -lt 2 ] || { log "mmdebstrap failed twice"; exit 1; }
-  log "mmdebstrap failed; retrying once in 10 s"
+  [ "$attempt" -lt 2 ] || { log "mmdebstrap failed twice (its output above)"; exit 1; }
+  log "mmdebstrap failed (its output above); retrying once in 10 s"
   sleep 10
 done
 log "rootfs: $((SECONDS - started)) s, $(du -sh "$rootfs" | cut -f1)"
