@@ -206,8 +206,8 @@ step_tier() {
     status_json | $HELPER json 'd["last_apply"]'
     return 1
   fi
-  echo "cgroup cpu.weight: $(cat /sys/fs/cgroup/system.slice/memcached.service/cpu.weight)"
-  check "workload in tier critical" status_is 'any(w["key"] == "memcached.service" and w["tier"] == "critical" for w in d["workloads"])'
+  check "the kernel's cgroup cpu.weight is 1000" test "$(cat /sys/fs/cgroup/system.slice/memcached.service/cpu.weight)" = 1000 &&
+    check "workload in tier critical" status_is 'any(w["key"] == "memcached.service" and w["tier"] == "critical" for w in d["workloads"])'
 }
 
 step_reload() {

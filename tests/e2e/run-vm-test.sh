@@ -5,8 +5,8 @@
 # tests/e2e/guest-steps.sh inside: apt install ./temperd_*.deb, systemctl enable --now, temperctl
 # status, memcached under its own unit treated by a profile dropped into /etc/temper/profiles.d,
 # a tier binding through systemd, reload, a broken profile, a crash restart, stop restoring every
-# thread, systemd-analyze security, sched_ext detection and refusal beside another BPF scheduler,
-# the bcc programs of bpf/, and removal. Prints each step's result and time; exits 1 on a failure.
+# thread, systemd-analyze security, sched_ext detection, backend "scx" without the
+# scx-privileges.conf drop-in and beside another BPF scheduler, the bcc programs of bpf/, and removal. Prints each step's result and time; exits 1 on a failure.
 #
 # usage: tests/e2e/run-vm-test.sh [--cache DIR] [--deb FILE] [--timeout MIN] [--keep] [--rebuild-image] [--only STEPS]
 #   --cache DIR      image cache (default $TEMPERD_E2E_CACHE or /var/cache/temperd-e2e)
