@@ -32,3 +32,13 @@ def test_unit_is_notify_with_watchdog_reload_and_hardening():
     caps = next(l for l in text.splitlines() if l.startswith("CapabilityBoundingSet="))
     for cap in caps.split("=", 1)[1].split():
         assert f"# {cap}" in text or cap in " ".join(l for l in text.splitlines() if l.startswith("#")), f"{cap} unexplained"
+
+
+def test_unit_opens_only_tracefs_instances_for_writing():
+    # ProtectKernelTunables keeps /sys/kernel/tracing read-only even when it is named in
+    # ReadWritePaths= (measured under systemd 257 in the VM test, step "trace"); instances/ is
+    # where a capture creates its own instance, so the host's global trace settings stay untouchable.
+    lines = UNIT.read_text().splitlines()
+    assert "ProtectKernelTunables=yes" in lines
+    writable = [p.lstrip("-") for l in lines if l.startswith("ReadWritePaths=") for p in l.split("=", 1)[1].split()]
+    assert "/sys/kernel/tracing/instances" in writable and "/sys/kernel/tracing" not in writable

@@ -147,6 +147,18 @@ assert names and "machine_shape" in observe, "missing metrics or /observe fields
 EOF
 }
 
+step_trace() {
+  # Through the daemon under the hardened unit (tracefs is its only writable part of /sys),
+  # asked by a member of group temper; the file is copied out of /run/temper/traces.
+  id op >/dev/null 2>&1 || useradd -M -G temper op
+  local out=/tmp/e2e-trace.txt
+  rm -f "$out"
+  runuser -u op -- temperctl trace --duration 1s -o "$out" || return 1
+  check "ftrace text header" grep -q '^# tracer: nop' "$out" &&
+    check "sched_switch events" grep -q ' sched_switch: ' "$out" &&
+    check "no tracefs instance left" test -z "$(ls /sys/kernel/tracing/instances | grep '^temperd-' || true)"
+}
+
 step_builtin() {
   local pid cpus
   pid="$(memcached_pid)"
@@ -428,6 +440,7 @@ run_step install 600 "" "apt install ./temperd_*.deb"
 run_step enable 180 "install" "systemctl enable --now temperd"
 run_step status 120 "enable" "temperctl status (root, group temper, outsider refused)"
 run_step http 60 "enable" "GET /metrics and /observe on 127.0.0.1:9477"
+run_step trace 90 "status" "temperctl trace through the daemon, as a member of group temper"
 run_step builtin 120 "enable baseline" "memcached treated by the builtin profile"
 run_step profile 120 "enable baseline" "a profile dropped into /etc/temper/profiles.d is applied"
 run_step tier 120 "enable baseline" "[[binding]] tier critical: CPUWeight through systemd"
