@@ -146,6 +146,14 @@ for attempt in 1 2; do
   qemu_rc=0
   wait "$qemu_pid" || qemu_rc=$?
   qemu_pid=""
+  if [ ! -f "$share/boot-state" ] && [ "$qemu_rc" != 124 ] && [ "$qemu_rc" != 137 ]; then
+    # qemu itself gave up before the guest booted (an image it could not open, a crash):
+    # say why, and try once more.
+    cp "$run/console.log" "$run/console-exit-$attempt.log"
+    say "qemu exited ($qemu_rc) before the guest booted; console tail:"
+    tail -c 1200 "$run/console.log" | tr -d '\033' | tail -n 10
+    continue
+  fi
   break
 done
 timed "VM: boot, steps, power off" $((SECONDS - t))
@@ -174,7 +182,7 @@ if [ "$qemu_rc" = 124 ] || [ "$qemu_rc" = 137 ]; then
   tail -n 30 "$run/console.log"
   fail=1
 elif [ ! -f "$share/boot-state" ]; then
-  say "FAIL: the VM did not boot (twice within $boot_limit s)"
+  say "FAIL: the VM did not boot in two attempts (each stuck for $boot_limit s or ended by qemu, see above)"
   fail=1
 elif [ ! -f "$share/rc" ]; then
   say "FAIL: the guest did not finish its steps (qemu exit $qemu_rc); console tail:"
