@@ -429,6 +429,7 @@ def capture(request: CaptureRequest, progress: Optional[Progress] = None,
                 with open(raw_path, encoding="utf-8", errors="replace", newline="\n") as lines:
                     for line in lines:
                         writer.feed(line.rstrip("\n"))
+                os.unlink(raw_path)  # before assembling the file: at most two copies on disk at once
                 writer.close()
             except BaseException:
                 writer.abort()

@@ -12,16 +12,26 @@ characters while kernels >= 5.18 print five (migrate-disable), so lines are writ
 classic four. Thread names the kernel did not know (`<...>`) and unknown thread groups
 (`-------`) are filled in from the trace itself and from /proc, so the UI groups threads under
 their process and names them.
+
+Process names have no place in that line format, so the file is the systrace HTML container
+Perfetto also imports (recognised by `<!DOCTYPE html>` at its start): a `trace-data` section
+with a PROCESS DUMP (`USER PID PPID VSZ RSS WCHAN PC S NAME COMMAND`, one row per process seen
+in the trace: its name and command line), then a `trace-data` section holding the ftrace text
+above. Perfetto reads the dump only before the ftrace section and stops at that section's end,
+so the order is fixed. `event_lines` gives back the ftrace text of either form.
 """
 
 from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import os
+import pwd
 import re
+import shutil
 from dataclasses import dataclass, field
-from typing import IO, Dict, Optional, Tuple
+from typing import IO, Dict, Iterable, Iterator, Optional, Set, Tuple
 
 from . import procfs
 
@@ -54,6 +64,14 @@ RENAME_FIELDS = re.compile(r"pid=(\d+) oldcomm=(.*) newcomm=(.*) oom_score_adj="
 
 # Above this much text, the output is gzip-compressed (Perfetto opens .gz traces directly).
 COMPRESS_ABOVE_BYTES = 32 * 1024 * 1024
+
+# The systrace HTML container (see the module docstring).
+HTML_START = "<!DOCTYPE html>"
+SECTION_START = '<script class="trace-data" type="application/text">'
+SECTION_END = "</script>"
+PROCESS_DUMP_TITLE = "PROCESS DUMP"
+PROCESS_DUMP_HEADER = "USER PID PPID VSZ RSS WCHAN PC S NAME COMMAND"
+MAX_COMMAND_CHARS = 512
 
 
 class NameBook:
@@ -132,6 +150,71 @@ def header(notes: Dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def process_row(pid: int, names: "NameBook") -> str:
+    """One PROCESS DUMP row: Perfetto takes the 2nd and 3rd tokens as pid and ppid, the 9th as
+    the process name and the rest as its command line; the columns between are placeholders."""
+    status = procfs.read_bytes(f"{procfs.PROC}/{pid}/status") or b""
+    found = dict(line.split(b":", 1) for line in status.splitlines() if b":" in line)
+    name = (found.get(b"Name", b"").strip().decode("utf-8", "replace") or names.comm.get(pid) or f"pid{pid}")
+    ppid = int(found.get(b"PPid", b"0").strip() or 0)
+    try:
+        user = pwd.getpwuid(int(found.get(b"Uid", b"0").split()[0])).pw_name
+    except (KeyError, ValueError, IndexError):
+        user = "-"
+    # One line: arguments may hold newlines (python -c '...'), which would end the row early.
+    cmdline = (procfs.read_bytes(f"{procfs.PROC}/{pid}/cmdline") or b"").decode("utf-8", "replace")
+    command = " ".join(cmdline.replace("\0", " ").split())[:MAX_COMMAND_CHARS] or f"[{name}]"
+    name = "_".join(name.split()) or "-"  # one token
+    return f"{user} {pid} {ppid} 0 0 0 0 S {name} {command}\n"
+
+
+def html_head(process_rows: Iterable[str]) -> str:
+    return (f"{HTML_START}\n<html>\n<head><meta charset=\"utf-8\"><title>temperd trace</title></head>\n<body>\n"
+            f"{SECTION_START}\n{PROCESS_DUMP_TITLE}\n{PROCESS_DUMP_HEADER}\n" + "".join(process_rows) +
+            f"{SECTION_END}\n{SECTION_START}\n")
+
+
+HTML_TAIL = f"{SECTION_END}\n</body>\n</html>\n"
+
+
+def event_lines(lines: Iterable[str]) -> Iterator[str]:
+    """The ftrace text of a trace: all of a plain one, the ftrace section of an HTML one."""
+    it = iter(lines)
+    first = next(it, None)
+    if first is None:
+        return iter(())
+    if not first.startswith("<"):
+        return itertools.chain((first,), it)  # no Python step per line: the parser's hot loop
+    return _ftrace_section(it)
+
+
+def _ftrace_section(it: Iterator[str]) -> Iterator[str]:
+    in_trace = False
+    for line in it:
+        if in_trace:
+            if line.startswith(SECTION_END):
+                return
+            yield line
+        elif line.startswith("#") and "TASK-PID" in line:
+            in_trace = True
+
+
+def process_dump(lines: Iterable[str]) -> Dict[int, Tuple[str, str]]:
+    """pid -> (name, command line) from the PROCESS DUMP section of an HTML trace."""
+    out: Dict[int, Tuple[str, str]] = {}
+    in_dump = False
+    for line in lines:
+        if line.startswith(PROCESS_DUMP_TITLE):
+            in_dump = True
+        elif in_dump and line.startswith(SECTION_END):
+            break
+        elif in_dump:
+            tokens = line.split(None, 9)
+            if len(tokens) >= 10 and tokens[1].isdigit():
+                out[int(tokens[1])] = (tokens[8], tokens[9].rstrip("\n"))
+    return out
+
+
 @dataclass
 class FormatStats:
     events: int = 0
@@ -150,13 +233,12 @@ class TraceWriter:
         self.compress = compress
         self.names = names or NameBook()
         self.stats = FormatStats()
+        self.processes: Set[int] = set()  # thread groups seen, for the process dump
+        # The ftrace section goes to a body file first: the process dump that must precede it
+        # is known only at the end.
+        self._body_path = f"{path}.body-{os.getpid()}"
         self._tmp = f"{path}.partial-{os.getpid()}"
-        raw = open(self._tmp, "wb")
-        self._out: IO[bytes] = gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0) \
-            if compress else raw
-        self._raw = raw
-        self._text = io.TextIOWrapper(self._out, encoding="utf-8", errors="replace", newline="\n",
-                                      write_through=False)
+        self._text = open(self._body_path, "w", encoding="utf-8", errors="replace", newline="\n")
         self._emit(header(notes))
 
     def _emit(self, text: str) -> None:
@@ -184,6 +266,8 @@ class TraceWriter:
             tgid = names.tgid_of(tid)
         elif tid not in names.tgid:
             names.tgid[tid] = tgid
+        if tgid:
+            self.processes.add(tgid)
         flags = (flags or "....")[:4].ljust(4, ".")
         self._emit(format_line(comm, tid, tgid, int(cpu_s), flags, ts, event, fields))
         stats = self.stats
@@ -191,29 +275,33 @@ class TraceWriter:
         stats.by_event[event] = stats.by_event.get(event, 0) + 1
 
     def close(self) -> None:
-        self._text.flush()
-        self._text.detach()
-        if self._out is not self._raw:
-            self._out.close()
-        self._raw.flush()
-        os.fsync(self._raw.fileno())
-        self._raw.close()
+        """Assemble the file (HTML head with the process dump, the ftrace section, the tail)."""
+        self._text.close()
+        head = html_head(process_row(pid, self.names) for pid in sorted(self.processes))
+        with open(self._tmp, "wb") as raw:
+            out: IO[bytes] = gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0) \
+                if self.compress else raw
+            out.write(head.encode("utf-8"))
+            with open(self._body_path, "rb") as body:
+                shutil.copyfileobj(body, out, 1 << 20)
+            out.write(HTML_TAIL.encode("utf-8"))
+            if out is not raw:
+                out.close()
+            raw.flush()
+            os.fsync(raw.fileno())
         os.replace(self._tmp, self.path)
+        os.unlink(self._body_path)
 
     def abort(self) -> None:
         try:
-            self._text.detach()
-        except ValueError:
-            pass
-        for stream in (self._out, self._raw):
-            try:
-                stream.close()
-            except OSError:
-                pass
-        try:
-            os.unlink(self._tmp)
+            self._text.close()
         except OSError:
             pass
+        for leftover in (self._body_path, self._tmp):
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
 
 
 def output_path(requested: str, text_bytes: int) -> Tuple[str, bool]:

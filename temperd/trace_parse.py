@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, IO, Iterable, List, Optional, Tuple, Union
 
-from .trace_format import FORK_FIELDS, RENAME_FIELDS, SWITCH_FIELDS, WAKE_FIELDS, open_text
+from .trace_format import FORK_FIELDS, RENAME_FIELDS, SWITCH_FIELDS, WAKE_FIELDS, event_lines, open_text
 
 # Line head: comm-tid, optional (tgid), [cpu], optional flags, seconds.fraction, event name.
 # The comm is matched lazily up to the first "-TID (" or "-TID [" so names with dashes survive.
@@ -99,7 +99,7 @@ def _parse(lines: Union[IO[str], Iterable[str]]) -> TraceSummary:
             stats = threads[tid] = ThreadStats(tid, comm)
         return stats
 
-    for line in lines:
+    for line in event_lines(lines):
         if line[:1] == "#":
             continue
         m = head_match(line)

@@ -109,20 +109,56 @@ def global_settings():
     return out
 
 
-def assert_perfetto_format(path):
-    """What Perfetto's importer needs: `# tracer` at the start (how it recognises the format),
-    comment lines starting with `#`, and every other line an event whose head its tokenizer finds."""
+def read_like_perfetto(path):
+    """The file as Perfetto's systrace importer reads it (src/trace_processor/importers/systrace/):
+    `<` first means the HTML container; a trace-data section whose PROCESS DUMP rows (long form,
+    at least 10 tokens: user pid ppid vsz rss wchan pc s name cmdline...) name processes; a later
+    trace-data section whose `# ... TASK-PID` legend line starts the ftrace lines, which end at
+    `</script>` (nothing after it is read). Returns (process names by pid, ftrace lines)."""
     with open(path, "rb") as probe:
         opener = gzip.open if probe.read(2) == b"\x1f\x8b" else open
     with opener(path, "rt") as handle:
         lines = handle.read().splitlines()
-    assert lines[0] == "# tracer: nop"
-    events = [line for line in lines if not line.startswith("#")]
+    assert lines[0] == "<!DOCTYPE html>"
+    names, events, state = {}, [], "html"
+    for line in lines[1:]:
+        if state == "html":
+            state = "section" if '<script class="trace-data" type="application/text">' in line else state
+        elif state == "section":
+            if line.startswith("#") and "TASK-PID" in line:
+                state = "ftrace"
+            elif line.startswith("PROCESS DUMP"):
+                state = "dump"
+            elif "</script>" in line:
+                state = "html"
+        elif state == "dump":
+            tokens = line.split()
+            if "</script>" in line:
+                state = "html"
+            elif tokens[:4] != ["USER", "PID", "PPID", "VSZ"]:
+                assert len(tokens) >= 10 and tokens[1].isdigit() and tokens[2].isdigit(), line
+                names[int(tokens[1])] = tokens[8]
+        elif state == "ftrace":
+            if "</script>" in line:
+                state = "end"
+            elif line and not line.startswith("#"):
+                events.append(line)
+    assert state == "end", "the ftrace section is not closed"
+    return names, events
+
+
+def assert_perfetto_format(path):
+    """Every ftrace line is an event whose head Perfetto's tokenizer finds, in the kernel's layout;
+    the process dump names the thread groups the lines carry."""
+    names, events = read_like_perfetto(path)
     assert events, "no events"
     for line in events:
         assert WRITTEN_LINE.match(line), line
         assert PERFETTO_HEAD.search(line), line
-    return events
+    tgids = {int(WRITTEN_LINE.match(line).group("tgid")) for line in events
+             if WRITTEN_LINE.match(line).group("tgid").isdigit()} - {0}
+    assert tgids and tgids <= set(names), f"thread groups without a process name: {sorted(tgids - set(names))}"
+    return names, events
 
 
 @needs_tracefs
@@ -141,7 +177,9 @@ def test_capture_finds_the_workload_threads_switches_and_wakeup_edges(pingpong, 
     assert instances() == before_instances
     assert global_settings() == before_settings
     assert sorted(os.listdir(tmp_path)) == ["host.trace"]  # no raw or partial file left
-    assert_perfetto_format(result.output)
+    names, _ = assert_perfetto_format(result.output)
+    with open(f"/proc/{pingpong.pid}/comm") as handle:
+        assert names[pingpong.pid] == handle.read().strip()  # the process, by its own name
 
     summary = parse_trace(result.output)
     assert summary.events == result.events
@@ -283,7 +321,7 @@ def test_size_cap_stops_early_and_gz_output_is_compressed(pingpong, tmp_path):
     assert result.compressed and result.output.endswith(".gz")
     assert 0 < result.text_bytes <= 64 * 1024 + 2048  # the cap, plus the header
     assert result.file_bytes < result.text_bytes
-    events = assert_perfetto_format(result.output)
+    _, events = assert_perfetto_format(result.output)
     assert len(events) == result.events
 
 

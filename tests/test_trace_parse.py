@@ -129,3 +129,30 @@ def test_parses_100k_events_quickly(tmp_path):
     elapsed = time.perf_counter() - start
     assert summary.events == 100_000 and len(summary.threads) == 50
     assert elapsed < 2.0, f"{elapsed:.2f} s for 100k events (1 M must stay well under 10 s)"
+
+
+def test_writer_output_is_the_html_container_with_a_process_dump_and_parses_the_same(tmp_path):
+    import os
+
+    from temperd.trace_format import NameBook, TraceWriter, event_lines, open_text, process_dump
+
+    me = os.getpid()
+    raw = [f"          python-{me}    ({me:>7}) [000] d..2.   10.000001: sched_waking: comm=x pid=5 prio=120 "
+           "target_cpu=000",
+           "          <idle>-0       [001] d..2.   10.000002: sched_switch: prev_comm=swapper/1 prev_pid=0 "
+           "prev_prio=120 prev_state=R ==> next_comm=x next_pid=5 next_prio=120"]
+    writer = TraceWriter(str(tmp_path / "t.html"), {"filter": "test"}, compress=False, names=NameBook())
+    for line in raw:
+        writer.feed(line)
+    writer.close()
+    assert sorted(os.listdir(tmp_path)) == ["t.html"]  # body and partial files gone
+    with open_text(str(tmp_path / "t.html")) as handle:
+        text = handle.read()
+    assert text.startswith("<!DOCTYPE html>\n") and text.index("PROCESS DUMP") < text.index("TASK-PID")
+    with open(f"/proc/{me}/comm") as handle:
+        assert process_dump(text.splitlines())[me][0] == handle.read().strip()
+    events = [line for line in event_lines(text.splitlines()) if not line.startswith("#")]
+    assert len(events) == 2 and all("</script>" not in line for line in events)
+    plain = parse_trace(events)
+    wrapped = parse_trace(str(tmp_path / "t.html"))
+    assert wrapped.edges == plain.edges == {(me, 5): 1} and wrapped.unparsed_lines == 0
