@@ -4,10 +4,12 @@ Usage (root, from the checkout):
   .venv/bin/python bench/overhead.py                 # 60 s per scenario, about 2.5 minutes
   .venv/bin/python bench/overhead.py --seconds 20 --reps 3
   .venv/bin/python bench/overhead.py --profile cprofile   # where the main loop's time goes
+  .venv/bin/python bench/overhead.py --reconcile-intervals 30,120   # both scan intervals, one run
 
 temperd runs in the foreground with the native backend, the builtin profiles and the default
-intervals (reconcile scan every 30 s, observation every 5 s), HTTP /metrics and /observe on a
-free loopback port (not scraped), its own config dir, state dir and control socket.
+intervals (reconcile scan every 30 s unless --reconcile-intervals says otherwise, observation
+every 5 s), HTTP /metrics and /observe on a free loopback port (not scraped), its own config
+dir, state dir and control socket.
 
 - start-up: utime+stime of the process when its control socket appears, i.e. interpreter start,
   imports, config and profile load, the first /proc scan (reconcile), plan and apply. The first
@@ -85,7 +87,8 @@ def host_threads() -> int:
 
 
 def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, command: Optional[Sequence[str]] = None,
-            py_spy: Optional[str] = None, py_spy_out: Optional[str] = None) -> Result:
+            py_spy: Optional[str] = None, py_spy_out: Optional[str] = None,
+            reconcile_interval_s: Optional[float] = None) -> Result:
     holder = None
     if extra_threads:
         holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(extra_threads)],
@@ -93,7 +96,8 @@ def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, 
         if holder.stdout.readline().strip() != "ready":
             raise SystemExit("the thread holder did not start")
     try:
-        with C.running_temperd(http_port=S.free_port(), command=command) as daemon:
+        settings = f"reconcile_interval_s = {reconcile_interval_s}\n" if reconcile_interval_s else ""
+        with C.running_temperd(http_port=S.free_port(), command=command, settings=settings) as daemon:
             startup_ticks = daemon.cpu_ticks()
             threads = host_threads()
             status = daemon.status()
@@ -159,6 +163,9 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=3.0, help="seconds after start-up before the window (default 3)")
     parser.add_argument("--threads", type=int, default=2000, help="extra threads of the second scenario (default 2000)")
     parser.add_argument("--reps", type=int, default=1, help="repetitions per scenario; medians are printed (default 1)")
+    parser.add_argument("--reconcile-intervals", default="30",
+                        help="comma-separated reconcile_interval_s values, each an arm of the same run (default 30, "
+                             "temperd's default), e.g. 30,120")
     parser.add_argument("--profile", choices=("cprofile", "py-spy"), help="profile temperd while measuring")
     parser.add_argument("--py-spy", dest="py_spy", default="py-spy", help="py-spy binary for --profile py-spy")
     args = parser.parse_args()
@@ -170,24 +177,26 @@ def main() -> int:
     quiet = C.wait_for_quiet(60.0)
     print(f"host before the run: idle {quiet.idle_pct:.0f} %, steal {quiet.steal_pct:.1f} %, other processes "
           f"{quiet.foreign_core_pct:.1f} % of a core")
-    scenarios = [("idle host", 0), (f"+{args.threads} threads", args.threads)]
+    intervals = [float(v) for v in args.reconcile_intervals.split(",") if v.strip()]
+    scenarios = [(f"{name}, scan {interval:g} s" if len(intervals) > 1 else name, extra, interval)
+                 for interval in intervals for name, extra in (("idle host", 0), (f"+{args.threads} threads", args.threads))]
     results: List[Result] = []
     tmp = tempfile.mkdtemp(prefix="overhead-")
     monitors = []
     for rep in range(args.reps):
-        for label, extra in scenarios:
+        for label, extra, interval in scenarios:
             command: Optional[List[str]] = None
-            prof = os.path.join(tmp, f"{rep}-{extra}.prof")
+            prof = os.path.join(tmp, f"{rep}-{extra}-{interval:g}.prof")
             if args.profile == "cprofile":
                 command = [sys.executable, "-c", CPROFILE_WRAPPER, prof]
             monitor = C.HostMonitor()
             monitor.start()
             result = measure(label, args.seconds, args.settle, extra, command,
-                             args.py_spy if args.profile == "py-spy" else None, prof + ".spy")
+                             args.py_spy if args.profile == "py-spy" else None, prof + ".spy", interval)
             window = monitor.stop()
             monitors.append(window)
             results.append(result)
-            print(f"  {label:<16} start-up {result.startup_cpu_s:.2f} s CPU, steady {result.steady_core_pct:.3f} % "
+            print(f"  {label:<28} start-up {result.startup_cpu_s:.2f} s CPU, steady {result.steady_core_pct:.3f} % "
                   f"of a core ({result.steady_core_pct_ns:.3f} % by schedstat); host idle {window.idle_pct:.0f} %, "
                   f"other processes {window.foreign_core_pct:.1f} % of a core", flush=True)
             if args.profile == "cprofile":
@@ -197,16 +206,16 @@ def main() -> int:
     print()
     print(f"temperd CPU, native backend, builtin profiles, HTTP on; {args.seconds:g} s windows, "
           f"{args.reps} repetition(s), medians")
-    head = (f"{'scenario':<18} {'threads':>7} {'start-up CPU s':>14} {'1st reconcile ms':>16} "
+    head = (f"{'scenario':<30} {'threads':>7} {'start-up CPU s':>14} {'1st reconcile ms':>16} "
             f"{'steady % core':>13} {'(schedstat)':>11} {'reconciles':>10} {'observe ms':>10}")
     print(head)
     print("-" * len(head))
     verdicts = []
-    for label, _ in scenarios:
+    for label, _, _ in scenarios:
         rows = [r for r in results if r.scenario == label]
         steady = C.median([r.steady_core_pct for r in rows])
         verdicts.append((label, steady))
-        print(f"{label:<18} {int(C.median([r.threads_on_host for r in rows])):>7} "
+        print(f"{label:<30} {int(C.median([r.threads_on_host for r in rows])):>7} "
               f"{C.median([r.startup_cpu_s for r in rows]):14.2f} "
               f"{1000 * C.median([r.first_reconcile_cpu_s for r in rows]):16.1f} {steady:13.3f} "
               f"{C.median([r.steady_core_pct_ns for r in rows]):11.3f} "
