@@ -7,8 +7,8 @@ Usage (root, from the checkout):
   .venv/bin/python bench/overhead.py --reconcile-intervals 30,120   # both scan intervals, one run
 
 temperd runs in the foreground with the native backend, the builtin profiles and the default
-intervals (reconcile scan every 30 s unless --reconcile-intervals says otherwise, observation
-every 5 s), HTTP /metrics and /observe on a free loopback port (not scraped), its own config
+intervals (reconcile scan every 120 s while process events arrive, unless
+--reconcile-intervals says otherwise; observation every 5 s), HTTP /metrics and /observe on a free loopback port (not scraped), its own config
 dir, state dir and control socket.
 
 - start-up: utime+stime of the process when its control socket appears, i.e. interpreter start,
@@ -163,8 +163,8 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=3.0, help="seconds after start-up before the window (default 3)")
     parser.add_argument("--threads", type=int, default=2000, help="extra threads of the second scenario (default 2000)")
     parser.add_argument("--reps", type=int, default=1, help="repetitions per scenario; medians are printed (default 1)")
-    parser.add_argument("--reconcile-intervals", default="30",
-                        help="comma-separated reconcile_interval_s values, each an arm of the same run (default 30, "
+    parser.add_argument("--reconcile-intervals", default="120",
+                        help="comma-separated reconcile_interval_s values, each an arm of the same run (default 120, "
                              "temperd's default), e.g. 30,120")
     parser.add_argument("--profile", choices=("cprofile", "py-spy"), help="profile temperd while measuring")
     parser.add_argument("--py-spy", dest="py_spy", default="py-spy", help="py-spy binary for --profile py-spy")

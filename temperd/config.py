@@ -19,6 +19,13 @@ DEFAULT_HTTP_PORT = 9477
 DEFAULT_SOCKET = "/run/temper/temperd.sock"
 DEFAULT_STATE_DIR = "/run/temper"
 BACKENDS = ("auto", "scx", "native")
+# With process events the inventory is current without scanning; the scan catches what no event
+# reports (affinity, nice, policy changed by others; cgroup moves). It reads every thread's stat
+# (about 18 us each), so its interval sets temperd's idle CPU on hosts with thousands of threads:
+# at 2 000 threads, 0.200 % of a core every 30 s and 0.083 % every 120 s (docs/benchmarks.md).
+DEFAULT_RECONCILE_INTERVAL_S = 120.0
+# Without events the scan is the only way to see new processes.
+DEFAULT_SCAN_WITHOUT_EVENTS_S = 30.0
 DEFAULT_SCX_STATS_SOCKET = "/var/run/scx/root/stats"
 
 # cgroup v2 cpu.weight per tier (1..10000, the kernel's default is 100).
@@ -63,7 +70,12 @@ CONFIG_SPEC = TableSpec(
         "state_dir": Spec("str", "Runtime state (restore records, control socket).", default=DEFAULT_STATE_DIR),
         "default_tier": Spec("str", "Tier of workloads no binding names.", choices=TIERS, default="standard"),
         "reserve_cpus": Spec("int", "CPUs kept for everything that is not exclusive (at least 1).", minimum=1, maximum=4096, default=1),
-        "reconcile_interval_s": Spec("float", "Seconds between full /proc reconcile scans.", minimum=1.0, maximum=3600.0, default=30.0),
+        "reconcile_interval_s": Spec("float", "Seconds between full /proc reconcile scans while process events arrive "
+                                     "(a lost-event overflow starts one at once).", minimum=1.0, maximum=3600.0,
+                                     default=DEFAULT_RECONCILE_INTERVAL_S),
+        "scan_interval_without_events_s": Spec("float", "Seconds between /proc scans where process events are "
+                                               "unavailable (no CAP_NET_ADMIN, containers).", minimum=1.0,
+                                               maximum=3600.0, default=DEFAULT_SCAN_WITHOUT_EVENTS_S),
         "http": Spec("table", "Read-only HTTP endpoints /metrics and /observe.", default={}, table=TableSpec("http", "HTTP", {
             "listen": Spec("str", "Address to listen on (loopback by default).", default="127.0.0.1"),
             "port": Spec("int", "TCP port (0 = disabled).", minimum=0, maximum=65535, default=DEFAULT_HTTP_PORT),
@@ -113,7 +125,8 @@ class DaemonConfig:
     state_dir: str = DEFAULT_STATE_DIR
     default_tier: str = "standard"
     reserve_cpus: int = 1
-    reconcile_interval_s: float = 30.0
+    reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_S
+    scan_interval_without_events_s: float = DEFAULT_SCAN_WITHOUT_EVENTS_S
     http_listen: str = "127.0.0.1"
     http_port: int = DEFAULT_HTTP_PORT
     control_socket: str = DEFAULT_SOCKET
@@ -121,6 +134,10 @@ class DaemonConfig:
     tier_weights: Dict[str, int] = field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
     bindings: Tuple[Binding, ...] = ()
     scx: ScxSettings = field(default_factory=lambda: ScxSettings())
+
+    def scan_interval(self, events_active: bool) -> float:
+        """Seconds until the next full /proc scan."""
+        return self.reconcile_interval_s if events_active else self.scan_interval_without_events_s
 
 
 def config_from_document(doc: TomlDocument) -> DaemonConfig:
@@ -152,6 +169,7 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
         default_tier=values["default_tier"],
         reserve_cpus=values["reserve_cpus"],
         reconcile_interval_s=values["reconcile_interval_s"],
+        scan_interval_without_events_s=values["scan_interval_without_events_s"],
         http_listen=http.get("listen", "127.0.0.1"),
         http_port=http.get("port", DEFAULT_HTTP_PORT),
         control_socket=control.get("socket", DEFAULT_SOCKET),

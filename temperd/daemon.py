@@ -153,7 +153,7 @@ class Daemon:
         self.matcher = make_matcher(view)
         if not self.inventory.start():
             log.warning("process events unavailable (%s): scanning /proc every %.0f s instead",
-                        self.inventory.unavailable_reason, self.config.reconcile_interval_s)
+                        self.inventory.unavailable_reason, self.config.scan_interval(False))
         self._start_observation()
         self.metrics.record_reload(self.last_reload.ok, self.generation, self.last_reload.at, len(self.last_reload.problems))
         self.replan("start")
@@ -242,7 +242,7 @@ class Daemon:
     # ---- the main loop ----------------------------------------------------------------------
 
     def run(self) -> None:
-        next_reconcile = time.monotonic() + self.config.reconcile_interval_s
+        next_reconcile = time.monotonic() + self.config.scan_interval(self.inventory.events_active)
         next_observe = time.monotonic() + min(1.0, self.observe_interval_s)
         watchdog_every = self.notifier.watchdog_interval_s or 10.0
         next_watchdog = time.monotonic()
@@ -278,7 +278,7 @@ class Daemon:
                 now = time.monotonic()
                 if now >= next_reconcile or self.inventory.needs_reconcile:
                     summary = self.inventory.reconcile()
-                    next_reconcile = now + self.config.reconcile_interval_s
+                    next_reconcile = now + self.config.scan_interval(self.inventory.events_active)
                     if summary.changes:
                         self.replan("reconcile")
                 if now >= next_observe:

@@ -84,3 +84,11 @@ def test_config_json_schema():
     json.dumps(schema)
     assert schema["properties"]["backend"]["enum"] == ["auto", "scx", "native"]
     assert schema["properties"]["binding"]["items"]["additionalProperties"] is False
+
+
+def test_scan_interval_depends_on_process_events():
+    defaults = parse_config("", "temperd.toml")
+    assert defaults.scan_interval(events_active=True) == 120.0  # events keep the inventory current
+    assert defaults.scan_interval(events_active=False) == 30.0  # scans are all there is
+    mine = parse_config("reconcile_interval_s = 10.0\nscan_interval_without_events_s = 5.0\n", "temperd.toml")
+    assert (mine.scan_interval(True), mine.scan_interval(False)) == (10.0, 5.0)

@@ -209,7 +209,8 @@ def test_default_config_is_all_comments_and_every_shown_value_is_the_default():
     uncommented = parse_config(settings, str(DEFAULT_TOML))
     assert as_shipped.bindings == ()
     for config in (as_shipped, uncommented):
-        for field in ("backend", "default_tier", "reserve_cpus", "reconcile_interval_s", "state_dir", "http_listen",
+        for field in ("backend", "default_tier", "reserve_cpus", "reconcile_interval_s", "scan_interval_without_events_s",
+                      "state_dir", "http_listen",
                       "http_port", "control_socket", "control_group", "tier_weights"):
             assert getattr(config, field) == getattr(DaemonConfig(), field), field
     assert [b.unit or b.cgroup for b in uncommented.bindings] == ["memcached.service", "/system.slice/backup.service"]
