@@ -376,17 +376,17 @@ class Daemon:
             return
         snapshot = self.inventory.snapshot()
         self.observation = self.observer.sample(self.plan, snapshot.processes, self.match, time.time())
+        backend = self.backend_status()  # once per sample: the scx backend's status reads its supervisor
+        carried_by = backend.get("carried_by", "-")
         self.violations = lint(self.plan, self.observation, self.view.shape, self.match,
-                               check_treatment=self.carried_by() == "native",
-                               confined_cpus=self.backend.layer_cpus())
+                               check_treatment=carried_by == "native", confined_cpus=self.backend.layer_cpus())
         self.lint_log.report(self.violations)
         if self.metrics is not None:
             self.metrics.record_observation(self.observation)
             self.metrics.set_lint(self.violations)
             self.metrics.record_inventory(self.inventory.stats)
             self.metrics.set_workloads(self.match.workloads)
-            backend = self.backend_status()
-            self.metrics.set_backend(self.carried_by(), backend.get("safe_mode", False))
+            self.metrics.set_backend(carried_by, backend.get("safe_mode", False))
             if "scx_layered" in backend:
                 self.metrics.record_scx(backend["scx_layered"], backend.get("scx_stats") or {})
         self._notify_status()

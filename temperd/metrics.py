@@ -44,7 +44,7 @@ class Metrics:
         self.scx_util = Gauge("temperd_scx_layer_cpu_usage_ratio", "CPU use per scx_layered layer, in CPUs (its stats' util / 100).", ["layer"], registry=r)
         self.scx_tasks = Gauge("temperd_scx_layer_tasks", "Tasks per scx_layered layer.", ["layer"], registry=r)
         self.scx_cpus = Gauge("temperd_scx_layer_cpus", "CPUs scx_layered gives each layer now.", ["layer"], registry=r)
-        self._scx_seen: Dict[str, float] = {}
+        self._scx_seen: Dict[Counter, float] = {}  # last cumulative value seen, per counter
         for invariant in LINT_INVARIANTS:
             self.lint.labels(invariant).set(0)
 
@@ -70,15 +70,14 @@ class Metrics:
     def record_scx(self, status: Dict[str, Any], stats: Dict[str, Any]) -> None:
         """From the scx backend's status: supervisor counters (cumulative there, so counted as
         increments here) and the summarized scx_layered stats."""
-        totals = {"restarts": status.get("restarts", 0), "starts": status.get("starts", 0),
-                  "crashes": status.get("crashes", 0), "refusals": status.get("refusals", 0),
-                  "gap": (status.get("default_scheduler_gap_s") or {}).get("total", 0.0)}
-        for key, counter in (("restarts", self.scx_restarts), ("starts", self.scx_starts), ("crashes", self.scx_crashes),
-                             ("refusals", self.scx_refusals), ("gap", self.scx_gap)):
-            grown = totals[key] - self._scx_seen.get(key, 0)
+        totals = ((self.scx_restarts, status.get("restarts", 0)), (self.scx_starts, status.get("starts", 0)),
+                  (self.scx_crashes, status.get("crashes", 0)), (self.scx_refusals, status.get("refusals", 0)),
+                  (self.scx_gap, (status.get("default_scheduler_gap_s") or {}).get("total", 0.0)))
+        for counter, total in totals:
+            grown = total - self._scx_seen.get(counter, 0)
             if grown > 0:
                 counter.inc(grown)
-            self._scx_seen[key] = totals[key]
+            self._scx_seen[counter] = total
         self.scx_running.set(1 if status.get("state") == "running" else 0)
         for gauge in (self.scx_util, self.scx_tasks, self.scx_cpus):
             gauge.clear()
