@@ -482,7 +482,7 @@ def _policy(pid: int) -> Optional[int]:
 
 
 def _online_cpus() -> List[str]:
-    from temperd import sched
+    from temperd.backends.native import sched
 
     return [str(c) for c in sorted(sched.online_cpus())]
 

@@ -51,7 +51,7 @@ GOAL_PCT = 0.13
 # makes the daemon stop, restore and return normally).
 CPROFILE_WRAPPER = r"""
 import cProfile, sys
-from temperd.main import main
+from temperd.daemon.main import main
 out = sys.argv.pop(1)
 profiler = cProfile.Profile()
 try:

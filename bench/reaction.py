@@ -26,12 +26,12 @@ sys.path.insert(0, HERE)
 
 from reconcile import measure_reconcile, percentile  # noqa: E402
 
-from temperd.config import DaemonConfig  # noqa: E402
-from temperd.inventory import Inventory  # noqa: E402
-from temperd.matcher import Matcher  # noqa: E402
-from temperd.planner import plan  # noqa: E402
-from temperd.profile import parse_profile  # noqa: E402
-from temperd.shape import read_shape  # noqa: E402
+from temperd.config.daemon_config import DaemonConfig  # noqa: E402
+from temperd.sources.inventory import Inventory  # noqa: E402
+from temperd.decide.matcher import Matcher  # noqa: E402
+from temperd.decide.planner import plan  # noqa: E402
+from temperd.config.profile import parse_profile  # noqa: E402
+from temperd.sources.shape import read_shape  # noqa: E402
 
 PROFILE = parse_profile("""
 schema_version = 1

@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from temperd.inventory import RENAME, Inventory  # noqa: E402
+from temperd.sources.inventory import RENAME, Inventory  # noqa: E402
 
 HOLDER = r"""
 import ctypes, sys, threading

@@ -40,8 +40,8 @@ from typing import List, Tuple
 
 import common as C  # noqa: F401  (puts the checkout on sys.path)
 
-from temperd.trace_format import format_line, header
-from temperd.trace_parse import parse_trace
+from temperd.trace.format import format_line, header
+from temperd.trace.parse import parse_trace
 
 GOAL_S = 10.0
 
@@ -119,7 +119,7 @@ os.wait()
 
 
 def capture_real(path: str, seconds: float, pingpong: bool) -> int:
-    from temperd.trace_capture import CaptureRequest, capture
+    from temperd.trace.capture import CaptureRequest, capture
 
     load = subprocess.Popen([sys.executable, "-c", PINGPONG, str(seconds + 1)]) if pingpong else None
     try:

@@ -7,8 +7,8 @@ from typing import List
 
 import click
 
-from temperd.config import DEFAULT_SOCKET
-from temperd.control import DaemonUnavailable, request
+from temperd.config.daemon_config import DEFAULT_SOCKET
+from temperd.daemon.control import DaemonUnavailable, request
 
 from .output import print_json, print_table
 

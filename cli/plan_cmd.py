@@ -8,14 +8,14 @@ from typing import Optional, Tuple
 
 import click
 
-from temperd.backends.scx_render import RenderError, render_plan
-from temperd.config import DEFAULT_CONFIG_DIR
-from temperd.engine import HostView, decide, load_host_view, make_matcher
-from temperd.errors import ConfigError
-from temperd.inventory import Inventory
-from temperd.matcher import MatchResult
+from temperd.backends.scx.render import RenderError, render_plan
+from temperd.config.daemon_config import DEFAULT_CONFIG_DIR
+from temperd.decide.hostview import HostView, decide, load_host_view, make_matcher
+from temperd.config.errors import ConfigError
+from temperd.sources.inventory import Inventory
+from temperd.decide.matcher import MatchResult
 from temperd.plan import LayerPlan
-from temperd.shape import ShapeError, format_cpulist
+from temperd.sources.shape import ShapeError, format_cpulist
 
 from .daemon_cmd import ask, socket_option
 from .output import print_json, print_table

@@ -9,9 +9,9 @@ from typing import List
 
 import click
 
-from temperd.profile import Profile, profile_json_schema
-from temperd.profileset import DEFAULT_PROFILE_DIR, HostShape, load_profile_files, load_profile_set, resolve
-from temperd.shape import ShapeError, read_shape
+from temperd.config.profile import Profile, profile_json_schema
+from temperd.config.profileset import (DEFAULT_PROFILE_DIR, HostShape, load_profile_files, load_profile_set, resolve)
+from temperd.sources.shape import ShapeError, read_shape
 
 from .output import print_json, print_table
 

@@ -7,8 +7,8 @@ from typing import Optional, Tuple
 
 import click
 
-from temperd.backends.scx_detect import detect_sched_ext
-from temperd.backends.scx_validate import RULES, validate_file, validate_text
+from temperd.backends.scx.detect import detect_sched_ext
+from temperd.backends.scx.validate import RULES, validate_file, validate_text
 
 from .output import print_json
 

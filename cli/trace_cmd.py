@@ -13,9 +13,9 @@ from typing import Any, Dict, Optional
 
 import click
 
-from temperd import trace_capture
-from temperd.control import DaemonUnavailable, request
-from temperd.trace_capture import CaptureRequest, TraceError, capture, parse_duration, parse_size
+from temperd.trace import capture as trace_capture
+from temperd.daemon.control import DaemonUnavailable, request
+from temperd.trace.capture import CaptureRequest, TraceError, capture, parse_duration, parse_size
 
 from .daemon_cmd import json_option, socket_option
 from .output import print_json

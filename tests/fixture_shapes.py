@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import List
 
-from temperd.shape import MachineShape, read_shape
+from temperd.sources.shape import MachineShape, read_shape
 
 FIXTURES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "sysfs")
 

@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from temperd.procfs import normalise_cmdline
+from temperd.sources.procfs import normalise_cmdline
 
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_S = 15.0

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from temperd.backends.scx_detect import detect_sched_ext
+from temperd.backends.scx.detect import detect_sched_ext
 from temperd.backends.select import choose, scx_availability
 
 
@@ -48,7 +48,7 @@ def test_disabled_state_with_binary_is_usable(tmp_path):
 
 
 def test_disabled_state_without_binary(tmp_path):
-    from temperd.backends.scx_detect import find_binary
+    from temperd.backends.scx.detect import find_binary
 
     if find_binary():
         pytest.skip("scx_layered is installed here")

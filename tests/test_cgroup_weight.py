@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from temperd.cgroup_weight import CGROUPFS, SYSTEMD, CgroupWeights, WeightSupport, detect
+from temperd.backends.native.cgroup_weight import (CGROUPFS, SYSTEMD, CgroupWeights, WeightSupport, detect)
 from temperd.plan import CgroupWeight
 
 

@@ -91,7 +91,7 @@ def scx_config_dir(tmp_path, profile):
 
 
 def test_plan_backend_scx_prints_a_valid_scx_layered_config_for_a_fixture_shape(tmp_path, spawn):
-    from temperd.backends.scx_validate import validate_config
+    from temperd.backends.scx.validate import validate_config
 
     child = spawn("tmpd-cli3")
     child.wait_ready()

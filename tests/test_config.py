@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from temperd.config import DEFAULT_HTTP_PORT, check_binding_profiles, config_json_schema, load_config, parse_config
-from temperd.errors import ConfigError
+from temperd.config.daemon_config import (DEFAULT_HTTP_PORT, check_binding_profiles, config_json_schema, load_config, parse_config)
+from temperd.config.errors import ConfigError
 
 GOOD = """\
 backend = "native"

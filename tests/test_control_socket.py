@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from temperd.control import ControlServer
+from temperd.daemon.control import ControlServer
 
 
 def _serve(tmp_path, monkeypatch, group: str):

@@ -17,19 +17,9 @@ import time
 import pytest
 
 from driven import spawn_at_pid
-from temperd import procfs
-from temperd.inventory import (
-    EXEC,
-    EXIT,
-    NEW_PROCESS,
-    NEW_THREAD,
-    RENAME,
-    REUSED,
-    UPDATE,
-    Change,
-    Inventory,
-)
-from temperd.proc_connector import ConnectorUnavailable, ProcConnector
+from temperd.sources import procfs
+from temperd.sources.inventory import (EXEC, EXIT, NEW_PROCESS, NEW_THREAD, RENAME, REUSED, UPDATE, Change, Inventory)
+from temperd.sources.proc_connector import ConnectorUnavailable, ProcConnector
 
 class Recorder:
     def __init__(self):
@@ -350,11 +340,11 @@ def test_fallback_to_scanning_with_one_notice(monkeypatch, caplog, spawn):
         raise ConnectorUnavailable("subscribing to process events needs CAP_NET_ADMIN")
 
     monkeypatch.setattr(ProcConnector, "open", refuse)
-    caplog.set_level(logging.INFO, logger="temperd.inventory")
+    caplog.set_level(logging.INFO, logger="temperd.sources.inventory")
     inventory = Inventory()
     assert inventory.start() is False
     assert inventory.start_events() is False
-    notices = [r for r in caplog.records if r.name == "temperd.inventory"]
+    notices = [r for r in caplog.records if r.name == "temperd.sources.inventory"]
     assert len(notices) == 1 and "CAP_NET_ADMIN" in notices[0].getMessage()
     assert "falling back to scanning" in notices[0].getMessage()
     with pytest.raises(ValueError):
@@ -379,7 +369,7 @@ def test_fallback_in_a_foreign_pid_namespace():
         pytest.skip("util-linux unshare is not installed")
     code = (
         "import json, sys\n"
-        "from temperd.inventory import Inventory\n"
+        "from temperd.sources.inventory import Inventory\n"
         "inv = Inventory(ack_timeout_s=0.3)\n"
         "active = inv.start()\n"
         "me = inv.process(int(sys.argv[1]))\n"

@@ -8,11 +8,12 @@ import uuid
 import pytest
 
 from driven import spawn_at_pid
-from temperd import cgroups, procfs
-from temperd.config import parse_config
-from temperd.inventory import Inventory
-from temperd.matcher import Matcher
-from temperd.profile import parse_profile
+from temperd.sources import cgroups
+from temperd.sources import procfs
+from temperd.config.daemon_config import parse_config
+from temperd.sources.inventory import Inventory
+from temperd.decide.matcher import Matcher
+from temperd.config.profile import parse_profile
 
 PROFILE = parse_profile("""
 schema_version = 1

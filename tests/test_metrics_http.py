@@ -11,14 +11,14 @@ import urllib.request
 import pytest
 
 from servers import free_port
-from temperd.http_api import HttpApi
-from temperd.linter import lint
-from temperd.metrics import Metrics
-from temperd.observer import Observer
+from temperd.observe.http import HttpApi
+from temperd.observe.linter import lint
+from temperd.observe.metrics import Metrics
+from temperd.observe.observer import Observer
 from temperd.plan import CONFINED, EXCLUSIVE, YIELD, OPEN, Layer, LayerPlan, MemberSelector
-from temperd.inventory import Inventory
-from temperd.matcher import MatchResult
-from temperd.shape import read_shape
+from temperd.sources.inventory import Inventory
+from temperd.decide.matcher import MatchResult
+from temperd.sources.shape import read_shape
 
 
 class Result:

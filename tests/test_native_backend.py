@@ -16,12 +16,12 @@ import time
 
 import pytest
 
-from temperd import sched
-from temperd.backends.native import AUTOGROUP, NativeBackend, scan_threads
-from temperd.cgroup_weight import CgroupWeights, WeightSupport
+from temperd.backends.native import sched
+from temperd.backends.native.backend import AUTOGROUP, NativeBackend, scan_threads
+from temperd.backends.native.cgroup_weight import CgroupWeights, WeightSupport
 from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, YIELD, Layer, LayerPlan, MemberSelector
-from temperd.pmqos import PmQos
-from temperd.shape import format_cpulist
+from temperd.backends.native.pmqos import PmQos
+from temperd.sources.shape import format_cpulist
 from thread_children import (needs_two_cpus, cpu_ticks, cpus_allowed, nice_of, percpu_kthreads, policy_of, read_json_line,
                              snapshot)
 
@@ -247,10 +247,10 @@ def test_gone_threads_are_normal(tmp_path, children, backends, server):
 
 APPLIER = r"""
 import json, sys, time
-from temperd.backends.native import NativeBackend, scan_threads
-from temperd.cgroup_weight import CgroupWeights, WeightSupport
+from temperd.backends.native.backend import NativeBackend, scan_threads
+from temperd.backends.native.cgroup_weight import CgroupWeights, WeightSupport
 from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, YIELD, Layer, LayerPlan, MemberSelector
-from temperd.pmqos import PmQos
+from temperd.backends.native.pmqos import PmQos
 state_dir, spec = sys.argv[1], json.loads(sys.argv[2])
 def L(name, kind, treatment, tids, **kw):
     return Layer(name=name, kind=kind, treatment=treatment, tier="critical", workload="w", group=name,

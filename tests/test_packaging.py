@@ -14,8 +14,8 @@ from pathlib import Path
 import click
 import pytest
 
-from temperd.config import CONFIG_SPEC, DEFAULT_CONFIG_DIR, DEFAULT_SOCKET, DaemonConfig, parse_config
-from temperd.profile import PROFILE_SPEC, parse_profile
+from temperd.config.daemon_config import (CONFIG_SPEC, DEFAULT_CONFIG_DIR, DEFAULT_SOCKET, DaemonConfig, parse_config)
+from temperd.config.profile import PROFILE_SPEC, parse_profile
 
 try:
     import tomllib
@@ -234,7 +234,7 @@ def _click_options(command: click.Command) -> set:
 
 
 def test_temperd_8_documents_every_option():
-    from temperd.main import main
+    from temperd.daemon.main import main
 
     page = _man_text("temperd.8")
     for option in _click_options(main):

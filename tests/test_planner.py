@@ -4,10 +4,10 @@ import random
 
 from fixture_shapes import load_fixture_shape
 
-from temperd.matcher import ThreadMatch, Workload
+from temperd.decide.matcher import ThreadMatch, Workload
 from temperd.plan import CONFINED, GROUPED, OPEN
-from temperd.planner import PlannerSettings, exclusive_cores, plan
-from temperd.profile import parse_profile
+from temperd.decide.planner import PlannerSettings, exclusive_cores, plan
+from temperd.config.profile import parse_profile
 
 HOT = """
 schema_version = 1

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from temperd.pmqos import PmQos, encode
+from temperd.backends.native.pmqos import PmQos, encode
 
 
 def _fake_tree(root, cpus, value="0"):

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from temperd import proc_connector as pc
-from temperd.proc_connector import ConnectorUnavailable, ProcConnector, decode_datagram, decode_event
+from temperd.sources import proc_connector as pc
+from temperd.sources.proc_connector import (ConnectorUnavailable, ProcConnector, decode_datagram, decode_event)
 
 
 def message(what: int, data: bytes, cpu: int = 1, timestamp: int = 123456789, idx: int = pc.CN_IDX_PROC,
@@ -162,7 +162,7 @@ def test_unavailable_in_a_foreign_pid_namespace():
     if unshare is None:
         pytest.skip("util-linux unshare is not installed")
     code = (
-        "from temperd.proc_connector import ProcConnector, ConnectorUnavailable\n"
+        "from temperd.sources.proc_connector import ProcConnector, ConnectorUnavailable\n"
         "try:\n"
         "    ProcConnector().open(ack_timeout_s=0.3)\n"
         "    print('opened')\n"

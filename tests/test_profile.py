@@ -5,8 +5,8 @@ import textwrap
 
 import pytest
 
-from temperd.errors import ConfigError
-from temperd.profile import parse_profile, profile_json_schema
+from temperd.config.errors import ConfigError
+from temperd.config.profile import parse_profile, profile_json_schema
 
 GOOD = """\
 schema_version = 1

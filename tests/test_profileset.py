@@ -4,8 +4,8 @@ import os
 
 from fixture_shapes import load_fixture_shape
 
-from temperd.profile import parse_profile
-from temperd.profileset import HostShape, load_profile_files, load_profile_set, resolve
+from temperd.config.profile import parse_profile
+from temperd.config.profileset import HostShape, load_profile_files, load_profile_set, resolve
 
 
 def profile_text(pid, shape="", group="workers"):
@@ -113,7 +113,7 @@ def test_bad_file_is_reported_and_good_files_still_load(tmp_path):
 def test_builtins_all_load_and_apply_to_every_fixture_shape():
     from fixture_shapes import fixture_names
 
-    from temperd.profileset import load_builtin_profiles
+    from temperd.config.profileset import load_builtin_profiles
 
     builtins = load_builtin_profiles()
     assert len(builtins) == 8

@@ -8,8 +8,8 @@ import stat
 
 import pytest
 
-from temperd import sched
-from temperd.restore_ledger import (AFFINITY, NICE, POLICY, LedgerError, Original, RestoreLedger, ThreadRecord)
+from temperd.backends.native import sched
+from temperd.backends.native.restore_ledger import (AFFINITY, NICE, POLICY, LedgerError, Original, RestoreLedger, ThreadRecord)
 from thread_children import cpus_allowed, needs_two_cpus, nice_of, policy_of
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="lowering nice and changing other threads needs root")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from temperd import sched
+from temperd.backends.native import sched
 from thread_children import cpus_allowed, needs_two_cpus, nice_of, policy_of
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing other threads' scheduling needs root")

@@ -23,17 +23,17 @@ from test_native_backend import make_backend as native_backend
 from test_scx_supervisor import STANDIN, alive, fake_sysfs
 from thread_children import nice_of, wait_for
 
-from temperd.backends.native import scan_threads
-from temperd.backends.scx import NATIVE, SCX, ScxBackend, layer_cpus_from_stats
-from temperd.backends.scx_supervisor import RestartPolicy, ScxSupervisor
+from temperd.backends.native.backend import scan_threads
+from temperd.backends.scx.backend import NATIVE, SCX, ScxBackend, layer_cpus_from_stats
+from temperd.backends.scx.supervisor import RestartPolicy, ScxSupervisor
 from temperd.backends.select import make_backend
-from temperd.config import DaemonConfig, ScxSettings
-from temperd.daemon import Daemon
-from temperd.linter import lint
-from temperd.metrics import Metrics
-from temperd.observer import Observation, Overhead, ThreadSample
+from temperd.config.daemon_config import DaemonConfig, ScxSettings
+from temperd.daemon.daemon import Daemon
+from temperd.observe.linter import lint
+from temperd.observe.metrics import Metrics
+from temperd.observe.observer import Observation, Overhead, ThreadSample
 from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, LayerPlan
-from temperd.shape import read_shape
+from temperd.sources.shape import read_shape
 
 WAIT_S = 15.0
 BINDIR = os.path.dirname(sys.executable)

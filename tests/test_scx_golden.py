@@ -14,12 +14,12 @@ import pytest
 from fixture_shapes import load_fixture_shape
 from test_scx_render import layer_of
 
-from temperd.backends.scx_render import render_plan
-from temperd.backends.scx_validate import validate_config
-from temperd.matcher import ThreadMatch, Workload
+from temperd.backends.scx.render import render_plan
+from temperd.backends.scx.validate import validate_config
+from temperd.decide.matcher import ThreadMatch, Workload
 from temperd.plan import CONFINED, EXCLUSIVE, GROUPED
-from temperd.planner import exclusive_cores, plan
-from temperd.profileset import load_builtin_profiles
+from temperd.decide.planner import exclusive_cores, plan
+from temperd.config.profileset import load_builtin_profiles
 
 GOLDEN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "scx_golden")
 BUILTINS = {p.id: p for p in load_builtin_profiles()}

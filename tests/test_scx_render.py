@@ -4,10 +4,9 @@ import json
 
 import pytest
 
-from temperd.backends.scx_render import (CATCH_ALL_NAME, RenderError, comm_prefix, cgroup_prefix, render,
-                                         render_plan)
-from temperd.backends.scx_validate import validate_config
-from temperd.plan import CONFINED, EXCLUSIVE, GROUPED, LATENCY, OPEN, YIELD, Layer, LayerPlan, MemberSelector
+from temperd.backends.scx.render import (CATCH_ALL_NAME, RenderError, comm_prefix, cgroup_prefix, render, render_plan)
+from temperd.backends.scx.validate import validate_config
+from temperd.plan import (CONFINED, EXCLUSIVE, GROUPED, LATENCY, OPEN, YIELD, Layer, LayerPlan, MemberSelector)
 
 MYSQL_CGROUP = "/system.slice/mysql.service"
 

@@ -16,9 +16,8 @@ import time
 
 import pytest
 
-from temperd.backends.scx_detect import detect_sched_ext
-from temperd.backends.scx_supervisor import (BACKOFF, REFUSED, RUNNING, SAFE_MODE, STOPPED, RestartPolicy,
-                                             ScxConfigError, ScxSupervisor, StatsClient, StatsError, summarize_stats)
+from temperd.backends.scx.detect import detect_sched_ext
+from temperd.backends.scx.supervisor import (BACKOFF, REFUSED, RUNNING, SAFE_MODE, STOPPED, RestartPolicy, ScxConfigError, ScxSupervisor, StatsClient, StatsError, summarize_stats)
 
 STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standins", "fake_scx_layered.py")
 WAIT_S = 10.0  # upper bound for anything these tests wait for
@@ -387,7 +386,7 @@ def test_a_scheduler_that_stays_loaded_is_refused_after_the_grace(env):
 
 DAEMON = """
 import sys, time
-from temperd.backends.scx_supervisor import ScxSupervisor
+from temperd.backends.scx.supervisor import ScxSupervisor
 sup = ScxSupervisor(sys.argv[1], sys.argv[2], sys.argv[3], sysfs_root=sys.argv[4],
                     env={"FAKE_SCX_STATS_SOCKET": sys.argv[3], "FAKE_SCX_RECORD": sys.argv[5]})
 sup.apply(%r)

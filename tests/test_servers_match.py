@@ -9,11 +9,12 @@ import time
 import pytest
 
 import servers as S
-from temperd import cgroups, procfs
-from temperd.config import DaemonConfig
-from temperd.inventory import Inventory
-from temperd.matcher import Matcher
-from temperd.profileset import load_builtin_profiles
+from temperd.sources import cgroups
+from temperd.sources import procfs
+from temperd.config.daemon_config import DaemonConfig
+from temperd.sources.inventory import Inventory
+from temperd.decide.matcher import Matcher
+from temperd.config.profileset import load_builtin_profiles
 
 pytestmark = pytest.mark.servers
 

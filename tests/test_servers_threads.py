@@ -24,8 +24,8 @@ from typing import Iterator, Optional
 import pytest
 
 import servers as S
-from temperd.matcher import fingerprint_reason, selector_reason
-from temperd.profile import Profile, load_profile
+from temperd.decide.matcher import fingerprint_reason, selector_reason
+from temperd.config.profile import Profile, load_profile
 
 pytestmark = pytest.mark.servers
 

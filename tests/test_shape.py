@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from fixture_shapes import FIXTURES_DIR, fixture_names, fixture_root, load_fixture_shape
-from temperd.shape import Core, ShapeError, format_cpulist, parse_cpulist, read_shape
+from temperd.sources.shape import Core, ShapeError, format_cpulist, parse_cpulist, read_shape
 
 M5_MODEL = "Intel(R) Xeon(R) Platinum 8175M CPU @ 2.50GHz"
 C2_MODEL = "Intel(R) Xeon(R) CPU @ 3.10GHz"

@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from temperd import trace_capture as tc
-from temperd.trace_format import PERFETTO_HEAD, WRITTEN_LINE
-from temperd.trace_parse import parse_trace
+from temperd.trace import capture as tc
+from temperd.trace.format import PERFETTO_HEAD, WRITTEN_LINE
+from temperd.trace.parse import parse_trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -265,7 +265,7 @@ def test_second_capture_is_refused_naming_the_running_one(tmp_path):
 KILLED = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[1])
-    from temperd import trace_capture as tc
+    from temperd.trace import capture as tc
     tc.capture(tc.CaptureRequest(output=sys.argv[2], duration_s=30, requester="doomed"))
 """)
 

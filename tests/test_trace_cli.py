@@ -12,10 +12,10 @@ import time
 import pytest
 
 from cli.main import main
-from temperd import trace_service
-from temperd.control import ControlServer
-from temperd.trace_capture import CaptureLock
-from temperd.trace_parse import parse_trace
+from temperd.daemon import trace_commands as trace_service
+from temperd.daemon.control import ControlServer
+from temperd.trace.capture import CaptureLock
+from temperd.trace.parse import parse_trace
 from test_cli_plan import split_runner
 from test_daemon_e2e import BINDIR, Temperd
 from test_trace_capture import KILLED, ROOT, assert_perfetto_format, instances, needs_tracefs, pingpong  # noqa: F401

@@ -8,8 +8,8 @@ import gzip
 import time
 import tracemalloc
 
-from temperd.trace_format import format_line, header
-from temperd.trace_parse import parse_trace
+from temperd.trace.format import format_line, header
+from temperd.trace.parse import parse_trace
 
 
 def ev(comm, tid, tgid, cpu, us, event, fields, flags="d..2"):
@@ -134,7 +134,7 @@ def test_parses_100k_events_quickly(tmp_path):
 def test_writer_output_is_the_html_container_with_a_process_dump_and_parses_the_same(tmp_path):
     import os
 
-    from temperd.trace_format import NameBook, TraceWriter, event_lines, open_text, process_dump
+    from temperd.trace.format import NameBook, TraceWriter, event_lines, open_text, process_dump
 
     me = os.getpid()
     raw = [f"          python-{me}    ({me:>7}) [000] d..2.   10.000001: sched_waking: comm=x pid=5 prio=120 "

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from temperd.watch import ConfigWatcher, CpuHotplugWatcher, Debouncer, is_config_edit
+from temperd.sources.watch import ConfigWatcher, CpuHotplugWatcher, Debouncer, is_config_edit
 
 UEVENT = "/sys/devices/system/cpu/cpu0/uevent"
 

@@ -19,7 +19,7 @@ from typing import Dict, List
 
 import pytest
 
-from temperd import sched
+from temperd.backends.native import sched
 
 CHILD_LIFETIME_S = 120
 

@@ -10,8 +10,8 @@ except ImportError:  # pragma: no cover - Python < 3.8 is not supported anyway
     Protocol = object  # type: ignore
 
 if TYPE_CHECKING:
-    from ..plan import LayerPlan
-    from .native import ApplyResult
+    from temperd.plan import LayerPlan
+    from temperd.backends.native.backend import ApplyResult
 
 
 class Backend(Protocol):

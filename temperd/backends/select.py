@@ -30,15 +30,15 @@ def choose(requested: str, scx_available: bool, scx_reason: str) -> BackendChoic
 
 
 def make_backend(config, sysfs_root: str = "/sys", shape=None) -> Tuple[BackendChoice, Any]:
-    from .native import NativeBackend
+    from temperd.backends.native.backend import NativeBackend
 
     found = scx_availability(sysfs_root, config.scx.binary) if config.backend != "native" else None
     choice = choose(config.backend, bool(found and found.usable), found.reason if found else "")
     native = NativeBackend(config.state_dir)
     if choice.active == "native":
         return choice, native
-    from .scx import ScxBackend, restart_policy
-    from .scx_supervisor import ScxSupervisor
+    from temperd.backends.scx.backend import ScxBackend, restart_policy
+    from temperd.backends.scx.supervisor import ScxSupervisor
 
     assert found is not None and found.binary is not None and shape is not None
     supervisor = ScxSupervisor(found.binary, config.state_dir, config.scx.stats_socket, sysfs_root=sysfs_root,
@@ -48,7 +48,7 @@ def make_backend(config, sysfs_root: str = "/sys", shape=None) -> Tuple[BackendC
 
 def scx_availability(sysfs_root: str = "/sys", binary: str = ""):
     """detect_sched_ext with temperd.toml's scx.binary (empty: search the usual places)."""
-    from .scx_detect import ScxAvailability, detect_sched_ext, sched_ext_dir
+    from temperd.backends.scx.detect import ScxAvailability, detect_sched_ext, sched_ext_dir
 
     if binary and not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
         return ScxAvailability(os.path.isdir(sched_ext_dir(sysfs_root)), None, None, None,

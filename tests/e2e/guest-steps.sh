@@ -414,6 +414,14 @@ run_step() {
          return ;;
     esac
   done
+  # Test knob of the host's panic retry only (run-vm-test.sh's E2E_INJECT_PANIC, which writes the
+  # step's name into inject-panic): crash the kernel as this step begins, as registering a sched_ext
+  # scheduler can under multi-threaded TCG (root may write /proc/sysrq-trigger whatever kernel.sysrq says).
+  if [ "$(cat "$H/inject-panic" 2>/dev/null)" = "$name" ]; then
+    echo "E2E_INJECT_PANIC: crashing the kernel (sysrq c)"
+    sync
+    echo c >/proc/sysrq-trigger
+  fi
   start=$(date +%s.%N)
   timeout --kill-after=10 "$limit" bash -c "step_$name" 2>&1 | tee "$W/$name.log"
   rc=${PIPESTATUS[0]}

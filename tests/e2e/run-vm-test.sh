@@ -15,6 +15,13 @@
 #   --keep           keep the run directory (console log, guest logs) and print its path
 #   --rebuild-image  build the image even if a fresh one is cached
 #   --only "STEP..." run only these guest steps (names as in guest-steps.sh), e.g. "install enable tier"
+#   --check-console LOG  only read a guest console log: print the kernel panic or oops it shows on one
+#                    line and exit 0, or exit 1 when it shows none (what the boot loop below decides on)
+# A guest kernel panic (under multi-threaded TCG, registering a sched_ext scheduler can panic the
+# guest) is retried once, under single-threaded TCG; a stuck boot or qemu failing is retried apart.
+# env: E2E_BOOT_LIMIT (s, default 300): a boot not "running" by then is stuck.
+#      E2E_INJECT_PANIC=STEP, a test knob of the panic retry only: the guest crashes its kernel
+#      (sysrq c) as STEP begins, on the first boot (E2E_INJECT_PANIC_BOOTS=N: on the first N boots).
 # Needs root (the image build) and the Debian packages:
 #   qemu-system-x86 qemu-utils mmdebstrap e2fsprogs zstd, and to build the .deb:
 #   dpkg-dev debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools
@@ -26,6 +33,26 @@ export LC_ALL=C.UTF-8
 
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
+
+# guest_panic CONSOLE_LOG: when the guest's console shows a kernel panic or oops, print it on one
+# line (the oops, the function it hit in, the panic) and succeed; else fail.
+guest_panic() {
+  # The serial console has CRLF line ends and escape sequences; the kernel's timestamps are dropped.
+  # An oops header is "Oops: int3: 0000 [#1] ..." (before Linux 6.9 "int3: 0000 [#1] ..."); its RIP
+  # line, not an earlier WARNING's, says where it hit.
+  tr -d '\r\033' <"$1" | awk '
+    { sub(/^.*\[ *[0-9]+\.[0-9]+\] /, "") }
+    oops == "" && /Oops: |: [0-9a-f][0-9a-f][0-9a-f][0-9a-f] \[#[0-9]+\]/ { oops = $0; next }
+    oops != "" && rip == "" && /RIP: 0010:/ { rip = $0; sub(/^.*RIP: 0010:/, "", rip) }
+    panic == "" && /Kernel panic - not syncing/ { panic = $0; sub(/^.*Kernel panic/, "Kernel panic", panic) }
+    END {
+      if (oops == "" && panic == "") exit 1
+      line = oops
+      if (rip != "") line = line " in " rip
+      if (panic != "") line = line (line == "" ? "" : "; ") panic
+      print line
+    }'
+}
 cache="${TEMPERD_E2E_CACHE:-/var/cache/temperd-e2e}"
 deb="" timeout_min=25 keep=0 only=""
 while [ $# -gt 0 ]; do
@@ -36,6 +63,7 @@ while [ $# -gt 0 ]; do
     --keep) keep=1 ;;
     --only) only="${2:?}"; shift ;;
     --rebuild-image) export E2E_REBUILD=1 ;;
+    --check-console) if guest_panic "${2:?}"; then exit 0; else exit 1; fi ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run-vm-test.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -102,28 +130,50 @@ chmod 755 "$share/run.sh" "$share/guest-steps.sh"
 # 4. Boot. KVM only where it really is: hardware virtualization flags, a writable /dev/kvm, and not
 # the kvm_pvm nested hypervisor (which cannot run an unmodified kernel).
 if grep -qwE 'vmx|svm' /proc/cpuinfo && [ -w /dev/kvm ] && [ ! -d /sys/module/kvm_pvm ]; then
-  accel=(-accel kvm -cpu host)
+  accel=(-accel kvm -cpu host) accel_name=KVM
   say "accelerator: KVM"
 else
-  accel=(-accel tcg,thread=multi -cpu max)
+  accel=(-accel tcg,thread=multi -cpu max) accel_name="TCG, multi-threaded"
   say "accelerator: TCG (software emulation)"
 fi
 # A boot that has not reached systemd's "running" within boot_limit seconds is stuck (seen, rarely,
 # in early kernel boot under software emulation): it is killed and booted once more.
 boot_limit="${E2E_BOOT_LIMIT:-300}"
+# A guest kernel panic is retried on its own count, so that a stuck boot cannot have used up its
+# retry. Under multi-threaded TCG, registering a sched_ext scheduler can panic the guest ("Oops:
+# int3" in put_prev_task_idle, "Fatal exception in interrupt"): sched_ext flips static branches,
+# and the kernel's int3-based live patching of them races with QEMU's parallel vCPU threads. The
+# retry therefore runs single-threaded TCG (slower, but without that race); a panic there too is a
+# FAIL that names it. panic=-1 reboots a panicked guest at once, oops=panic makes every oops a panic
+# (an oops in the scheduler would otherwise leave a hung guest to eat the time left), and
+# -no-reboot makes that reboot end qemu.
+panic_retries=1
+inject="${E2E_INJECT_PANIC:-}" inject_boots="${E2E_INJECT_PANIC_BOOTS:-1}"
 t=$SECONDS
-qemu_rc=0
-for attempt in 1 2; do
+qemu_rc=0 attempt=0 boot_failures=0 panics=0 panicked_s=0 panic="" panic_step=""
+while true; do
+  attempt=$((attempt + 1))
   limit=$(left)
-  if [ "$limit" -lt 120 ]; then say "FAIL: only $limit s left for the VM"; exit 1; fi
-  say "booting (attempt $attempt, limit $limit s)"
-  rm -f "$share/boot-state" "$share/out.log" "$share/rc" "$share/results.tsv" "$share/exposure"
+  if [ "$limit" -lt 120 ]; then
+    say "FAIL: only $limit s left for the VM${panic:+ after a guest kernel panic ($panic)}"
+    exit 1
+  fi
+  say "booting (attempt $attempt, $accel_name, limit $limit s)"
+  # Nothing an earlier attempt wrote may pass for this one's results (its disk is gone: -snapshot).
+  rm -rf "$share/boot-state" "$share/out.log" "$share/rc" "$share/results.tsv" "$share/exposure" \
+    "$share/journal.txt" "$share/guest-work" "$share/inject-panic"
+  if [ -n "$inject" ] && [ "$panics" -lt "$inject_boots" ]; then
+    echo "$inject" >"$share/inject-panic"
+    say "E2E_INJECT_PANIC (test knob): the guest crashes its kernel as step $inject begins"
+  fi
+  panic="" panic_step=""
+  attempt_t=$SECONDS
   boot_start=$(date +%s)
   # Two cores with two SMT threads each, so exclusive groups and idle siblings are real.
   timeout --kill-after=15 "$limit" qemu-system-x86_64 "${accel[@]}" -m 4096 \
     -smp 4,sockets=1,cores=2,threads=2 -nographic -no-reboot \
     -kernel "$image/vmlinuz" -initrd "$image/initrd.img" \
-    -append "root=/dev/vda rw console=ttyS0 panic=-1 loglevel=4 systemd.show_status=0" \
+    -append "root=/dev/vda rw console=ttyS0 panic=-1 oops=panic loglevel=4 systemd.show_status=0" \
     -drive "file=$image/img.raw,if=virtio,format=raw,cache=unsafe" -snapshot \
     -virtfs "local,path=$share,mount_tag=host,security_model=none,id=host" \
     -netdev user,id=n0 -device virtio-net-pci,netdev=n0 \
@@ -141,24 +191,48 @@ for attempt in 1 2; do
     cp "$run/console.log" "$run/console-stuck-$attempt.log"
     say "boot did not reach systemd within $boot_limit s; console tail:"
     tail -c 600 "$run/console.log" | tr -d '\033' | tail -n 5
-    continue
+    boot_failures=$((boot_failures + 1))
+    [ "$boot_failures" -ge 2 ] || continue
+    break
   fi
   qemu_rc=0
   wait "$qemu_pid" || qemu_rc=$?
   qemu_pid=""
+  # A panic after the steps finished (while powering off) does not touch their results.
+  if [ ! -f "$share/rc" ] && panic="$(guest_panic "$run/console.log")"; then
+    panics=$((panics + 1))
+    panic_step="$(sed -n 's/^=== step \([a-z_]*\):.*/\1/p' "$share/out.log" 2>/dev/null | tail -n 1 || true)"
+    cp "$run/console.log" "$run/console-panic-$panics.log"
+    [ ! -f "$share/out.log" ] || cp "$share/out.log" "$run/out-panic-$panics.log"
+    panicked_s=$((panicked_s + SECONDS - attempt_t))
+    say "guest kernel panic on attempt $attempt ($accel_name${panic_step:+, in step $panic_step}): $panic"
+    say "console tail (all of it: console-panic-$panics.log in the run directory, see --keep):"
+    tail -c 4000 "$run/console.log" | tr -d '\r\033' | tail -n 12
+    [ "$panics" -le "$panic_retries" ] || break
+    if [ "$accel_name" = "TCG, multi-threaded" ]; then
+      accel=(-accel tcg,thread=single -cpu max) accel_name="TCG, single-threaded"
+    fi
+    say "retrying that boot ($accel_name)"
+    continue
+  fi
   if [ ! -f "$share/boot-state" ] && [ "$qemu_rc" != 124 ] && [ "$qemu_rc" != 137 ]; then
     # qemu itself gave up before the guest booted (an image it could not open, a crash):
     # say why, and try once more.
     cp "$run/console.log" "$run/console-exit-$attempt.log"
     say "qemu exited ($qemu_rc) before the guest booted; console tail:"
     tail -c 1200 "$run/console.log" | tr -d '\033' | tail -n 10
-    continue
+    boot_failures=$((boot_failures + 1))
+    [ "$boot_failures" -ge 2 ] || continue
   fi
   break
 done
 timed "VM: boot, steps, power off" $((SECONDS - t))
+[ "$panics" = 0 ] || timed "  of which boots that panicked ($panics)" "$panicked_s"
 if [ -f "$share/boot-state" ]; then
   timed "  of which boot to $(cat "$share/boot-state")" $(( $(stat -c %Y "$share/boot-state") - boot_start ))
+fi
+if [ -f "$share/rc" ] && late_panic="$(guest_panic "$run/console.log")"; then
+  say "note: the guest kernel panicked after its steps had finished: $late_panic"
 fi
 
 # 5. Results.
@@ -177,7 +251,10 @@ fi
 [ -f "$share/exposure" ] && echo "systemd-analyze security exposure: $(cat "$share/exposure") (goal <= 2.5)"
 
 fail=0
-if [ "$qemu_rc" = 124 ] || [ "$qemu_rc" = 137 ]; then
+if [ -n "$panic" ]; then
+  say "FAIL: the guest kernel panicked again on the retry (attempt $attempt, $accel_name${panic_step:+, in step $panic_step}): $panic"
+  fail=1
+elif [ "$qemu_rc" = 124 ] || [ "$qemu_rc" = 137 ]; then
   say "FAIL: the VM ran out of time (overall limit ${timeout_min} min); console tail:"
   tail -n 30 "$run/console.log"
   fail=1
@@ -191,6 +268,8 @@ elif [ ! -f "$share/rc" ]; then
 elif [ "$(cat "$share/rc")" != 0 ] || grep -q '^FAIL' "$share/results.tsv"; then
   say "FAIL: see the steps above"
   fail=1
+elif [ "$panics" -gt 0 ]; then
+  say "all steps passed, on a retry after a guest kernel panic (see above)"
 else
   say "all steps passed"
 fi

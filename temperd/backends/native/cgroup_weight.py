@@ -1,0 +1,232 @@
+"""Tier weights between workloads: cgroup v2 cpu.weight of each workload's unit or cgroup.
+
+Who may write a cgroup decides how:
+- systemd is PID 1: systemd owns the cgroup tree and rewrites attributes it manages, so the
+  weight is asked of systemd (`systemctl set-property --runtime UNIT CPUWeight=N`, gone at reboot);
+- no systemd: the cgroup's cpu.weight is written directly, when the cgroup2 hierarchy carries
+  the cpu controller and the cgroup has the file;
+- otherwise the weight is unsupported here, and the reason says why (no cgroup2 mount, cpu
+  controller bound to a cgroup v1 hierarchy, controller not enabled for the parent, no unit).
+
+Every original is remembered before the first change and put back by restore_all().
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from temperd.backends.native.pmqos import HostSettingResult
+from temperd.sources.procfs import unit_from_cgroup
+
+SYSTEMD = "systemd"
+CGROUPFS = "cgroupfs"
+WEIGHT_MIN, WEIGHT_MAX = 1, 10000
+_UNSET = ("", "[not set]", "18446744073709551615")  # systemctl's ways of saying "default"
+
+Runner = Callable[[Sequence[str]], Tuple[int, str, str]]
+
+
+def run_command(argv: Sequence[str]) -> Tuple[int, str, str]:
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 127, "", str(exc)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@dataclass(frozen=True)
+class WeightSupport:
+    method: Optional[str]  # SYSTEMD | CGROUPFS | None (unsupported)
+    cgroup2_mount: Optional[str]
+    reason: str
+
+    @property
+    def supported(self) -> bool:
+        return self.method is not None
+
+
+def systemd_is_pid1(proc_root: str = "/proc", run_root: str = "/run") -> bool:
+    """sd_booted(): /run/systemd/system exists only when systemd is the init system."""
+    if not os.path.isdir(os.path.join(run_root, "systemd", "system")):
+        return False
+    try:
+        with open(os.path.join(proc_root, "1", "comm")) as handle:
+            return handle.read().strip() == "systemd"
+    except OSError:
+        return False
+
+
+def _mounts(mountinfo: str) -> List[Tuple[str, str, List[str]]]:
+    """(mount point, fstype, super options) of each mount."""
+    try:
+        with open(mountinfo) as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields = right.split()
+        if sep and len(fields) >= 3:
+            out.append((left.split()[4], fields[0], fields[2].split(",")))
+    return out
+
+
+def cgroup2_mount(mountinfo: str = "/proc/self/mountinfo") -> Optional[str]:
+    return next((point for point, fstype, _opts in _mounts(mountinfo) if fstype == "cgroup2"), None)
+
+
+def cgroup1_cpu_mount(mountinfo: str = "/proc/self/mountinfo") -> Optional[str]:
+    return next((point for point, fstype, opts in _mounts(mountinfo) if fstype == "cgroup" and "cpu" in opts), None)
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def detect(proc_root: str = "/proc", run_root: str = "/run", mountinfo: Optional[str] = None) -> WeightSupport:
+    mountinfo = mountinfo or os.path.join(proc_root, "self", "mountinfo")
+    mount = cgroup2_mount(mountinfo)
+    if systemd_is_pid1(proc_root, run_root):
+        return WeightSupport(SYSTEMD, mount, "systemd is PID 1: weights are set with systemctl set-property --runtime")
+    init = _read(os.path.join(proc_root, "1", "comm")) or "unknown"
+    if mount is None:
+        return WeightSupport(None, None, f"no cgroup2 hierarchy is mounted, and PID 1 is {init!r}, not systemd")
+    controllers = (_read(os.path.join(mount, "cgroup.controllers")) or "").split()
+    if "cpu" not in controllers:
+        v1 = cgroup1_cpu_mount(mountinfo)
+        where = f"cpu is bound to the cgroup v1 hierarchy at {v1}" if v1 else "cpu is not available to it"
+        return WeightSupport(None, mount, (
+            f"the cgroup2 hierarchy at {mount} has no cpu controller (controllers: {' '.join(controllers) or 'none'}): "
+            f"{where}; PID 1 is {init!r}, not systemd"))
+    return WeightSupport(CGROUPFS, mount, f"PID 1 is {init!r}, not systemd: cpu.weight is written under {mount}")
+
+
+class CgroupWeights:
+    """Applies plan.cgroup_weights; remembers originals keyed 'systemd:UNIT' or 'cgroupfs:/path'."""
+
+    def __init__(self, support: Optional[WeightSupport] = None, run: Runner = run_command):
+        self.support = support if support is not None else detect()
+        self.run = run
+        self.originals: Dict[str, str] = {}
+        self.written: Dict[str, str] = {}
+        self.drifted: Dict[str, str] = {}
+
+    # ---- one target --------------------------------------------------------------------------
+
+    def _target(self, weight) -> Tuple[Optional[str], str]:
+        """The key of what to write for a CgroupWeight, or None and why not."""
+        method = self.support.method
+        if method is None:
+            return None, f"cpu.weight for {weight.workload}: unsupported: {self.support.reason}"
+        if method == SYSTEMD:
+            unit = weight.unit or unit_from_cgroup(weight.cgroup)
+            if not unit:
+                return None, f"cpu.weight for {weight.workload}: no systemd unit to ask systemd about"
+            return f"{SYSTEMD}:{unit}", ""
+        if not weight.cgroup or weight.cgroup == "/":
+            return None, f"cpu.weight for {weight.workload}: the workload has no cgroup of its own"
+        path = os.path.join(self.support.cgroup2_mount, weight.cgroup.lstrip("/"), "cpu.weight")
+        if not os.path.exists(path):
+            parent = os.path.dirname(os.path.dirname(path))
+            return None, (f"cpu.weight for {weight.workload}: {path} does not exist "
+                          f"(cpu controller not enabled in {parent}/cgroup.subtree_control)")
+        return f"{CGROUPFS}:{path}", ""
+
+    def _read(self, key: str) -> Optional[str]:
+        method, _, target = key.partition(":")
+        if method == SYSTEMD:
+            code, out, _err = self.run(["systemctl", "show", "--property=CPUWeight", "--value", target])
+            if code != 0:
+                return None
+            value = out.strip()
+            return "" if value in _UNSET else value
+        return _read(target)
+
+    def _write(self, key: str, value: str) -> Optional[str]:
+        """None on success, else the error text."""
+        method, _, target = key.partition(":")
+        if method == SYSTEMD:
+            code, _out, err = self.run(["systemctl", "set-property", "--runtime", target, f"CPUWeight={value}"])
+            return None if code == 0 else (err.strip() or f"systemctl exited {code}")
+        try:
+            with open(target, "w") as handle:
+                handle.write(value or "100")  # cgroup v2 default weight
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        return None
+
+    # ---- plan-wide ---------------------------------------------------------------------------
+
+    def apply(self, weights: Iterable) -> HostSettingResult:
+        result = HostSettingResult()
+        desired: Dict[str, str] = {}
+        for weight in weights:
+            key, why = self._target(weight)
+            if key is None:
+                result.unsupported.append(why)
+                continue
+            value = max(WEIGHT_MIN, min(WEIGHT_MAX, int(weight.weight)))
+            desired[key] = str(value)
+        for key in sorted(set(self.written) - set(desired)):
+            self._restore_one(key, result)
+        for key, value in sorted(desired.items()):
+            if key in self.drifted:
+                continue
+            current = self._read(key)
+            if key in self.written:
+                if current is not None and current != self.written[key]:
+                    self.drifted[key] = current
+                    result.drift += 1
+                    continue
+                if current == value:
+                    continue
+            elif current is None:
+                result.failed += 1
+                result.errors.append(f"{key}: cannot read the current weight")
+                continue
+            else:
+                self.originals.setdefault(key, current)
+            error = self._write(key, value)
+            if error:
+                result.failed += 1
+                result.errors.append(f"{key}: setting CPUWeight={value}: {error}")
+                continue
+            self.written[key] = value
+            result.applied += 1
+        return result
+
+    def _restore_one(self, key: str, result: HostSettingResult) -> None:
+        original = self.originals.pop(key, None)
+        written = self.written.pop(key, None)
+        drifted = self.drifted.pop(key, None) is not None
+        if original is None or drifted:
+            return
+        current = self._read(key)
+        if current is not None and written is not None and current != written:
+            return  # someone else set it since: theirs
+        error = self._write(key, original)
+        if error:
+            result.failed += 1
+            result.errors.append(f"{key}: restoring {original or 'the default'}: {error}")
+        else:
+            result.restored += 1
+
+    def restore_all(self) -> HostSettingResult:
+        result = HostSettingResult()
+        for key in sorted(set(self.originals) | set(self.written)):
+            self._restore_one(key, result)
+        return result
+
+    def adopt(self, originals: Mapping[str, str], written: Mapping[str, str]) -> None:
+        for key, value in originals.items():
+            self.originals.setdefault(key, value)
+        for key, value in written.items():
+            self.written.setdefault(key, value)

@@ -1,0 +1,326 @@
+"""What temperd changed on which thread, and what was there before: the way back.
+
+Every thread is keyed by (tid, start_time), so a recycled tid is never "restored" with another
+thread's values. The original affinity/policy/nice/slice is recorded once, before the first
+change; `applied` holds what temperd set. The ledger is written atomically to a JSON state file
+after each round of changes, so a temperd that was killed can be undone by the next start.
+
+Drift: when a re-read value differs from what temperd set, someone else changed it. The ledger
+counts it per kind, marks that setting as theirs (temperd stops enforcing it: no fight loop)
+and does not restore it later either.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Tuple
+
+from temperd.backends.native import sched
+
+AFFINITY = "affinity"
+POLICY = "policy"
+NICE = "nice"
+SLICE = "slice"
+THREAD_KINDS = (AFFINITY, POLICY, NICE, SLICE)
+_SCHED_KINDS = (POLICY, NICE, SLICE)
+
+STATE_FILE = "native-state.json"
+STATE_VERSION = 1
+
+
+class LedgerError(Exception):
+    """The state file exists but cannot be used; the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class Original:
+    affinity: Tuple[int, ...]
+    policy: int
+    priority: int
+    nice: int
+    slice_ns: int  # 0: the kernel's base slice (no custom slice)
+
+    def value(self, kind: str) -> Any:
+        return {AFFINITY: self.affinity, POLICY: self.policy, NICE: self.nice, SLICE: self.slice_ns}[kind]
+
+    @classmethod
+    def read(cls, tid: int) -> "Original":
+        """The thread's current settings (raises OSError, ESRCH when gone)."""
+        affinity = tuple(sorted(sched.get_affinity(tid)))
+        state = sched.get_sched(tid)
+        return cls(affinity=affinity, policy=state.policy, priority=state.priority, nice=state.nice,
+                   slice_ns=custom_slice_of(state))
+
+
+def custom_slice_of(state: sched.SchedState) -> int:
+    support = sched.slice_support()
+    if not support.supported or not state.slice_ns or state.slice_ns == support.default_ns:
+        return 0
+    return state.slice_ns
+
+
+def effective_slice(requested_ns: int) -> int:
+    """What the kernel will report after a write of requested_ns (0 = base slice; others clamped)."""
+    support = sched.slice_support()
+    if requested_ns == 0:
+        return support.default_ns or 0
+    low, high = support.min_ns or requested_ns, support.max_ns or requested_ns
+    return max(low, min(high, requested_ns))
+
+
+@dataclass
+class ThreadRecord:
+    tid: int
+    pid: int
+    start_time: int
+    comm: str
+    original: Original
+    applied: Dict[str, Any] = field(default_factory=dict)  # kind -> value temperd set
+    drifted: Dict[str, Any] = field(default_factory=dict)  # kind -> value someone else set instead
+
+    @property
+    def key(self) -> Tuple[int, int]:
+        return self.tid, self.start_time
+
+    def as_json(self) -> dict:
+        return {
+            "tid": self.tid, "pid": self.pid, "start_time": self.start_time, "comm": self.comm,
+            "original": {"affinity": list(self.original.affinity), "policy": self.original.policy,
+                         "priority": self.original.priority, "nice": self.original.nice,
+                         "slice_ns": self.original.slice_ns},
+            "applied": {k: list(v) if k == AFFINITY else v for k, v in self.applied.items()},
+            "drifted": {k: list(v) if k == AFFINITY else v for k, v in self.drifted.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ThreadRecord":
+        orig = data["original"]
+
+        def values(table: dict) -> Dict[str, Any]:
+            out = {}
+            for kind, value in table.items():
+                if kind not in THREAD_KINDS:
+                    raise ValueError(f"unknown setting kind {kind!r}")
+                out[kind] = tuple(int(c) for c in value) if kind == AFFINITY else int(value)
+            return out
+
+        return cls(tid=int(data["tid"]), pid=int(data["pid"]), start_time=int(data["start_time"]),
+                   comm=str(data.get("comm", "")),
+                   original=Original(affinity=tuple(int(c) for c in orig["affinity"]), policy=int(orig["policy"]),
+                                     priority=int(orig.get("priority", 0)), nice=int(orig["nice"]),
+                                     slice_ns=int(orig.get("slice_ns", 0))),
+                   applied=values(data.get("applied", {})), drifted=values(data.get("drifted", {})))
+
+
+@dataclass
+class RestoreOutcome:
+    restored: Dict[str, int] = field(default_factory=dict)  # kind -> settings put back
+    failed: Dict[str, int] = field(default_factory=dict)
+    drift: Dict[str, int] = field(default_factory=dict)  # found changed by someone else: left as is
+    gone: int = 0  # threads that no longer exist (or whose tid now names another thread)
+    errors: List[str] = field(default_factory=list)
+
+    def merge(self, other: "RestoreOutcome") -> None:
+        for mine, theirs in ((self.restored, other.restored), (self.failed, other.failed), (self.drift, other.drift)):
+            for kind, count in theirs.items():
+                mine[kind] = mine.get(kind, 0) + count
+        self.gone += other.gone
+        self.errors.extend(other.errors)
+
+
+def _bump(table: Dict[str, int], kind: str, n: int = 1) -> None:
+    table[kind] = table.get(kind, 0) + n
+
+
+class RestoreLedger:
+    def __init__(self, state_dir: str, filename: str = STATE_FILE):
+        self.state_dir = state_dir
+        self.path = os.path.join(state_dir, filename)
+        self.records: Dict[Tuple[int, int], ThreadRecord] = {}
+        self.extras: Dict[str, Any] = {}  # other originals (PM QoS, cgroup weights, autogroups) by section
+        self.drift_counts: Dict[str, int] = {}  # kind -> settings found changed by someone else, ever
+
+    # ---- records ------------------------------------------------------------------------------
+
+    def get(self, tid: int, start_time: int) -> Optional[ThreadRecord]:
+        return self.records.get((tid, start_time))
+
+    def record(self, tid: int, pid: int, start_time: int, comm: str, original: Original) -> ThreadRecord:
+        """The thread's record, created with `original` if this is the first change to it."""
+        rec = self.records.get((tid, start_time))
+        if rec is None:
+            rec = ThreadRecord(tid, pid, start_time, comm, original)
+            self.records[rec.key] = rec
+        return rec
+
+    def by_pid(self, pid: int) -> List[ThreadRecord]:
+        return [rec for rec in self.records.values() if rec.pid == pid]
+
+    def forget(self, rec: ThreadRecord) -> None:
+        self.records.pop(rec.key, None)
+
+    # ---- drift --------------------------------------------------------------------------------
+
+    def matches(self, rec: ThreadRecord, kind: str, current: Any, online: FrozenSet[int]) -> bool:
+        """Whether `current` is what temperd set for this kind (the kernel reports affinity within online CPUs)."""
+        applied = rec.applied[kind]
+        if kind == AFFINITY:
+            return frozenset(current) == frozenset(applied) & online
+        if kind == SLICE:
+            return current == effective_slice(applied)
+        return current == applied
+
+    def mark_drift(self, rec: ThreadRecord, kind: str, found: Any) -> None:
+        rec.drifted[kind] = tuple(sorted(found)) if kind == AFFINITY else found
+        rec.applied.pop(kind, None)
+        _bump(self.drift_counts, kind)
+
+    def current_values(self, tid: int) -> Dict[str, Any]:
+        """Affinity, policy, nice and (reported) slice of a live thread; OSError if it is gone."""
+        state = sched.get_sched(tid)
+        return {AFFINITY: sched.get_affinity(tid), POLICY: state.policy, NICE: state.nice,
+                SLICE: state.slice_ns or 0}
+
+    # ---- restore ------------------------------------------------------------------------------
+
+    def alive(self, rec: ThreadRecord) -> bool:
+        return sched.start_time(rec.tid) == rec.start_time
+
+    def restore(self, rec: ThreadRecord, kinds: Optional[Iterable[str]] = None,
+                online: Optional[FrozenSet[int]] = None) -> RestoreOutcome:
+        """Put back the original of each applied kind (all, or `kinds`) that nobody else changed since."""
+        out = RestoreOutcome()
+        todo = [k for k in (kinds if kinds is not None else THREAD_KINDS) if k in rec.applied]
+        if not todo:
+            if not rec.applied and not self.alive(rec):
+                out.gone += 1
+                self.forget(rec)
+            else:
+                self._maybe_forget(rec)
+            return out
+        online = online if online is not None else sched.online_cpus()
+        try:
+            if not self.alive(rec):
+                out.gone += 1
+                self.forget(rec)
+                return out
+            current = self.current_values(rec.tid)
+            for kind in list(todo):
+                if not self.matches(rec, kind, current[kind], online):
+                    self.mark_drift(rec, kind, current[kind])
+                    _bump(out.drift, kind)
+                    todo.remove(kind)
+            if AFFINITY in todo:
+                self._put_back(rec, [AFFINITY], out,
+                               lambda: sched.set_affinity(rec.tid, rec.original.affinity))
+            sched_kinds = [k for k in todo if k in _SCHED_KINDS]
+            if sched_kinds:
+                args: Dict[str, Any] = {}
+                if POLICY in sched_kinds:
+                    args.update(policy=rec.original.policy, priority=rec.original.priority)
+                if NICE in sched_kinds:
+                    args["nice"] = rec.original.nice
+                if SLICE in sched_kinds:
+                    args["slice_ns"] = rec.original.slice_ns
+                self._put_back(rec, sched_kinds, out, lambda: sched.set_sched(rec.tid, **args))
+        except OSError as exc:
+            if not sched.is_gone(exc):
+                raise
+            out.gone += 1
+            self.forget(rec)
+            return out
+        self._maybe_forget(rec)
+        return out
+
+    def _put_back(self, rec: ThreadRecord, kinds: List[str], out: RestoreOutcome, action) -> None:
+        try:
+            action()
+        except OSError as exc:
+            if sched.is_gone(exc):
+                raise
+            for kind in kinds:
+                _bump(out.failed, kind)
+                rec.applied.pop(kind, None)  # a failed restore is reported once, not retried forever
+            out.errors.append(f"tid {rec.tid} ({rec.comm}): restoring {'/'.join(kinds)}: {exc.strerror or exc}")
+            return
+        for kind in kinds:
+            _bump(out.restored, kind)
+            rec.applied.pop(kind, None)
+
+    def _maybe_forget(self, rec: ThreadRecord) -> None:
+        # A record with drifted settings stays while the thread lives: it remembers not to
+        # enforce those again, even if the thread leaves and rejoins a layer.
+        if not rec.applied and not rec.drifted:
+            self.forget(rec)
+
+    def restore_all(self) -> RestoreOutcome:
+        out = RestoreOutcome()
+        online = sched.online_cpus()
+        for rec in list(self.records.values()):
+            out.merge(self.restore(rec, online=online))
+        return out
+
+    # ---- state file ---------------------------------------------------------------------------
+
+    def as_json(self) -> dict:
+        return {"version": STATE_VERSION, "writer_pid": os.getpid(), "written_at": time.time(),
+                "threads": [rec.as_json() for rec in self.records.values() if rec.applied or rec.drifted],
+                **{name: value for name, value in self.extras.items() if value}}
+
+    def is_empty(self) -> bool:
+        return not any(rec.applied for rec in self.records.values()) and not any(self.extras.values())
+
+    def save(self) -> None:
+        """Write the state atomically (temp file, fsync, rename); remove it when nothing is left to undo."""
+        if self.is_empty():
+            self.delete()
+            return
+        os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
+        tmp = f"{self.path}.tmp.{os.getpid()}"
+        data = json.dumps(self.as_json(), indent=1, sort_keys=True).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dir_fd = os.open(self.state_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def delete(self) -> None:
+        try:
+            os.unlink(self.path)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+
+    def load(self) -> bool:
+        """Read a state file left by an earlier run into this ledger; False when there is none."""
+        try:
+            with open(self.path, "rb") as handle:
+                data = json.loads(handle.read())
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError) as exc:
+            raise LedgerError(f"{self.path}: unreadable state file: {exc}") from None
+        if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+            found = data.get("version") if isinstance(data, dict) else type(data).__name__
+            raise LedgerError(f"{self.path}: version: expected {STATE_VERSION}, found {found!r}")
+        try:
+            for item in data.get("threads", []):
+                rec = ThreadRecord.from_json(item)
+                self.records[rec.key] = rec
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LedgerError(f"{self.path}: threads: malformed entry: {exc}") from None
+        for name, value in data.items():
+            if name not in ("version", "writer_pid", "written_at", "threads"):
+                self.extras[name] = value
+        return True

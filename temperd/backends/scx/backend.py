@@ -1,0 +1,161 @@
+"""The scx backend: the plan carried out by scx_layered, with the native backend as its fallback.
+
+scx_layered schedules every task on the host once it runs, and it matches new threads itself
+(by cgroup and thread-name prefix), so this backend has nothing to do per thread. It renders the
+plan (scx_render), hands it to the supervisor (scx_supervisor: start, batched restarts, stats,
+safe mode) and steps aside for the native backend when
+
+- the plan cannot be expressed as a scx_layered config (RenderError: too many layers, ...),
+- the supervisor is in safe mode (a crash loop) or refused to start (another sched_ext
+  scheduler holds the kernel).
+
+The switch both ways happens in apply(), on the daemon's main loop: the supervisor's safe-mode
+callback runs on its own thread and only asks for a replan (on_fallback). Threads the native
+backend changed are restored when scx_layered takes over again, so the two never stack.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
+
+from temperd.plan import LayerPlan
+from temperd.backends.native.backend import ApplyResult, NativeBackend
+from temperd.backends.scx.render import Rendered, RenderError, render_plan
+from temperd.backends.scx.supervisor import (RestartPolicy, ScxConfigError, ScxSupervisor, summarize_stats)
+
+log = logging.getLogger("temperd.backend")
+
+SCX = "scx"
+NATIVE = "native"
+
+
+def restart_policy(settings) -> RestartPolicy:
+    """The supervisor's policy from temperd.toml's [scx] table."""
+    return RestartPolicy(min_interval_s=settings.min_restart_interval_s, crash_limit=settings.crash_limit,
+                         crash_window_s=settings.crash_window_s)
+
+
+class ScxBackend:
+    """Same interface as NativeBackend: recover, apply, on_new_threads, stop, status."""
+
+    def __init__(self, supervisor: ScxSupervisor, native: NativeBackend, cpu_count: int,
+                 on_fallback: Optional[Callable[[str], None]] = None):
+        self.supervisor = supervisor
+        self.native = native
+        self.cpu_count = cpu_count
+        self.on_fallback = on_fallback  # set by the daemon: ask the main loop to replan
+        supervisor.on_safe_mode = self._supervisor_gave_up
+        self.carried_by = SCX
+        self.fallback_reason: Optional[str] = None
+        self.rendered: Optional[Rendered] = None
+        self.render_problems: Tuple[str, ...] = ()
+        self._native_held = False  # the native backend holds thread settings that need restoring
+
+    # ---- the backend interface -------------------------------------------------------------------
+
+    def recover(self) -> ApplyResult:
+        """Settings a crashed run of the native backend (or of this fallback) left behind."""
+        return self.native.recover()
+
+    def apply(self, plan: LayerPlan, threads: Iterable) -> ApplyResult:
+        try:
+            rendered = render_plan(plan, self.cpu_count, gpu_support=self.supervisor.gpu_support)
+        except RenderError as exc:
+            self.rendered, self.render_problems = None, exc.problems
+            return self._carry_natively(plan, threads, "the plan cannot be expressed as a scx_layered config: "
+                                        + "; ".join(exc.problems))
+        self.rendered, self.render_problems = rendered, ()
+        if self.supervisor.safe_mode:
+            return self._carry_natively(plan, threads, self.supervisor.safe_mode_reason or "scx_layered safe mode")
+        try:
+            self.supervisor.apply(rendered.config)
+        except ScxConfigError as exc:  # render_plan validates too: this is a disagreement between the two
+            self.render_problems = exc.problems
+            return self._carry_natively(plan, threads, str(exc))
+        self.supervisor.start()
+        result = ApplyResult()
+        if self.carried_by != SCX:
+            log.info("scx backend: scx_layered carries the plan again (was native: %s)", self.fallback_reason)
+        self.carried_by, self.fallback_reason = SCX, None
+        if self._native_held:
+            restored = self.native.stop()
+            self._native_held = False
+            result.merge(restored)
+            result.notes.append("scx_layered carries the plan: threads the native fallback changed were restored")
+        result.notes.extend(str(note) for note in rendered.notes)
+        return result
+
+    def retry(self) -> bool:
+        """After a reload: leave safe mode (or a refusal) and try scx_layered again on the next apply.
+
+        True when there was something to retry."""
+        if not self.supervisor.safe_mode:
+            return False
+        log.info("scx backend: trying scx_layered again (was: %s)", self.supervisor.safe_mode_reason)
+        self.supervisor.clear_safe_mode()
+        return True
+
+    def on_new_threads(self, threads: Iterable) -> ApplyResult:
+        if self.carried_by == NATIVE:
+            return self.native.on_new_threads(threads)
+        return ApplyResult()  # scx_layered matches new threads itself
+
+    def stop(self) -> ApplyResult:
+        self.supervisor.stop()
+        return self.native.stop()
+
+    @property
+    def drift_counts(self) -> Dict[str, int]:
+        return self.native.drift_counts
+
+    def layer_cpus(self) -> Optional[Dict[str, FrozenSet[int]]]:
+        """The CPUs scx_layered gives each layer now (from its stats), for the linter.
+
+        None while the native fallback carries the plan: then the plan's CPU numbers are real."""
+        if self.carried_by == NATIVE:
+            return None
+        return layer_cpus_from_stats(self.supervisor.stats())
+
+    def status(self) -> Dict[str, Any]:
+        supervisor = self.supervisor.status()
+        return {
+            "carried_by": self.carried_by,
+            "fallback_reason": self.fallback_reason,
+            "safe_mode": self.supervisor.safe_mode,
+            "safe_mode_reason": self.supervisor.safe_mode_reason,
+            "render_notes": [str(note) for note in self.rendered.notes] if self.rendered else [],
+            "render_problems": list(self.render_problems),
+            "scx_layered": supervisor,
+            "scx_stats": summarize_stats(self.supervisor.stats()),
+        }
+
+    # ---- falling back ----------------------------------------------------------------------------
+
+    def _carry_natively(self, plan: LayerPlan, threads: Iterable, reason: str) -> ApplyResult:
+        if self.carried_by != NATIVE or reason != self.fallback_reason:
+            log.warning("scx backend: the native backend carries the plan: %s", reason)
+        self.carried_by, self.fallback_reason = NATIVE, reason
+        result = self.native.apply(plan, threads)
+        self._native_held = True
+        result.notes.append(f"native fallback: {reason}")
+        return result
+
+    def _supervisor_gave_up(self, reason: str) -> None:
+        """From the supervisor's thread: safe mode or a refusal. The main loop switches over."""
+        if self.on_fallback is not None:
+            self.on_fallback(reason)
+
+
+def layer_cpus_from_stats(stats: Optional[Mapping[str, Any]]) -> Dict[str, FrozenSet[int]]:
+    """Layer name -> CPUs from LayerStats `cpus`: a CPU mask as 64-bit words, word 0 = CPUs 0..63.
+
+    Layers whose stats carry no mask are left out (their placement is unknown)."""
+    out: Dict[str, FrozenSet[int]] = {}
+    layers = stats.get("layers") if isinstance(stats, Mapping) else None
+    for name, values in (layers or {}).items():
+        words = values.get("cpus") if isinstance(values, Mapping) else None
+        if not isinstance(words, list) or not all(isinstance(w, int) and w >= 0 for w in words):
+            continue
+        out[name] = frozenset(64 * i + bit for i, word in enumerate(words) for bit in range(64) if word >> bit & 1)
+    return out

@@ -1,0 +1,210 @@
+"""The daemon configuration, /etc/temper/temperd.toml: tiers, bindings, backend, endpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from temperd.config.errors import ConfigError, ConfigProblem
+from temperd.plan import TIERS
+from temperd.config.schema import (Spec, TableSpec, Validator, check_cgroup_path, check_glob, json_schema)
+from temperd.config.tomlsource import TomlDocument, parse_toml, read_toml
+
+DEFAULT_CONFIG_DIR = "/etc/temper"
+CONFIG_FILE = "temperd.toml"
+# 9100 is node_exporter's and 9256 process-exporter's; 9477 is temperd's.
+DEFAULT_HTTP_PORT = 9477
+DEFAULT_SOCKET = "/run/temper/temperd.sock"
+DEFAULT_STATE_DIR = "/run/temper"
+BACKENDS = ("auto", "scx", "native")
+# With process events the inventory is current without scanning; the scan catches what no event
+# reports (affinity, nice, policy changed by others; cgroup moves). It reads every thread's stat
+# (about 18 us each), so its interval sets temperd's idle CPU on hosts with thousands of threads:
+# at 2 000 threads, 0.200 % of a core every 30 s and 0.083 % every 120 s (docs/benchmarks.md).
+DEFAULT_RECONCILE_INTERVAL_S = 120.0
+# Without events the scan is the only way to see new processes.
+DEFAULT_SCAN_WITHOUT_EVENTS_S = 30.0
+DEFAULT_SCX_STATS_SOCKET = "/var/run/scx/root/stats"
+
+# cgroup v2 cpu.weight per tier (1..10000, the kernel's default is 100).
+DEFAULT_TIER_WEIGHTS = {"critical": 1000, "standard": 100, "background": 10}
+
+_TIER_SPEC = TableSpec("tier", "One QoS tier.", {
+    "weight": Spec("int", "cgroup v2 cpu.weight of this tier's workloads (1..10000).", minimum=1, maximum=10000),
+})
+
+BINDING_SPEC = TableSpec(
+    "binding",
+    "Binds a systemd unit or a cgroup to a tier, a profile and a CPU budget. Exactly one of unit, cgroup.",
+    {
+        "unit": Spec("str", "systemd unit name or glob, e.g. 'memcached.service'.", item_check=check_glob),
+        "cgroup": Spec("str", "cgroup path prefix, e.g. '/system.slice/memcached.service'.", item_check=check_cgroup_path),
+        "tier": Spec("str", "QoS tier.", choices=TIERS, default="standard"),
+        "profile": Spec("str", "Profile id to apply (overrides fingerprints).", pattern=r"[a-z0-9][a-z0-9-]{0,62}",
+                        pattern_doc="a profile id"),
+        "cpus": Spec("float", "CPU budget in CPUs, e.g. 1.5; otherwise the cgroup's CPU quota.", minimum=0.0,
+                     maximum=4096.0, exclusive_minimum=True),
+    },
+)
+
+SCX_SPEC = TableSpec("scx", "scx", {
+    "binary": Spec("str", "Path of scx_layered; empty: found on PATH, /usr/bin, /usr/local/bin, /usr/sbin.", default=""),
+    "args": Spec("strlist", "Extra scx_layered command-line options, e.g. ['--disable-topology=false'].", default=[]),
+    "stats_socket": Spec("str", "scx_layered's stats socket.", default=DEFAULT_SCX_STATS_SOCKET),
+    "min_restart_interval_s": Spec("float", "Least time between two restarts for plan changes (each restart is a "
+                                   "moment on the kernel's default scheduler).", minimum=0.0, maximum=3600.0,
+                                   default=30.0),
+    "crash_limit": Spec("int", "This many crashes within crash_window_s put the scx backend into safe mode "
+                        "(the native backend carries the plan).", minimum=1, maximum=100, default=3),
+    "crash_window_s": Spec("float", "The window for crash_limit.", minimum=1.0, maximum=86400.0, default=300.0),
+})
+
+CONFIG_SPEC = TableSpec(
+    "temperd configuration",
+    "temperd's own settings: /etc/temper/temperd.toml.",
+    {
+        "backend": Spec("str", "auto: scx_layered where sched_ext and the binary exist, else native.", choices=BACKENDS, default="auto"),
+        "profile_dir": Spec("str", "Directory of file profiles (relative to this file's directory).", default="profiles.d"),
+        "state_dir": Spec("str", "Runtime state (restore records, control socket).", default=DEFAULT_STATE_DIR),
+        "default_tier": Spec("str", "Tier of workloads no binding names.", choices=TIERS, default="standard"),
+        "reserve_cpus": Spec("int", "CPUs kept for everything that is not exclusive (at least 1).", minimum=1, maximum=4096, default=1),
+        "reconcile_interval_s": Spec("float", "Seconds between full /proc reconcile scans while process events arrive "
+                                     "(a lost-event overflow starts one at once).", minimum=1.0, maximum=3600.0,
+                                     default=DEFAULT_RECONCILE_INTERVAL_S),
+        "scan_interval_without_events_s": Spec("float", "Seconds between /proc scans where process events are "
+                                               "unavailable (no CAP_NET_ADMIN, containers).", minimum=1.0,
+                                               maximum=3600.0, default=DEFAULT_SCAN_WITHOUT_EVENTS_S),
+        "http": Spec("table", "Read-only HTTP endpoints /metrics and /observe.", default={}, table=TableSpec("http", "HTTP", {
+            "listen": Spec("str", "Address to listen on (loopback by default).", default="127.0.0.1"),
+            "port": Spec("int", "TCP port (0 = disabled).", minimum=0, maximum=65535, default=DEFAULT_HTTP_PORT),
+        })),
+        "control": Spec("table", "The Unix control socket used by temperctl.", default={}, table=TableSpec("control", "control", {
+            "socket": Spec("str", "Socket path.", default=DEFAULT_SOCKET),
+            "group": Spec("str", "Group allowed to use the socket besides root.", default="temper"),
+        })),
+        "tiers": Spec("table", "Per-tier settings.", default={}, table=TableSpec("tiers", "tiers", {
+            name: Spec("table", f"The {name} tier.", default={}, table=_TIER_SPEC) for name in TIERS
+        })),
+        "scx": Spec("table", "The scx backend: how temperd runs and supervises scx_layered.", default={},
+                    table=SCX_SPEC),
+        "binding": Spec("tables", BINDING_SPEC.doc, default=[], table=BINDING_SPEC),
+    },
+)
+
+
+@dataclass(frozen=True)
+class Binding:
+    tier: str
+    unit: Optional[str] = None
+    cgroup: Optional[str] = None
+    profile: Optional[str] = None
+    cpus: Optional[float] = None
+    index: int = 0  # position in the file, for messages
+
+    def describe(self) -> str:
+        return f"binding[{self.index}] ({'unit ' + self.unit if self.unit else 'cgroup ' + str(self.cgroup)})"
+
+
+@dataclass(frozen=True)
+class ScxSettings:
+    binary: str = ""  # empty: search the usual places
+    args: Tuple[str, ...] = ()
+    stats_socket: str = DEFAULT_SCX_STATS_SOCKET
+    min_restart_interval_s: float = 30.0
+    crash_limit: int = 3
+    crash_window_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    source: str = "(defaults)"
+    backend: str = "auto"
+    profile_dir: str = "/etc/temper/profiles.d"
+    state_dir: str = DEFAULT_STATE_DIR
+    default_tier: str = "standard"
+    reserve_cpus: int = 1
+    reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_S
+    scan_interval_without_events_s: float = DEFAULT_SCAN_WITHOUT_EVENTS_S
+    http_listen: str = "127.0.0.1"
+    http_port: int = DEFAULT_HTTP_PORT
+    control_socket: str = DEFAULT_SOCKET
+    control_group: str = "temper"
+    tier_weights: Dict[str, int] = field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
+    bindings: Tuple[Binding, ...] = ()
+    scx: ScxSettings = field(default_factory=lambda: ScxSettings())
+
+    def scan_interval(self, events_active: bool) -> float:
+        """Seconds until the next full /proc scan."""
+        return self.reconcile_interval_s if events_active else self.scan_interval_without_events_s
+
+
+def config_from_document(doc: TomlDocument) -> DaemonConfig:
+    v = Validator(doc)
+    values = v.table(doc.data, CONFIG_SPEC)
+    bindings: List[Binding] = []
+    raw = doc.data.get("binding") if isinstance(doc.data.get("binding"), list) else []
+    for index, b in enumerate(values["binding"] or []):
+        # Presence as written: a cgroup with a bad value is not also reported missing.
+        if ("unit" in raw[index]) == ("cgroup" in raw[index]):
+            v.fail(("binding", index), "expected exactly one of unit, cgroup")
+            continue
+        if b.get("unit") is None and b.get("cgroup") is None:
+            continue
+        bindings.append(Binding(tier=b["tier"], unit=b.get("unit"), cgroup=b.get("cgroup"),
+                                profile=b.get("profile"), cpus=b.get("cpus"), index=index))
+    if v.problems:
+        raise ConfigError(sorted(v.problems, key=lambda p: p.line or 0))
+    weights = dict(DEFAULT_TIER_WEIGHTS)
+    for name, tier in (values["tiers"] or {}).items():
+        if tier and tier.get("weight") is not None:
+            weights[name] = tier["weight"]
+    http, control, scx = values["http"] or {}, values["control"] or {}, values["scx"] or {}
+    return DaemonConfig(
+        source=doc.file,
+        backend=values["backend"],
+        profile_dir=values["profile_dir"],
+        state_dir=values["state_dir"],
+        default_tier=values["default_tier"],
+        reserve_cpus=values["reserve_cpus"],
+        reconcile_interval_s=values["reconcile_interval_s"],
+        scan_interval_without_events_s=values["scan_interval_without_events_s"],
+        http_listen=http.get("listen", "127.0.0.1"),
+        http_port=http.get("port", DEFAULT_HTTP_PORT),
+        control_socket=control.get("socket", DEFAULT_SOCKET),
+        control_group=control.get("group", "temper"),
+        tier_weights=weights,
+        bindings=tuple(bindings),
+        scx=ScxSettings(**{**scx, "args": tuple(scx.get("args") or ())}),
+    )
+
+
+def parse_config(text: str, file: str) -> DaemonConfig:
+    return config_from_document(parse_toml(text, file))
+
+
+def load_config(config_dir: str = DEFAULT_CONFIG_DIR) -> DaemonConfig:
+    """temperd.toml from the directory; defaults when there is none (profile_dir beside it)."""
+    path = os.path.join(config_dir, CONFIG_FILE)
+    if not os.path.exists(path):
+        return DaemonConfig(source=f"{path} (absent: defaults)", profile_dir=os.path.join(config_dir, "profiles.d"))
+    doc = read_toml(path)
+    config = config_from_document(doc)
+    # profiles.d lives beside temperd.toml unless the file says otherwise (relative = to the file).
+    profile_dir = os.path.join(config_dir, doc.data.get("profile_dir", "profiles.d"))
+    return dataclasses.replace(config, profile_dir=profile_dir)
+
+
+def check_binding_profiles(config: DaemonConfig, known_ids) -> List[ConfigProblem]:
+    """Bindings that name a profile no loaded profile has."""
+    out = []
+    for b in config.bindings:
+        if b.profile is not None and b.profile not in known_ids:
+            out.append(ConfigProblem(config.source, ("binding", b.index, "profile"),
+                                     f"expected the id of a loaded profile ({', '.join(sorted(known_ids))}), found {b.profile!r}"))
+    return out
+
+
+def config_json_schema() -> dict:
+    return json_schema(CONFIG_SPEC, root_id="urn:temperd:config:v1")

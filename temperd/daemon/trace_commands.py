@@ -1,0 +1,107 @@
+"""The control-socket command `trace`: temperd captures a bounded trace for temperctl.
+
+temperd writes the trace into its own directory (TRACE_DIR, root:temper 0750, files 0640) and
+replies with the path; temperctl copies it to where the user asked. temperd never writes to a
+path a client names, since members of group temper may ask but are not root. Only the newest
+KEEP_TRACES files are kept there.
+"""
+
+from __future__ import annotations
+
+import grp
+import logging
+import os
+import time
+from typing import Any, Dict, Optional
+
+from temperd.trace import capture as trace_capture
+from temperd.daemon.control import ControlError, Progress
+from temperd.trace.capture import CaptureRequest, TraceError, capture, parse_duration, parse_size
+
+TRACE_DIR = os.path.join(os.path.dirname(trace_capture.LOCK_PATH), "traces")
+KEEP_TRACES = 3
+GROUP = "temper"
+
+log = logging.getLogger("temperd.trace")
+
+
+def _optional_int(request: Dict[str, Any], key: str) -> Optional[int]:
+    value = request.get(key)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ControlError(f"{key}: expected a number, found {value!r}") from None
+
+
+def _prune(directory: str, keep: int) -> None:
+    """Delete the oldest traces so at most `keep` remain (before a new one is added)."""
+    entries = []
+    for name in os.listdir(directory):
+        if name.startswith("trace-"):
+            path = os.path.join(directory, name)
+            try:
+                entries.append((os.stat(path).st_mtime, path))
+            except OSError:
+                continue
+    for _, path in sorted(entries)[: max(0, len(entries) - keep)]:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _group_id() -> Optional[int]:
+    try:
+        return grp.getgrnam(GROUP).gr_gid
+    except KeyError:
+        return None
+
+
+def _share(path: str, mode: int) -> None:
+    """Readable by group temper (temperctl of a non-root member copies the file). Under the
+    systemd unit temperd already runs with group temper (and UMask=0077, hence the chmod) and
+    has no CAP_CHOWN, so the group is only changed where it differs."""
+    gid = _group_id()
+    if gid is not None and os.stat(path).st_gid != gid:
+        try:
+            os.chown(path, -1, gid)
+        except OSError as exc:
+            log.warning("cannot give %s to group %s: %s", path, GROUP, exc.strerror)
+    os.chmod(path, mode)
+
+
+def trace_handler(request: Dict[str, Any], progress: Progress) -> Dict[str, Any]:
+    """{"cmd": "trace", "duration": "10s", "max_size": "64M", "pid"|"unit": ..., "gzip": bool,
+    "requester": "..."} -> {"trace": CaptureResult as a dict}; progress notes while it runs."""
+    try:
+        duration = parse_duration(request.get("duration", trace_capture.DEFAULT_DURATION_S))
+        max_bytes = parse_size(request.get("max_size", trace_capture.DEFAULT_MAX_BYTES))
+    except TraceError as exc:
+        raise ControlError(str(exc)) from None
+    pid = _optional_int(request, "pid")
+    unit = request.get("unit") or None
+    directory = TRACE_DIR
+    os.makedirs(directory, mode=0o750, exist_ok=True)
+    _share(directory, 0o750)
+    _prune(directory, KEEP_TRACES - 1)
+    name = time.strftime("trace-%Y%m%d-%H%M%S") + f"-{time.monotonic_ns() % 1_000_000:06d}.txt"
+    if request.get("gzip"):
+        name += ".gz"
+    output = os.path.join(directory, name)
+    requester = str(request.get("requester") or "control socket")[:200]
+
+    def relay(note: Dict[str, Any]) -> None:
+        try:
+            progress(note)
+        except OSError:
+            raise ControlError("temperctl went away; capture stopped") from None
+
+    try:
+        result = capture(CaptureRequest(output=output, duration_s=duration, max_bytes=max_bytes, pid=pid,
+                                        unit=unit, requester=requester), progress=relay)
+    except TraceError as exc:
+        raise ControlError(str(exc)) from None
+    _share(result.output, 0o640)
+    return {"trace": result.as_dict()}

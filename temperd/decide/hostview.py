@@ -1,0 +1,60 @@
+"""Wiring of the decide stage: configuration + profiles + machine shape + processes -> match and plan.
+
+The daemon and `temperctl plan --dry-run` / `explain` go through the same functions, so what the
+CLI shows is what the daemon would do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, List, Tuple
+
+from temperd.sources import cgroups
+from temperd.sources import procfs
+from temperd.config.daemon_config import (DEFAULT_CONFIG_DIR, DaemonConfig, check_binding_profiles, load_config)
+from temperd.config.errors import ConfigError, ConfigProblem
+from temperd.decide.matcher import Matcher, MatchResult
+from temperd.plan import LayerPlan
+from temperd.decide.planner import PlannerSettings, plan
+from temperd.config.profileset import HostShape, ProfileSet, load_profile_set
+from temperd.sources.shape import MachineShape, read_shape
+
+
+@dataclass(frozen=True)
+class HostView:
+    """What the decide stage reads besides the processes: one consistent generation."""
+
+    config: DaemonConfig
+    shape: MachineShape
+    profiles: ProfileSet
+
+    @property
+    def problems(self) -> List[ConfigProblem]:
+        return list(self.profiles.problems) + check_binding_profiles(self.config, self.profiles.active)
+
+
+def load_host_view(config_dir: str = DEFAULT_CONFIG_DIR, sysfs_root: str = "/sys", *,
+                   require_trusted: bool = True) -> HostView:
+    """Raises ConfigError for a bad temperd.toml; bad profile files are listed in .problems."""
+    config = load_config(config_dir)
+    shape = read_shape(sysfs_root)
+    profiles = load_profile_set(HostShape.of(shape), config.profile_dir, require_trusted=require_trusted)
+    return HostView(config, shape, profiles)
+
+
+def make_matcher(view: HostView) -> Matcher:
+    return Matcher(view.config, view.profiles.active, env_reader=procfs.read_environ_var,
+                   quota_reader=cgroups.cpu_quota)
+
+
+def planner_settings(config: DaemonConfig) -> PlannerSettings:
+    return PlannerSettings(reserve_cpus=config.reserve_cpus,
+                           tier_weights=tuple(sorted(config.tier_weights.items())))
+
+
+def decide(view: HostView, matcher: Matcher, processes: Iterable) -> Tuple[MatchResult, LayerPlan]:
+    match = matcher.match(processes)
+    return match, plan(view.shape, match.workloads, view.profiles.active, planner_settings(view.config))
+
+
+__all__ = ["ConfigError", "HostView", "decide", "load_host_view", "make_matcher", "planner_settings"]

@@ -1,0 +1,297 @@
+"""Which profile and tier apply to each process, and which thread group each thread is in — and why.
+
+Precedence (DESIGN.md): TEMPER_WORKLOAD_PROFILE=<id> in the process environment, then a
+[[binding]] naming its unit or cgroup, then profile fingerprints (executable, unit, cgroup,
+process name, command line). Processes of one workload (one unit, or one process tree
+without a unit) are matched together so a process-per-connection server is one workload.
+
+Pure: facts about processes come in as objects (the inventory's), nothing is read here except
+through the callables passed in.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from temperd.config.daemon_config import Binding, DaemonConfig
+from temperd.config.profile import Profile, ThreadGroup
+from temperd.config.schema import glob_match
+
+ENV_PROFILE = "TEMPER_WORKLOAD_PROFILE"
+
+
+@dataclass(frozen=True)
+class ThreadMatch:
+    tid: int
+    pid: int
+    comm: str
+    group: Optional[str]  # None: in no group of the profile (untreated)
+    reason: str
+
+
+@dataclass(frozen=True)
+class Workload:
+    key: str  # unit name, or "<profile>:pid<root pid>" for a process tree without a unit
+    profile_id: Optional[str]
+    tier: str
+    budget: Optional[float]  # CPUs
+    budget_reason: str
+    source: str  # "env" | "binding" | "fingerprint"
+    reason: str
+    unit: Optional[str]
+    cgroup: Optional[str]
+    pids: Tuple[int, ...]
+    threads: Tuple[ThreadMatch, ...]
+
+    def members(self, group: str) -> Tuple[int, ...]:
+        return tuple(t.tid for t in self.threads if t.group == group)
+
+
+@dataclass
+class MatchResult:
+    workloads: List[Workload] = field(default_factory=list)
+    # pid -> why it is not a workload (only for processes someone asked about, or env/binding errors)
+    notes: Dict[int, str] = field(default_factory=dict)
+
+    def workload_of(self, pid: int) -> Optional[Workload]:
+        for workload in self.workloads:
+            if pid in workload.pids:
+                return workload
+        return None
+
+
+@dataclass(frozen=True)
+class _ProcessDecision:
+    profile: Optional[Profile]
+    tier: str
+    source: str
+    reason: str
+    binding: Optional[Binding]
+
+
+def _cmdline_text(proc) -> str:
+    return " ".join(proc.cmdline or ())
+
+
+def fingerprint_reason(profile: Profile, proc) -> Optional[str]:
+    """Why the process matches the profile's fingerprint, or None."""
+    fp = profile.fingerprint
+    exe = proc.exe or ""
+    for pattern in fp.executables:
+        if exe and glob_match(pattern, exe):
+            return f"executable {exe} matches {pattern!r}"
+    for pattern in fp.units:
+        if proc.unit and glob_match(pattern, proc.unit):
+            return f"unit {proc.unit} matches {pattern!r}"
+    for prefix in fp.cgroups:
+        if proc.cgroup and (proc.cgroup == prefix or proc.cgroup.startswith(prefix.rstrip("/") + "/")):
+            return f"cgroup {proc.cgroup} is under {prefix}"
+    for pattern in fp.process_names:
+        if glob_match(pattern, proc.name):
+            return f"process name {proc.name!r} matches {pattern!r}"
+    text = _cmdline_text(proc)
+    for pattern in fp.cmdline:
+        if text and re.search(pattern, text):
+            return f"command line matches {pattern!r}"
+    return None
+
+
+def binding_for(config: DaemonConfig, proc) -> Optional[Binding]:
+    for binding in config.bindings:
+        if binding.unit and proc.unit and glob_match(binding.unit, proc.unit):
+            return binding
+        if binding.cgroup and proc.cgroup and (
+            proc.cgroup == binding.cgroup or proc.cgroup.startswith(binding.cgroup.rstrip("/") + "/")
+        ):
+            return binding
+    return None
+
+
+class Matcher:
+    def __init__(self, config: DaemonConfig, profiles: Mapping[str, Profile], *,
+                 env_reader: Callable[[int, str], Optional[str]] = lambda pid, name: None,
+                 quota_reader: Callable[[str], Optional[float]] = lambda cgroup: None):
+        self.config = config
+        self.profiles = dict(profiles)
+        self._ordered = [self.profiles[k] for k in sorted(self.profiles)]
+        self._env_reader = env_reader
+        self._quota_reader = quota_reader
+        self._env_cache: Dict[Tuple[int, int], Optional[str]] = {}
+        self._decisions: Dict[tuple, Optional[_ProcessDecision]] = {}
+        self._last_runtime: Dict[Tuple[int, int], int] = {}
+
+    # ---- per process -----------------------------------------------------------------------
+
+    def decide(self, proc) -> Optional[_ProcessDecision]:
+        """Profile and tier of one process, or None when nothing selects it (cached: the facts
+        it depends on are the key, so an exec, a new title or a cgroup move decides again)."""
+        if getattr(proc, "is_kernel_thread", False):
+            return None
+        key = (proc.pid, proc.start_time, proc.name, proc.exe, tuple(proc.cmdline or ()), proc.unit, proc.cgroup)
+        if key not in self._decisions:
+            self._decisions[key] = self._decide(proc)
+        return self._decisions[key]
+
+    def _decide(self, proc) -> Optional[_ProcessDecision]:
+        binding = binding_for(self.config, proc)
+        tier = binding.tier if binding else self.config.default_tier
+        tier_reason = f"tier {tier} from {binding.describe()}" if binding else f"default tier {tier}"
+        key = (proc.pid, proc.start_time)
+        if key not in self._env_cache:
+            self._env_cache[key] = self._env_reader(proc.pid, ENV_PROFILE)
+        wanted = self._env_cache[key]
+        if wanted:
+            profile = self.profiles.get(wanted)
+            if profile is None:
+                return _ProcessDecision(None, tier, "env", f"{ENV_PROFILE}={wanted} names no loaded profile; {tier_reason}", binding)
+            return _ProcessDecision(profile, tier, "env", f"{ENV_PROFILE}={wanted} in its environment; {tier_reason}", binding)
+        if binding is not None:
+            if binding.profile:
+                profile = self.profiles.get(binding.profile)
+                why = f"profile {binding.profile} from {binding.describe()}" if profile else \
+                    f"{binding.describe()} names profile {binding.profile!r}, which is not loaded"
+                return _ProcessDecision(profile, tier, "binding", f"{why}; {tier_reason}", binding)
+        for profile in self._ordered:
+            why = fingerprint_reason(profile, proc)
+            if why:
+                return _ProcessDecision(profile, tier, "fingerprint", f"profile {profile.id}: {why}; {tier_reason}", binding)
+        if binding is not None:
+            return _ProcessDecision(None, tier, "binding", f"no profile; {tier_reason}", binding)
+        return None
+
+    def explain_unmatched(self, proc) -> str:
+        if getattr(proc, "is_kernel_thread", False):
+            return "kernel thread: never treated"
+        return (f"no {ENV_PROFILE} in its environment, no binding for unit {proc.unit or '-'} / cgroup "
+                f"{proc.cgroup or '-'}, and no fingerprint of {len(self._ordered)} loaded profiles matches "
+                f"(name {proc.name!r}, exe {proc.exe or '-'})")
+
+    # ---- whole host ------------------------------------------------------------------------
+
+    def match(self, processes: Iterable) -> MatchResult:
+        procs = {p.pid: p for p in processes}
+        live = {(p.pid, p.start_time) for p in procs.values()}
+        self._decisions = {k: v for k, v in self._decisions.items() if (k[0], k[1]) in live}
+        self._env_cache = {k: v for k, v in self._env_cache.items() if k in live}
+        decisions = {}
+        for pid, proc in procs.items():
+            decision = self.decide(proc)
+            if decision is not None:
+                decisions[pid] = decision
+        result = MatchResult()
+        groups: Dict[str, List[int]] = {}
+        for pid, decision in decisions.items():
+            groups.setdefault(self._workload_key(procs, decisions, pid), []).append(pid)
+        seen_runtime: Dict[Tuple[int, int], int] = {}
+        for key in sorted(groups):
+            pids = sorted(groups[key])
+            first = decisions[pids[0]]
+            workload = self._workload(key, [procs[p] for p in pids], first, seen_runtime)
+            result.workloads.append(workload)
+        self._last_runtime = seen_runtime
+        return result
+
+    def _workload_key(self, procs, decisions, pid) -> str:
+        proc, decision = procs[pid], decisions[pid]
+        pid_of = decision.profile.id if decision.profile else "tier"
+        if proc.unit:
+            return f"{proc.unit}" if decision.source != "env" else f"{proc.unit}/{pid_of}"
+        # Without a unit: the topmost ancestor with the same decision roots the workload.
+        root = pid
+        parent = getattr(procs.get(root), "ppid", 0)
+        while parent in decisions and decisions[parent].profile == decision.profile and parent != root:
+            root = parent
+            parent = getattr(procs.get(root), "ppid", 0)
+        return f"{pid_of}:pid{root}"
+
+    def _workload(self, key: str, procs: Sequence, decision: _ProcessDecision,
+                  seen_runtime: Dict[Tuple[int, int], int]) -> Workload:
+        unit = procs[0].unit
+        cgroup = procs[0].cgroup
+        budget, budget_reason = self._budget(decision.binding, cgroup)
+        threads: List[ThreadMatch] = []
+        if decision.profile is not None:
+            for proc in procs:
+                threads.extend(self._assign(decision.profile, proc, seen_runtime))
+        else:
+            for proc in procs:
+                for thread in _threads(proc):
+                    threads.append(ThreadMatch(thread.tid, proc.pid, thread.comm, None, "no profile: tier treatment only"))
+        return Workload(
+            key=key,
+            profile_id=decision.profile.id if decision.profile else None,
+            tier=decision.tier,
+            budget=budget,
+            budget_reason=budget_reason,
+            source=decision.source,
+            reason=decision.reason,
+            unit=unit,
+            cgroup=cgroup,
+            pids=tuple(p.pid for p in procs),
+            threads=tuple(sorted(threads, key=lambda t: t.tid)),
+        )
+
+    def _budget(self, binding: Optional[Binding], cgroup: Optional[str]) -> Tuple[Optional[float], str]:
+        if binding is not None and binding.cpus is not None:
+            return binding.cpus, f"cpus = {binding.cpus:g} from {binding.describe()}"
+        quota = self._quota_reader(cgroup) if cgroup else None
+        if quota is not None:
+            return quota, f"CPU quota {quota:g} of cgroup {cgroup}"
+        return None, "no CPU budget: no binding sets cpus and the cgroup has no CPU quota"
+
+    # ---- threads into groups -----------------------------------------------------------------
+
+    def _assign(self, profile: Profile, proc, seen_runtime) -> List[ThreadMatch]:
+        threads = _threads(proc)
+        title = _cmdline_text(proc)
+        out: Dict[int, ThreadMatch] = {}
+        for thread in threads:
+            for group in profile.thread_groups:
+                why = selector_reason(group, thread.comm, title)
+                if why:
+                    out[thread.tid] = ThreadMatch(thread.tid, proc.pid, thread.comm, group.name, why)
+                    break
+        # "Busiest" is by recent runtime: the growth since the previous match, else the total.
+        recent = {}
+        for thread in threads:
+            key = (thread.tid, getattr(thread, "start_time", 0))
+            total = getattr(thread, "runtime_ns", 0) or 0
+            seen_runtime[key] = total
+            recent[thread.tid] = total - self._last_runtime.get(key, 0)
+        for group in profile.thread_groups:
+            if group.busiest is None:
+                continue
+            rest = [t for t in threads if t.tid not in out]
+            rest.sort(key=lambda t: (-recent[t.tid], t.tid))
+            for rank, thread in enumerate(rest[: group.busiest], start=1):
+                out[thread.tid] = ThreadMatch(thread.tid, proc.pid, thread.comm, group.name,
+                                              f"busiest #{rank} of {group.busiest} in its process "
+                                              f"({recent[thread.tid] / 1e6:.1f} ms recent CPU)")
+        catch_all = next((g for g in profile.thread_groups if g.catch_all), None)
+        for thread in threads:
+            if thread.tid in out:
+                continue
+            if catch_all is not None:
+                out[thread.tid] = ThreadMatch(thread.tid, proc.pid, thread.comm, catch_all.name,
+                                              f"no other group of {profile.id} claims it: catch-all {catch_all.name}")
+            else:
+                out[thread.tid] = ThreadMatch(thread.tid, proc.pid, thread.comm, None,
+                                              f"no group of {profile.id} selects it and the profile has no catch-all")
+        return list(out.values())
+
+
+def _threads(proc) -> List:
+    threads = proc.threads
+    return list(threads.values()) if isinstance(threads, Mapping) else list(threads)
+
+
+def selector_reason(group: ThreadGroup, comm: str, title: str) -> Optional[str]:
+    for pattern in group.thread_names:
+        if glob_match(pattern, comm):
+            return f"thread name {comm!r} matches {pattern!r} of group {group.name}"
+    for pattern in group.process_titles:
+        if title and re.search(pattern, title):
+            return f"process title matches {pattern!r} of group {group.name}"
+    return None

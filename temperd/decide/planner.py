@@ -1,0 +1,198 @@
+"""The planner: (machine shape, tiers, matched workloads, profiles) -> LayerPlan. Pure and deterministic.
+
+Sizing rules (seeds/002):
+- an exclusive group gets ceil(workload CPU budget x cpu_fraction) whole physical cores; its
+  members run on one CPU of each core and the SMT siblings are left idle, so two hot threads
+  never share a core;
+- whole cores for exclusive groups come from what is left after a reserve for everything else
+  (the lowest-numbered cores: CPU 0 carries most housekeeping and interrupts);
+- a group whose whole-core demand exceeds what is left is demoted to Grouped: it gets CPUs
+  spread one per physical core (it may share them), the demotion is reported, never silent;
+- critical-tier workloads without a profile get a tier layer.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from temperd.decide.matcher import Workload
+from temperd.plan import (CONFINED, EXCLUSIVE, GROUPED, LATENCY, OPEN, TIERS, YIELD, CgroupWeight, Layer, LayerPlan, MemberSelector)
+from temperd.config.profile import Profile, ThreadGroup
+
+TIER_RANK = {tier: rank for rank, tier in enumerate(TIERS)}
+LAYER_NAME_MAX = 63
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    reserve_cpus: int = 1
+    tier_weights: Tuple[Tuple[str, int], ...] = (("critical", 1000), ("standard", 100), ("background", 10))
+
+    def weight_of(self, tier: str) -> int:
+        return dict(self.tier_weights)[tier]
+
+
+def exclusive_cores(budget: float, cpu_fraction: float) -> int:
+    """ceil(budget x fraction), robust to binary floating point (2.25 x 0.85 is 1.9125, not 1.91250001)."""
+    return max(1, math.ceil(round(budget * cpu_fraction, 6)))
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "w"
+
+
+class _CoreAllocator:
+    """Hands out whole cores from the highest-numbered end, keeping the reserve at the low end."""
+
+    def __init__(self, shape, reserve_cpus: int):
+        self.cores = sorted((tuple(sorted(c.cpus)) for c in shape.cores), key=lambda cpus: cpus[0])
+        per_core = max(1, shape.threads_per_core)
+        self.reserve_cores = min(len(self.cores), max(1, math.ceil(reserve_cpus / per_core)))
+        self.free = list(reversed(self.cores[self.reserve_cores:]))  # highest first
+
+    def available(self) -> int:
+        return len(self.free)
+
+    def take(self, n: int) -> List[Tuple[int, ...]]:
+        taken, self.free = self.free[:n], self.free[n:]
+        return sorted(taken)
+
+    def spread(self, n: int) -> Tuple[int, ...]:
+        """n CPUs, one per physical core before any second sibling; free cores first."""
+        order = list(reversed(self.free)) + [c for c in self.cores if c not in self.free]
+        cpus: List[int] = []
+        for depth in range(max((len(c) for c in order), default=0)):
+            for core in order:
+                if depth < len(core) and len(cpus) < n:
+                    cpus.append(core[depth])
+        return tuple(sorted(cpus))
+
+
+def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
+         settings: PlannerSettings = PlannerSettings()) -> LayerPlan:
+    alloc = _CoreAllocator(shape, settings.reserve_cpus)
+    reserve = tuple(sorted(cpu for core in alloc.cores[: alloc.reserve_cores] for cpu in core))
+    decisions = [f"reserve for everything else: CPUs {_cpus(reserve)} ({alloc.reserve_cores} whole core(s) "
+                 f"for reserve_cpus = {settings.reserve_cpus})",
+                 f"{alloc.available()} of {len(alloc.cores)} core(s) available for exclusive groups"]
+    layers: List[Layer] = []
+    errors: List[str] = []
+    weights: List[CgroupWeight] = []
+    names: Dict[str, int] = {}
+
+    def unique(name: str) -> str:
+        name = name[:LAYER_NAME_MAX]
+        if name in names:
+            names[name] += 1
+            suffix = f"-{names[name]}"
+            name = name[: LAYER_NAME_MAX - len(suffix)] + suffix
+        names.setdefault(name, 1)
+        return name
+
+    ordered = sorted(workloads, key=lambda w: (TIER_RANK.get(w.tier, 99), w.key))
+    for workload in ordered:
+        tier_weight = settings.weight_of(workload.tier)
+        if workload.unit or workload.cgroup:
+            weights.append(CgroupWeight(workload.key, workload.tier, tier_weight, workload.unit, workload.cgroup))
+        profile = profiles.get(workload.profile_id) if workload.profile_id else None
+        if workload.profile_id and profile is None:
+            errors.append(f"workload {workload.key}: profile {workload.profile_id!r} is not loaded")
+            continue
+        if profile is None:
+            if workload.tier == "critical":
+                layers.append(_tier_layer(workload, alloc, tier_weight, unique))
+            elif workload.tier == "background":
+                layers.append(_background_layer(workload, tier_weight, unique))
+            continue
+        for group in profile.thread_groups:
+            layer = _group_layer(workload, group, alloc, unique, decisions)
+            if layer is not None:
+                layers.append(layer)
+    return LayerPlan(layers=tuple(layers), reserve_cpus=reserve, decisions=tuple(decisions),
+                     errors=tuple(errors), cgroup_weights=tuple(weights))
+
+
+def _selector(workload: Workload, group: Optional[ThreadGroup], tids: Tuple[int, ...]) -> MemberSelector:
+    return MemberSelector(
+        cgroup=workload.cgroup if workload.unit else None,
+        pids=workload.pids,
+        comm_patterns=group.thread_names if group else (),
+        title_patterns=group.process_titles if group else (),
+        tids=tids,
+        catch_all=bool(group and group.catch_all) or group is None,
+    )
+
+
+def _group_layer(workload: Workload, group: ThreadGroup, alloc: _CoreAllocator, unique, decisions: List[str]) -> Optional[Layer]:
+    members = workload.members(group.name)
+    name = unique(f"{_slug(workload.key)}.{group.name}")
+    where = f"{workload.key} group {group.name}"
+    if not members:
+        decisions.append(f"{where}: no member threads now, no layer")
+        return None
+    reasons = [f"{len(members)} member thread(s): {group.describe_selector()}"]
+    common = dict(name=name, treatment=group.treatment, tier=workload.tier, workload=workload.key,
+                  group=group.name, selector=_selector(workload, group, members), weight=group.weight)
+    if group.treatment == EXCLUSIVE:
+        if workload.budget is not None:
+            want = exclusive_cores(workload.budget, group.cpu_fraction)
+            reasons.append(f"ceil({workload.budget:g} CPUs x cpu_fraction {group.cpu_fraction:g}) = {want} whole core(s) "
+                           f"({workload.budget_reason})")
+        else:
+            want = len(members)
+            reasons.append(f"{want} whole core(s), one per member thread ({workload.budget_reason})")
+        if want <= alloc.available():
+            cores = alloc.take(want)
+            cpus = tuple(core[0] for core in cores)
+            siblings = tuple(cpu for core in cores for cpu in core[1:])
+            reasons.append(f"Confined on CPUs {_cpus(cpus)}" + (f", SMT siblings {_cpus(siblings)} left idle" if siblings else ""))
+            return Layer(kind=CONFINED, cpus=cpus, idle_siblings=siblings, protected=True, nice=group.nice,
+                         slice_us=group.slice_us, idle_resume_us=group.idle_resume_us, reasons=tuple(reasons), **common)
+        cpus = alloc.spread(want)
+        text = (f"demoted to Grouped: needs {want} whole core(s), only {alloc.available()} left after the reserve "
+                f"and earlier exclusive groups; shares CPUs {_cpus(cpus)}, one per physical core first")
+        reasons.append(text)
+        decisions.append(f"{where}: {text}")
+        return Layer(kind=GROUPED, cpus=cpus, nice=group.nice, slice_us=group.slice_us,
+                     idle_resume_us=group.idle_resume_us, reasons=tuple(reasons), **common)
+    if group.treatment == LATENCY:
+        reasons.append(f"latency: nice {group.nice}" + (f", slice {group.slice_us} us" if group.slice_us else ""))
+        return Layer(kind=OPEN, nice=group.nice, slice_us=group.slice_us, idle_resume_us=group.idle_resume_us,
+                     reasons=tuple(reasons), **common)
+    assert group.treatment == YIELD
+    if group.yield_policy == "idle":
+        reasons.append("yield: SCHED_IDLE, runs only when nothing else wants the CPU")
+        return Layer(kind=OPEN, policy="idle", reasons=tuple(reasons), **common)
+    reasons.append(f"yield: SCHED_BATCH, nice {group.nice}")
+    return Layer(kind=OPEN, policy="batch", nice=group.nice, reasons=tuple(reasons), **common)
+
+
+def _tier_layer(workload: Workload, alloc: _CoreAllocator, weight: int, unique) -> Layer:
+    tids = tuple(t.tid for t in workload.threads)
+    name = unique(f"{_slug(workload.key)}.tier")
+    common = dict(name=name, treatment=LATENCY, tier=workload.tier, workload=workload.key, group="",
+                  selector=_selector(workload, None, tids), weight=weight)
+    if workload.budget is None:
+        return Layer(kind=OPEN, reasons=(f"critical tier without a profile: weight {weight}; {workload.budget_reason}",), **common)
+    want = max(1, math.ceil(round(workload.budget, 6)))
+    cpus = alloc.spread(want)
+    return Layer(kind=GROUPED, cpus=cpus, reasons=(
+        f"critical tier without a profile: Grouped on {want} CPU(s) {_cpus(cpus)} spread over physical cores "
+        f"({workload.budget_reason})",), **common)
+
+
+def _background_layer(workload: Workload, weight: int, unique) -> Layer:
+    """Background tier without a profile: all of it yields (SCHED_IDLE). cgroup weights alone do
+    not reach hosts without a cgroup v2 cpu controller, and not across one session's threads."""
+    tids = tuple(t.tid for t in workload.threads)
+    return Layer(name=unique(f"{_slug(workload.key)}.tier"), kind=OPEN, treatment=YIELD, tier=workload.tier,
+                 workload=workload.key, group="", selector=_selector(workload, None, tids), weight=weight,
+                 policy="idle", reasons=("background tier without a profile: yields (SCHED_IDLE), weight "
+                                         f"{weight}",))
+
+
+def _cpus(cpus: Sequence[int]) -> str:
+    return ",".join(str(c) for c in cpus) or "none"

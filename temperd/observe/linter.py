@@ -1,0 +1,120 @@
+"""The placement linter: checks what the observer saw against what the plan promises.
+
+- smt_collision: a protected (Confined) member shares a physical core with a busy non-member
+  running on its SMT sibling;
+- protected_fallback: a protected member last ran outside its layer's CPUs;
+- open_reserve: a busy thread that is not a member ran on CPUs an exclusive layer owns (or on
+  the idle siblings it keeps), eating into the reserve promised to that layer;
+- layer_mismatch: a member's treatment (affinity, policy, nice) differs from what its layer implies.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple
+
+from temperd.observe.observer import BUSY_RATIO, Observation
+from temperd.plan import CONFINED, LayerPlan
+
+log = logging.getLogger("temperd.lint")
+
+POLICY_IDS = {"other": 0, "batch": 3, "idle": 5}
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: str
+    layer: Optional[str]
+    tid: int
+    message: str
+
+
+def lint(plan: LayerPlan, observation: Observation, shape, match=None, *, check_treatment: bool = True,
+         confined_cpus: Optional[Mapping[str, FrozenSet[int]]] = None) -> List[Violation]:
+    """check_treatment: the native backend sets affinity/policy/nice itself, so they can be read back;
+    under scx_layered they are the kernel defaults and only placement is checked.
+
+    confined_cpus: the CPUs each Confined layer really owns, by layer name. None: the plan's CPU
+    numbers (the native backend pins exactly those). scx_layered picks a layer's cores itself, so
+    under it this comes from its stats; a layer missing from it is not checked for placement."""
+    out: List[Violation] = []
+    layers = {layer.name: layer for layer in plan.layers}
+    cpus_of: Dict[str, FrozenSet[int]] = {}
+    owned: Dict[int, str] = {}
+    for layer in plan.layers:
+        if layer.kind != CONFINED:
+            continue
+        if confined_cpus is None:
+            cpus_of[layer.name] = frozenset(layer.cpus)
+            kept = tuple(layer.cpus) + tuple(layer.idle_siblings)
+        elif layer.name in confined_cpus:
+            cpus_of[layer.name] = frozenset(confined_cpus[layer.name])
+            kept = tuple(c for cpu in cpus_of[layer.name] for c in (cpu,) + _siblings(shape, cpu))  # whole cores
+        else:
+            continue
+        for cpu in kept:
+            owned[cpu] = layer.name
+    for t in observation.threads:
+        layer = layers.get(t.layer) if t.layer else None
+        busy = t.util >= BUSY_RATIO
+        if layer is not None and layer.kind == CONFINED:
+            mine = cpus_of.get(layer.name)
+            if busy and mine is not None and t.cpu not in mine:
+                out.append(Violation("protected_fallback", layer.name, t.tid,
+                                     f"{t.comm} ({t.tid}) of {layer.name} ran on CPU {t.cpu}, outside its CPUs {sorted(mine)}"))
+            if busy and t.sibling_busy:
+                sibling_threads = [o for o in observation.threads if o.layer != layer.name and o.util >= BUSY_RATIO
+                                   and o.cpu in shape.siblings(t.cpu)]
+                if sibling_threads:
+                    other = sibling_threads[0]
+                    out.append(Violation("smt_collision", layer.name, t.tid,
+                                         f"{t.comm} ({t.tid}) of {layer.name} on CPU {t.cpu} shares core {t.core} with busy "
+                                         f"{other.comm} ({other.tid}) on CPU {other.cpu}"))
+        if busy and t.cpu in owned and t.layer != owned[t.cpu]:
+            out.append(Violation("open_reserve", owned[t.cpu], t.tid,
+                                 f"{t.comm} ({t.tid}) is not in {owned[t.cpu]} but ran on its CPU {t.cpu}"))
+        if check_treatment and layer is not None:
+            problem = _treatment_mismatch(layer, t)
+            if problem:
+                out.append(Violation("layer_mismatch", layer.name, t.tid, f"{t.comm} ({t.tid}) of {layer.name}: {problem}"))
+    return out
+
+
+def _siblings(shape, cpu: int) -> Tuple[int, ...]:
+    try:
+        return tuple(shape.siblings(cpu))
+    except KeyError:  # a CPU the shape does not know (went offline): itself only
+        return (cpu,)
+
+
+def _treatment_mismatch(layer, t) -> Optional[str]:
+    if layer.kind == CONFINED and not set(t.affinity) <= set(layer.cpus):
+        return f"may run on CPUs {list(t.affinity)}, the layer owns {list(layer.cpus)}"
+    wanted_policy = POLICY_IDS.get(layer.policy, 0)
+    if t.policy != wanted_policy and t.policy in POLICY_IDS.values():
+        return f"policy {t.policy}, the layer implies {wanted_policy} ({layer.policy})"
+    if layer.nice is not None and layer.policy != "idle" and t.nice != layer.nice:
+        return f"nice {t.nice}, the layer implies {layer.nice}"
+    return None
+
+
+class RateLimitedLog:
+    """A persistent violation is logged at most once per interval per (invariant, layer)."""
+
+    def __init__(self, interval_s: float = 300.0, clock=time.monotonic):
+        self.interval_s = interval_s
+        self.clock = clock
+        self._last: Dict[Tuple[str, Optional[str]], float] = {}
+
+    def report(self, violations: List[Violation]) -> int:
+        logged = 0
+        now = self.clock()
+        for v in violations:
+            key = (v.invariant, v.layer)
+            if now - self._last.get(key, -1e18) >= self.interval_s:
+                self._last[key] = now
+                log.warning("lint %s: %s", v.invariant, v.message)
+                logged += 1
+        return logged

@@ -1,0 +1,219 @@
+"""What the scheduler actually does: per-layer CPU use, runqueue wait, placement of busy threads,
+PSI, and the observation's own cost.
+
+Budget: temperd's always-on cost should stay near 0.13 % of one core, so a sample reads the
+plan's member threads (schedstat + stat) and each process's utime+stime — not every thread on
+the host; per-thread detail outside the plan only for the few busiest processes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Mapping, Optional, Set, Tuple
+
+from temperd.sources import procfs
+from temperd.plan import LayerPlan
+
+TOP_PROCESSES = 3  # unmanaged processes whose threads are looked at each sample
+TOP_THREADS = 20
+BUSY_RATIO = 0.1  # a thread using >= 10 % of a CPU counts as busy
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class ThreadSample:
+    tid: int
+    pid: int
+    comm: str
+    cpu: int  # CPU it last ran on
+    util: float  # CPUs (1.0 = one CPU) since the previous sample
+    wait: float  # runqueue wait, seconds per second
+    policy: int
+    nice: int
+    affinity: Tuple[int, ...]
+    layer: Optional[str] = None
+    workload: Optional[str] = None
+    group: Optional[str] = None
+    core: Optional[str] = None
+    sibling_busy: Optional[bool] = None  # None: no SMT sibling
+
+
+@dataclass(frozen=True)
+class LayerStats:
+    name: str
+    kind: str
+    treatment: str
+    cpus: Tuple[int, ...]
+    members: int
+    util: float
+    wait: float
+
+
+@dataclass(frozen=True)
+class Overhead:
+    sample_cpu_s: float  # CPU time this sample took
+    observe_cpu_ratio: float  # observation CPU / wall since the previous sample
+    daemon_cpu_ratio: float  # the whole temperd process, share of one core
+    window_s: float
+
+
+@dataclass
+class Observation:
+    at: float
+    machine_shape: dict
+    layers: List[LayerStats]
+    threads: List[ThreadSample]  # watched members and the busiest others
+    psi: Optional[dict]
+    overhead: Overhead
+    unmanaged_busy: List[dict] = field(default_factory=list)
+
+    def member(self, tid: int) -> Optional[ThreadSample]:
+        for thread in self.threads:
+            if thread.tid == tid:
+                return thread
+        return None
+
+    def to_json(self) -> dict:
+        top = sorted(self.threads, key=lambda t: -t.util)[:TOP_THREADS]
+        return {
+            "at": self.at,
+            "machine_shape": self.machine_shape,
+            "layers": [asdict(layer) for layer in self.layers],
+            "top_threads": [asdict(t) for t in top],
+            "psi": self.psi,
+            "overhead": asdict(self.overhead),
+        }
+
+
+def read_psi(path: str = "/proc/pressure/cpu") -> Optional[dict]:
+    try:
+        with open(path) as handle:
+            lines = handle.read().split("\n")
+    except OSError:
+        return None
+    out = {}
+    for line in lines:
+        if not line:
+            continue
+        kind, *pairs = line.split()
+        out[kind] = {k: float(v) if "." in v else int(v) for k, v in (p.split("=") for p in pairs)}
+    return out
+
+
+class Observer:
+    def __init__(self, shape, psi_path: str = "/proc/pressure/cpu"):
+        self.shape = shape
+        self.psi_path = psi_path
+        self._runtime: Dict[Tuple[int, int], Tuple[int, int]] = {}  # (pid, tid) -> (run ns, wait ns)
+        self._proc_ticks: Dict[int, int] = {}
+        self._last_at: Optional[float] = None
+        self._last_self_cpu = self._self_cpu()
+        self._observe_cpu = 0.0
+
+    @staticmethod
+    def _self_cpu() -> float:
+        times = os.times()
+        return times.user + times.system
+
+    def _shape_json(self) -> dict:
+        return {"summary": self.shape.describe(), "cpus": list(self.shape.cpus),
+                "cores": [list(core.cpus) for core in self.shape.cores],
+                "threads_per_core": self.shape.threads_per_core}
+
+    def sample(self, plan: LayerPlan, processes: Mapping[int, object], match, now: Optional[float] = None) -> Observation:
+        cpu_start = time.thread_time()
+        wall = time.monotonic()
+        window = (wall - self._last_at) if self._last_at is not None else 0.0
+        members: Dict[int, Tuple[str, object]] = {}
+        for layer in plan.layers:
+            for tid in layer.selector.tids:
+                members[tid] = (layer.name, layer)
+        groups = {t.tid: (w.key, t.group) for w in match.workloads for t in w.threads}
+        tid_pid = {}
+        for pid, proc in processes.items():
+            for tid in proc.threads:
+                tid_pid[tid] = pid
+
+        watched: Set[Tuple[int, int]] = {(tid_pid[tid], tid) for tid in members if tid in tid_pid}
+        # Host-wide: per-process CPU, then thread detail for the busiest unmanaged processes.
+        busy_procs = []
+        ticks_now = {}
+        for pid, proc in processes.items():
+            if getattr(proc, "is_kernel_thread", False):
+                continue
+            ticks = procfs.read_process_cpu_ticks(pid)
+            if ticks is None:
+                continue
+            ticks_now[pid] = ticks
+            if pid in self._proc_ticks and window > 0:
+                busy_procs.append(((ticks - self._proc_ticks[pid]) / CLOCK_TICKS / window, pid))
+        self._proc_ticks = ticks_now
+        busy_procs.sort(reverse=True)
+        unmanaged = []
+        for ratio, pid in busy_procs[:TOP_PROCESSES]:
+            if ratio <= 0:
+                continue
+            proc = processes[pid]
+            unmanaged.append({"pid": pid, "name": getattr(proc, "name", "?"), "util": round(ratio, 3)})
+            watched.update((pid, tid) for tid in proc.threads)
+
+        samples: List[ThreadSample] = []
+        runtime_now = {}
+        for pid, tid in sorted(watched):
+            sched = procfs.read_schedstat(pid, tid)
+            stat = procfs.read_task_stat(pid, tid)
+            if sched is None or stat is None:
+                continue
+            runtime_now[(pid, tid)] = sched
+            before = self._runtime.get((pid, tid))
+            util = wait = 0.0
+            if before is not None and window > 0:
+                util = max(0, sched[0] - before[0]) / 1e9 / window
+                wait = max(0, sched[1] - before[1]) / 1e9 / window
+            affinity = procfs.read_affinity(tid, pid) or frozenset()
+            layer_name = members.get(tid, (None,))[0]
+            workload, group = groups.get(tid, (None, None))
+            samples.append(ThreadSample(tid, pid, stat.comm, stat.last_cpu, round(util, 4), round(wait, 4),
+                                        stat.policy, stat.nice, tuple(sorted(affinity)), layer_name, workload, group))
+        self._runtime = runtime_now
+        samples = self._placements(samples)
+
+        layers = []
+        for layer in plan.layers:
+            mine = [s for s in samples if s.layer == layer.name]
+            layers.append(LayerStats(layer.name, layer.kind, layer.treatment, tuple(layer.cpus), len(layer.selector.tids),
+                                     round(sum(s.util for s in mine), 4), round(sum(s.wait for s in mine), 4)))
+        self._last_at = wall
+        sample_cpu = time.thread_time() - cpu_start
+        self._observe_cpu += sample_cpu
+        self_cpu = self._self_cpu()
+        overhead = Overhead(
+            sample_cpu_s=round(sample_cpu, 6),
+            observe_cpu_ratio=round(sample_cpu / window, 6) if window > 0 else 0.0,
+            daemon_cpu_ratio=round((self_cpu - self._last_self_cpu) / window, 6) if window > 0 else 0.0,
+            window_s=round(window, 3),
+        )
+        self._last_self_cpu = self_cpu
+        return Observation(now if now is not None else time.time(), self._shape_json(), layers, samples,
+                           read_psi(self.psi_path), overhead, unmanaged)
+
+    def _placements(self, samples: List[ThreadSample]) -> List[ThreadSample]:
+        """Core of each thread's CPU, and whether a busy thread ran last on its SMT sibling."""
+        busy_on: Dict[int, List[ThreadSample]] = {}
+        for s in samples:
+            if s.util >= BUSY_RATIO:
+                busy_on.setdefault(s.cpu, []).append(s)
+        out = []
+        for s in samples:
+            try:
+                core = self.shape.core_of(s.cpu)
+            except KeyError:
+                out.append(s)
+                continue
+            siblings = self.shape.siblings(s.cpu)
+            sibling_busy = any(o.tid != s.tid for c in siblings for o in busy_on.get(c, ())) if siblings else None
+            out.append(ThreadSample(**{**asdict(s), "core": core.core_key, "sibling_busy": sibling_busy,
+                                       "affinity": s.affinity}))
+        return out

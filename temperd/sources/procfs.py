@@ -1,0 +1,332 @@
+"""Reading /proc: one function per fact.
+
+Every reader returns None when the task is gone (ENOENT, ESRCH: it exited between listing and
+reading, which is normal) or the fact is not readable (EACCES, EPERM: another user's process
+without privilege, kernel threads have no executable). Nothing here logs: a vanished task is
+not an error. Reads use os.open/os.read on bytes because this runs for every thread of the
+host on each reconcile and the buffered text layer costs more than the read itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, List, NamedTuple, Optional, Tuple
+
+from temperd.sources.shape import parse_cpulist
+
+PROC = "/proc"
+
+# Errors that mean "the task is gone" or "not ours to read": expected, silent.
+_QUIET = frozenset((errno.ENOENT, errno.ESRCH, errno.EACCES, errno.EPERM, errno.EINVAL))
+
+PF_KTHREAD = 0x00200000  # task flag (stat field 9): a kernel thread
+KTHREADD_PID = 2
+
+# Unit suffixes a process can live in (slices only contain units; they hold no processes).
+UNIT_SUFFIXES = (".service", ".scope", ".socket", ".mount", ".swap")
+
+
+class TaskStat(NamedTuple):
+    """The fields of /proc/PID/task/TID/stat that the inventory keeps."""
+
+    comm: str
+    state: str
+    ppid: int
+    flags: int
+    nice: int
+    start_time: int  # clock ticks after boot: identity of the task across pid reuse
+    last_cpu: int
+    policy: int
+
+
+@dataclass(frozen=True)
+class CgroupPaths:
+    """A process's cgroup: the v2 path (`0::` line) and, on hybrid hosts, the name=systemd one."""
+
+    unified: Optional[str]
+    systemd: Optional[str]
+
+    @property
+    def unit(self) -> Optional[str]:
+        return unit_from_cgroup(self.unified) or unit_from_cgroup(self.systemd)
+
+
+def read_bytes(path: str, size: int = 4096, single: bool = False) -> Optional[bytes]:
+    """Whole content of a small /proc file, or None if the task is gone or it is unreadable.
+
+    single: the file is one short record (stat, schedstat) that one read returns whole.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in _QUIET:
+            return None
+        raise
+    try:
+        if single:
+            return os.read(fd, size)
+        chunks = []
+        while True:
+            chunk = os.read(fd, size)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    except OSError as exc:
+        if exc.errno in _QUIET:
+            return None
+        raise
+    finally:
+        os.close(fd)
+
+
+def _int_entries(path: str) -> Optional[List[int]]:
+    try:
+        with os.scandir(path) as it:
+            return [int(entry.name) for entry in it if entry.name.isdigit()]
+    except OSError as exc:
+        if exc.errno in _QUIET or exc.errno == errno.ENOTDIR:
+            return None
+        raise
+
+
+def list_pids() -> List[int]:
+    """Every process (thread group) id visible in /proc."""
+    return _int_entries(PROC) or []
+
+
+def list_tids(pid: int) -> Optional[List[int]]:
+    """The thread ids of a process, or None if it is gone."""
+    return _int_entries(f"{PROC}/{pid}/task")
+
+
+def parse_stat(data: bytes) -> TaskStat:
+    """Parse a stat line; comm may hold spaces and parentheses, so split after the last ')'."""
+    open_paren = data.index(b"(")
+    close_paren = data.rindex(b")")
+    comm = data[open_paren + 1 : close_paren].decode("utf-8", "replace")
+    # fields[0] is field 3 (state); field N of proc(5) is fields[N - 3]
+    fields = data[close_paren + 2 :].split()
+    return TaskStat(
+        comm=comm,
+        state=fields[0].decode("ascii", "replace"),
+        ppid=int(fields[1]),
+        flags=int(fields[6]),
+        nice=int(fields[16]),
+        start_time=int(fields[19]),
+        last_cpu=int(fields[36]),
+        policy=int(fields[38]),
+    )
+
+
+def read_task_stat(pid: int, tid: int) -> Optional[TaskStat]:
+    """stat of one thread (the per-task file: /proc/PID/stat sums over all threads and costs more)."""
+    data = read_bytes(f"{PROC}/{pid}/task/{tid}/stat", 2048, single=True)
+    if not data:
+        return None
+    return parse_stat(data)
+
+
+def read_thread_stats(pid: int) -> Optional[Dict[int, TaskStat]]:
+    """stat of every thread of a process, keyed by tid; None if the process is gone.
+
+    One handle on /proc/PID/task serves the listing and every open: the per-thread path lookup
+    is the main cost of a scan at thousands of threads.
+    """
+    try:
+        task_fd = os.open(f"{PROC}/{pid}/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in _QUIET or exc.errno == errno.ENOTDIR:
+            return None
+        raise
+    stats: Dict[int, TaskStat] = {}
+    try:
+        names = os.listdir(task_fd)
+        for name in names:
+            try:
+                fd = os.open(name + "/stat", os.O_RDONLY | os.O_CLOEXEC, dir_fd=task_fd)
+            except OSError as exc:
+                if exc.errno in _QUIET:
+                    continue
+                raise
+            try:
+                data = os.read(fd, 2048)
+            except OSError as exc:
+                if exc.errno in _QUIET:
+                    continue
+                raise
+            finally:
+                os.close(fd)
+            if data:
+                stats[int(name)] = parse_stat(data)
+    except OSError as exc:
+        if exc.errno in _QUIET:
+            return None
+        raise
+    finally:
+        os.close(task_fd)
+    return stats
+
+
+def read_runtime_ns(pid: int, tid: int) -> Optional[int]:
+    """Time the thread has run on a CPU, in ns (first field of schedstat)."""
+    stat = read_schedstat(pid, tid)
+    return stat[0] if stat else None
+
+
+def read_schedstat(pid: int, tid: int) -> Optional[Tuple[int, int]]:
+    """(ns on a CPU, ns waiting on a runqueue) of one thread."""
+    data = read_bytes(f"{PROC}/{pid}/task/{tid}/schedstat", 256, single=True)
+    if not data:
+        return None
+    try:
+        run, wait = data.split()[:2]
+        return int(run), int(wait)
+    except ValueError:
+        return None
+
+
+def read_process_cpu_ticks(pid: int) -> Optional[int]:
+    """utime + stime of the whole process in clock ticks (stat fields 14 and 15)."""
+    data = read_bytes(f"{PROC}/{pid}/stat", 1024, single=True)
+    if not data:
+        return None
+    try:
+        fields = data[data.rindex(b")") + 2:].split()
+        return int(fields[11]) + int(fields[12])
+    except (ValueError, IndexError):
+        return None
+
+
+_pids_are_ours: Optional[bool] = None
+
+
+def proc_pids_are_ours() -> bool:
+    """Whether pids in /proc are the ones our syscalls take: false in a container whose pid
+    namespace differs from the one /proc was mounted in."""
+    global _pids_are_ours
+    if _pids_are_ours is None:
+        try:
+            _pids_are_ours = os.readlink(f"{PROC}/self") == str(os.getpid())
+        except OSError:
+            _pids_are_ours = False
+    return _pids_are_ours
+
+
+def read_affinity(tid: int, pid: Optional[int] = None) -> Optional[FrozenSet[int]]:
+    """The CPUs the thread may run on: one syscall where our pids are /proc's (cheaper than
+    parsing Cpus_allowed_list, which is the way in a foreign pid namespace)."""
+    if proc_pids_are_ours():
+        try:
+            return frozenset(os.sched_getaffinity(tid))
+        except OSError as exc:
+            if exc.errno in _QUIET:
+                return None
+            raise
+    data = read_bytes(f"{PROC}/{pid if pid is not None else tid}/task/{tid}/status")
+    if not data:
+        return None
+    marker = data.find(b"Cpus_allowed_list:")
+    if marker < 0:
+        return None
+    line = data[marker + len(b"Cpus_allowed_list:") :].split(b"\n", 1)[0]
+    return frozenset(parse_cpulist(line.decode("ascii", "replace")))
+
+
+def read_comm(pid: int, tid: Optional[int] = None) -> Optional[str]:
+    path = f"{PROC}/{pid}/comm" if tid is None else f"{PROC}/{pid}/task/{tid}/comm"
+    data = read_bytes(path, 64, single=True)
+    if data is None:
+        return None
+    return data.rstrip(b"\n").decode("utf-8", "replace")
+
+
+def _task_path(pid: int, tid: Optional[int], name: str) -> str:
+    # Through a thread: a process whose leader has exited (a zombie) still has an mm there.
+    return f"{PROC}/{pid}/{name}" if tid is None else f"{PROC}/{pid}/task/{tid}/{name}"
+
+
+def read_exe(pid: int, tid: Optional[int] = None) -> Optional[str]:
+    """Executable path; None for kernel threads, zombies and, without privilege, others' processes."""
+    try:
+        return os.readlink(_task_path(pid, tid, "exe"))
+    except OSError as exc:
+        if exc.errno in _QUIET:
+            return None
+        raise
+
+
+def normalise_cmdline(data: bytes) -> Tuple[str, ...]:
+    """Arguments from the NUL-separated cmdline.
+
+    Servers that rewrite their process title (PostgreSQL: "postgres: checkpointer") write one
+    string over the old argv area and pad the rest with NULs or spaces; that comes out as a
+    single argument followed by empty ones, and is normalised to the single title.
+    """
+    data = data.rstrip(b"\0")
+    if not data:
+        return ()
+    args = data.split(b"\0")
+    if len(args) > 1 and not any(args[1:]):
+        args = args[:1]
+    if len(args) == 1:
+        args = [args[0].rstrip(b" ")]
+    return tuple(arg.decode("utf-8", "replace") for arg in args)
+
+
+def read_cmdline(pid: int, tid: Optional[int] = None) -> Optional[Tuple[str, ...]]:
+    data = read_bytes(_task_path(pid, tid, "cmdline"), 8192)
+    if data is None:
+        return None
+    return normalise_cmdline(data)
+
+
+def parse_cgroup(data: bytes) -> CgroupPaths:
+    unified = None
+    systemd = None
+    for line in data.decode("utf-8", "replace").splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":
+            unified = path
+        elif controllers == "name=systemd":
+            systemd = path
+    return CgroupPaths(unified=unified, systemd=systemd)
+
+
+def read_cgroup(pid: int) -> Optional[CgroupPaths]:
+    data = read_bytes(f"{PROC}/{pid}/cgroup")
+    if data is None:
+        return None
+    return parse_cgroup(data)
+
+
+def unit_from_cgroup(path: Optional[str]) -> Optional[str]:
+    """The systemd unit a cgroup path belongs to: its deepest component naming a unit.
+
+    /system.slice/memcached.service -> memcached.service; a delegated subtree such as
+    /system.slice/app.service/worker still belongs to app.service.
+    """
+    if not path:
+        return None
+    for part in reversed(path.split("/")):
+        if part.endswith(UNIT_SUFFIXES):
+            return part
+    return None
+
+
+def read_environ_var(pid: int, name: str) -> Optional[str]:
+    """One variable of the process's initial environment, read on demand only (it can be large)."""
+    data = read_bytes(f"{PROC}/{pid}/environ", 65536)
+    if not data:
+        return None
+    prefix = name.encode() + b"="
+    for entry in data.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix) :].decode("utf-8", "replace")
+    return None
+
+
+def is_kernel_thread(pid: int, stat: TaskStat) -> bool:
+    return pid == KTHREADD_PID or stat.ppid == KTHREADD_PID or bool(stat.flags & PF_KTHREAD)

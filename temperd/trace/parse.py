@@ -1,0 +1,203 @@
+"""Reading a captured ftrace text trace back into per-thread facts: CPU time from sched_switch,
+how often each thread was switched in, preempted, blocked, woken and migrated, and who woke whom
+(waker -> wakee edges from sched_waking, which runs in the waker's context).
+
+It streams: one pass over the lines, memory proportional to the threads and the distinct
+waker/wakee pairs seen, never to the number of events. Plain or gzip input.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Dict, IO, Iterable, List, Optional, Tuple, Union
+
+from temperd.trace.format import (FORK_FIELDS, RENAME_FIELDS, SWITCH_FIELDS, WAKE_FIELDS, event_lines, open_text)
+
+# Line head: comm-tid, optional (tgid), [cpu], optional flags, seconds.fraction, event name.
+# The comm is matched lazily up to the first "-TID (" or "-TID [" so names with dashes survive.
+_HEAD = re.compile(r" *(.+?)-(\d+) +(?:\( *(\d+|-+)\) +)?\[(\d+)\] +(?:([a-zA-Z0-9.]{1,6}) +)?(\d+)\.(\d+): ([^\s:]+): ")
+_MIGRATE_FIELDS = re.compile(r"comm=.* pid=(\d+) prio=-?\d+ orig_cpu=(\d+) dest_cpu=(\d+)")
+# Third flag character: the event ran in hard or soft interrupt (or NMI) context.
+_IRQ_FLAGS = frozenset("hHsSzZ")
+_RUNNABLE_STATES = ("R", "R+")
+
+
+@dataclass
+class ThreadStats:
+    tid: int
+    comm: str
+    tgid: Optional[int] = None
+    runtime_ns: int = 0
+    switches_in: int = 0
+    preempted: int = 0  # switched out while still runnable
+    blocked: int = 0  # switched out to sleep (S, D, ...)
+    wakeups: int = 0  # woken by a task
+    irq_wakeups: int = 0  # woken from interrupt context (no waker thread)
+    migrations: int = 0
+    forked: bool = False  # created during the trace
+    exited: bool = False
+
+
+@dataclass
+class TraceSummary:
+    events: int = 0
+    by_event: Dict[str, int] = field(default_factory=dict)
+    first_ts_ns: Optional[int] = None
+    last_ts_ns: Optional[int] = None
+    threads: Dict[int, ThreadStats] = field(default_factory=dict)
+    edges: Dict[Tuple[int, int], int] = field(default_factory=dict)  # (waker tid, wakee tid) -> count
+    unparsed_lines: int = 0
+
+    @property
+    def duration_ns(self) -> int:
+        if self.first_ts_ns is None or self.last_ts_ns is None:
+            return 0
+        return self.last_ts_ns - self.first_ts_ns
+
+    def named(self, comm: str) -> List[ThreadStats]:
+        return [t for t in self.threads.values() if t.comm == comm]
+
+    def top_runtime(self, n: int = 10) -> List[ThreadStats]:
+        return sorted(self.threads.values(), key=lambda t: t.runtime_ns, reverse=True)[:n]
+
+    def top_edges(self, n: int = 10) -> List[Tuple[int, int, int]]:
+        return sorted(((w, e, c) for (w, e), c in self.edges.items()), key=lambda x: x[2], reverse=True)[:n]
+
+
+def parse_trace(source: Union[str, Iterable[str]]) -> TraceSummary:
+    """Parse a trace file (path, plain or gzip) or any iterable of lines."""
+    if isinstance(source, str):
+        with open_text(source) as handle:
+            return _parse(handle)
+    return _parse(source)
+
+
+def _parse(lines: Union[IO[str], Iterable[str]]) -> TraceSummary:
+    summary = TraceSummary()
+    threads = summary.threads
+    edges = summary.edges
+    by_event = summary.by_event
+    running: Dict[int, Tuple[int, int]] = {}  # cpu -> (tid, since ns)
+    head_match = _HEAD.match
+    switch_match = SWITCH_FIELDS.match
+    wake_match = WAKE_FIELDS.match
+    irq_flags = _IRQ_FLAGS
+    scale_for: Dict[int, int] = {}
+    first = None
+    ts = 0
+    events = 0
+    unparsed = 0
+    # With sched_waking in the trace it alone counts wakeups (sched_wakeup repeats it later,
+    # from the target CPU); older kernels only have sched_wakeup.
+    wakeup_only: Dict[int, int] = {}
+    saw_waking = False
+
+    def thread(tid: int, comm: str) -> ThreadStats:
+        stats = threads.get(tid)
+        if stats is None:
+            stats = threads[tid] = ThreadStats(tid, comm)
+        return stats
+
+    for line in event_lines(lines):
+        if line[:1] == "#":
+            continue
+        m = head_match(line)
+        if m is None:
+            if line.strip():
+                unparsed += 1
+            continue
+        comm, tid_s, tgid_s, cpu_s, flags, sec, frac, event = m.groups()
+        scale = scale_for.get(len(frac))
+        if scale is None:
+            scale = scale_for[len(frac)] = 10 ** (9 - len(frac))
+        ts = int(sec + frac) * scale
+        if first is None:
+            first = ts
+        events += 1
+        by_event[event] = by_event.get(event, 0) + 1
+        tid = int(tid_s)
+        if tid and tgid_s and tgid_s[0] != "-":
+            me = threads.get(tid)
+            if me is None:
+                me = threads[tid] = ThreadStats(tid, comm)
+            if me.tgid is None:
+                me.tgid = int(tgid_s)
+        fields = line[m.end():]
+        if event == "sched_switch":
+            s = switch_match(fields)
+            if s is None:
+                unparsed += 1
+                continue
+            cpu = int(cpu_s)
+            prev = int(s.group(2))
+            nxt = int(s.group(6))
+            if prev:
+                p = threads.get(prev)
+                if p is None:
+                    p = threads[prev] = ThreadStats(prev, s.group(1))
+                current = running.get(cpu)
+                if current is None:
+                    p.runtime_ns += ts - first  # ran since before the trace began
+                elif current[0] == prev:
+                    p.runtime_ns += ts - current[1]
+                if s.group(4) in _RUNNABLE_STATES:
+                    p.preempted += 1
+                else:
+                    p.blocked += 1
+            if nxt:
+                n = threads.get(nxt)
+                if n is None:
+                    n = threads[nxt] = ThreadStats(nxt, s.group(5))
+                else:
+                    n.comm = s.group(5)  # the name it runs under now (after exec or rename)
+                n.switches_in += 1
+            running[cpu] = (nxt, ts)
+        elif event == "sched_waking":
+            saw_waking = True
+            w = wake_match(fields)
+            if w is None:
+                unparsed += 1
+                continue
+            wakee = int(w.group(2))
+            target = thread(wakee, w.group(1))
+            if (flags and len(flags) > 2 and flags[2] in irq_flags) or tid == 0:
+                target.irq_wakeups += 1
+            else:
+                target.wakeups += 1
+                key = (tid, wakee)
+                edges[key] = edges.get(key, 0) + 1
+        elif event == "sched_wakeup" or event == "sched_wakeup_new":
+            w = wake_match(fields)
+            if w is None:
+                unparsed += 1
+                continue
+            wakee = int(w.group(2))
+            thread(wakee, w.group(1))
+            if not saw_waking:
+                wakeup_only[wakee] = wakeup_only.get(wakee, 0) + 1
+        elif event == "sched_migrate_task":
+            g = _MIGRATE_FIELDS.match(fields)
+            if g is not None and g.group(2) != g.group(3):
+                thread(int(g.group(1)), comm).migrations += 1
+        elif event == "sched_process_fork":
+            f = FORK_FIELDS.match(fields)
+            if f is not None:
+                thread(int(f.group(4)), f.group(3)).forked = True
+        elif event == "sched_process_exit":
+            thread(tid, comm).exited = True
+        elif event == "task_rename":
+            r = RENAME_FIELDS.match(fields)
+            if r is not None:
+                thread(int(r.group(1)), r.group(3)).comm = r.group(3)
+    for tid_, since in running.values():
+        if tid_:
+            threads[tid_].runtime_ns += ts - since  # still running when the trace ended
+    if not saw_waking:
+        for wakee, count in wakeup_only.items():
+            threads[wakee].wakeups += count
+    summary.events = events
+    summary.unparsed_lines = unparsed
+    summary.first_ts_ns = first
+    summary.last_ts_ns = ts if first is not None else None
+    return summary
