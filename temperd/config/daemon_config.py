@@ -7,17 +7,18 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from temperd import paths
 from temperd.config.errors import ConfigError, ConfigProblem
 from temperd.plan import TIERS
 from temperd.config.schema import (Spec, TableSpec, Validator, check_cgroup_path, check_glob, json_schema)
 from temperd.config.tomlsource import TomlDocument, parse_toml, read_toml
 
-DEFAULT_CONFIG_DIR = "/etc/temper"
+DEFAULT_CONFIG_DIR = paths.CONFIG_DIR
 CONFIG_FILE = "temperd.toml"
 # 9100 is node_exporter's and 9256 process-exporter's; 9477 is temperd's.
 DEFAULT_HTTP_PORT = 9477
-DEFAULT_SOCKET = "/run/temper/temperd.sock"
-DEFAULT_STATE_DIR = "/run/temper"
+DEFAULT_SOCKET = paths.CONTROL_SOCKET
+DEFAULT_STATE_DIR = paths.RUN_DIR
 BACKENDS = ("auto", "scx", "native")
 # With process events the inventory is current without scanning; the scan catches what no event
 # reports (affinity, nice, policy changed by others; cgroup moves). It reads every thread's stat
@@ -121,7 +122,7 @@ class ScxSettings:
 class DaemonConfig:
     source: str = "(defaults)"
     backend: str = "auto"
-    profile_dir: str = "/etc/temper/profiles.d"
+    profile_dir: str = paths.PROFILE_DIR
     state_dir: str = DEFAULT_STATE_DIR
     default_tier: str = "standard"
     reserve_cpus: int = 1

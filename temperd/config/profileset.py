@@ -12,11 +12,12 @@ import stat
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from temperd import paths
 from temperd.config.errors import ConfigError, ConfigProblem
 from temperd.config.profile import Profile, parse_profile, profile_from_document
 from temperd.config.tomlsource import read_toml
 
-DEFAULT_PROFILE_DIR = "/etc/temper/profiles.d"
+DEFAULT_PROFILE_DIR = paths.PROFILE_DIR
 
 try:  # Python >= 3.9 has importlib.resources.files
     from importlib.resources import files as _resource_files

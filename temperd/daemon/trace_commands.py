@@ -14,11 +14,12 @@ import os
 import time
 from typing import Any, Dict, Optional
 
+from temperd import paths
 from temperd.trace import capture as trace_capture
 from temperd.daemon.control import ControlError, Progress
 from temperd.trace.capture import CaptureRequest, TraceError, capture, parse_duration, parse_size
 
-TRACE_DIR = os.path.join(os.path.dirname(trace_capture.LOCK_PATH), "traces")
+TRACE_DIR = paths.TRACE_DIR
 KEEP_TRACES = 3
 GROUP = "temper"
 

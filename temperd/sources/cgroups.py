@@ -5,15 +5,9 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from temperd.files import read_stripped
+
 CGROUP_ROOT = "/sys/fs/cgroup"
-
-
-def _read(path: str) -> Optional[str]:
-    try:
-        with open(path) as handle:
-            return handle.read().strip()
-    except OSError:
-        return None
 
 
 def cpu_quota(cgroup: str, root: str = CGROUP_ROOT) -> Optional[float]:
@@ -24,7 +18,7 @@ def cpu_quota(cgroup: str, root: str = CGROUP_ROOT) -> Optional[float]:
     """
     rel = cgroup.lstrip("/")
     for base in (root, os.path.join(root, "unified")):
-        text = _read(os.path.join(base, rel, "cpu.max"))
+        text = read_stripped(os.path.join(base, rel, "cpu.max"))
         if text:
             quota, _, period = text.partition(" ")
             if quota == "max":
@@ -34,8 +28,8 @@ def cpu_quota(cgroup: str, root: str = CGROUP_ROOT) -> Optional[float]:
             except ValueError:
                 return None
     for controller in ("cpu", "cpu,cpuacct"):
-        quota = _read(os.path.join(root, controller, rel, "cpu.cfs_quota_us"))
-        period = _read(os.path.join(root, controller, rel, "cpu.cfs_period_us"))
+        quota = read_stripped(os.path.join(root, controller, rel, "cpu.cfs_quota_us"))
+        period = read_stripped(os.path.join(root, controller, rel, "cpu.cfs_period_us"))
         if quota and period:
             try:
                 q, p = int(quota), int(period)

@@ -23,11 +23,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from temperd import paths
 from temperd.sources import procfs
 from temperd.trace.format import TraceWriter, output_path
 
 TRACEFS_PATHS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
-LOCK_PATH = "/run/temper/trace.lock"
+LOCK_PATH = paths.TRACE_LOCK
 INSTANCE_PREFIX = "temperd-"
 _INSTANCE_NAME = re.compile(r"^temperd-(\d+)-(\d+)$")
 

@@ -34,6 +34,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
+from temperd import paths
 from temperd.sources import procfs
 from temperd.backends.native import sched
 from temperd.backends.native.cgroup_weight import CgroupWeights
@@ -45,7 +46,7 @@ from temperd.sources.shape import format_cpulist
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STATE_DIR = "/run/temper"
+DEFAULT_STATE_DIR = paths.RUN_DIR
 PMQOS = "pmqos"
 CPU_WEIGHT = "cpu_weight"
 AUTOGROUP = "autogroup"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from temperd.backends.native.pmqos import HostSettingResult
+from temperd.files import read_stripped
 from temperd.sources.procfs import unit_from_cgroup
 
 SYSTEMD = "systemd"
@@ -83,23 +84,15 @@ def cgroup1_cpu_mount(mountinfo: str = "/proc/self/mountinfo") -> Optional[str]:
     return next((point for point, fstype, opts in _mounts(mountinfo) if fstype == "cgroup" and "cpu" in opts), None)
 
 
-def _read(path: str) -> Optional[str]:
-    try:
-        with open(path) as handle:
-            return handle.read().strip()
-    except OSError:
-        return None
-
-
 def detect(proc_root: str = "/proc", run_root: str = "/run", mountinfo: Optional[str] = None) -> WeightSupport:
     mountinfo = mountinfo or os.path.join(proc_root, "self", "mountinfo")
     mount = cgroup2_mount(mountinfo)
     if systemd_is_pid1(proc_root, run_root):
         return WeightSupport(SYSTEMD, mount, "systemd is PID 1: weights are set with systemctl set-property --runtime")
-    init = _read(os.path.join(proc_root, "1", "comm")) or "unknown"
+    init = read_stripped(os.path.join(proc_root, "1", "comm")) or "unknown"
     if mount is None:
         return WeightSupport(None, None, f"no cgroup2 hierarchy is mounted, and PID 1 is {init!r}, not systemd")
-    controllers = (_read(os.path.join(mount, "cgroup.controllers")) or "").split()
+    controllers = (read_stripped(os.path.join(mount, "cgroup.controllers")) or "").split()
     if "cpu" not in controllers:
         v1 = cgroup1_cpu_mount(mountinfo)
         where = f"cpu is bound to the cgroup v1 hierarchy at {v1}" if v1 else "cpu is not available to it"
@@ -148,7 +141,7 @@ class CgroupWeights:
                 return None
             value = out.strip()
             return "" if value in _UNSET else value
-        return _read(target)
+        return read_stripped(target)
 
     def _write(self, key: str, value: str) -> Optional[str]:
         """None on success, else the error text."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from temperd.backends.native import sched
+from temperd.files import write_atomically
 
 AFFINITY = "affinity"
 POLICY = "policy"
@@ -280,20 +281,8 @@ class RestoreLedger:
             self.delete()
             return
         os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
-        tmp = f"{self.path}.tmp.{os.getpid()}"
-        data = json.dumps(self.as_json(), indent=1, sort_keys=True).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.state_dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        data = json.dumps(self.as_json(), indent=1, sort_keys=True)
+        write_atomically(self.path, data, mode=0o600, sync_dir=True)
 
     def delete(self) -> None:
         try:

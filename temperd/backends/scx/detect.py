@@ -15,6 +15,8 @@ import shutil
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from temperd.files import read_stripped
+
 SCX_BINARY = "scx_layered"
 BINARY_DIRS = ("/usr/bin", "/usr/local/bin", "/usr/sbin")
 LAYERED_OPS_PREFIX = "layered"
@@ -36,14 +38,6 @@ class ScxAvailability:
                 and self.topology_problem is None and self.privilege_problem is None)
 
 
-def _read(path: str) -> Optional[str]:
-    try:
-        with open(path) as handle:
-            return handle.read().strip()
-    except OSError:
-        return None
-
-
 def sched_ext_dir(sysfs_root: str = "/sys") -> str:
     return os.path.join(sysfs_root, "kernel", "sched_ext")
 
@@ -51,7 +45,7 @@ def sched_ext_dir(sysfs_root: str = "/sys") -> str:
 def read_state(sysfs_root: str = "/sys") -> Tuple[Optional[str], Optional[str]]:
     """(state, loaded ops name); (None, None) on a kernel without sched_ext."""
     base = sched_ext_dir(sysfs_root)
-    return _read(os.path.join(base, "state")), (_read(os.path.join(base, "root", "ops")) or None)
+    return read_stripped(os.path.join(base, "state")), (read_stripped(os.path.join(base, "root", "ops")) or None)
 
 
 def describe_loaded(state: Optional[str], ops: Optional[str], sysfs_root: str = "/sys") -> str:
@@ -64,7 +58,7 @@ def describe_loaded(state: Optional[str], ops: Optional[str], sysfs_root: str = 
 
 def topology_problem(sysfs_root: str = "/sys") -> Optional[str]:
     cpu_dir = os.path.join(sysfs_root, "devices", "system", "cpu")
-    possible, online = _read(os.path.join(cpu_dir, "possible")), _read(os.path.join(cpu_dir, "online"))
+    possible, online = read_stripped(os.path.join(cpu_dir, "possible")), read_stripped(os.path.join(cpu_dir, "online"))
     if possible is None or online is None or possible == online:
         return None
     return (f"possible CPUs {possible} differ from online CPUs {online}: scx_layered fails to start on hosts with "
@@ -78,7 +72,7 @@ SCX_CAPABILITIES = (("CAP_SYS_ADMIN", 21), ("CAP_PERFMON", 38), ("CAP_BPF", 39))
 
 def missing_capabilities(status_path: str = "/proc/self/status") -> List[str]:
     """The capabilities scx_layered needs that this process's effective set (CapEff) lacks."""
-    text = _read(status_path) or ""
+    text = read_stripped(status_path) or ""
     for line in text.splitlines():
         if line.startswith("CapEff:"):
             effective = int(line.split()[1], 16)

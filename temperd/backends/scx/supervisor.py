@@ -28,7 +28,6 @@ import os
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -36,6 +35,7 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence
 
 from temperd.backends.scx.detect import (LAYERED_OPS_PREFIX, describe_loaded, read_state, sched_ext_dir)
 from temperd.backends.scx.validate import errors_of, validate_config
+from temperd.files import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -143,22 +143,6 @@ PR_SET_PDEATHSIG = 1
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-
-
-def write_atomically(path: str, text: str) -> None:
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _exit_reason(log_path: str, code: int) -> str:

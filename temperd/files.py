@@ -1,0 +1,44 @@
+"""File primitives every stage shares: read a kernel file that may vanish, write a file atomically."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Optional, Union
+
+
+def read_stripped(path: str) -> Optional[str]:
+    """The file's text without surrounding white space, or None when it cannot be read (gone,
+    not permitted, not there on this kernel): the caller decides what absence means."""
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def write_atomically(path: str, data: Union[str, bytes], mode: int = 0o644, sync_dir: bool = False) -> None:
+    """Replace path with data so that a reader (or a restart after a crash) sees the old file or
+    the new one, never a part: temp file in the same directory, fsync, rename; the directory
+    entry itself is synced on request (state that must survive a power cut)."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode() if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if sync_dir:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
