@@ -62,6 +62,16 @@ SCX_SPEC = TableSpec("scx", "scx", {
     "crash_window_s": Spec("float", "The window for crash_limit.", minimum=1.0, maximum=86400.0, default=300.0),
 })
 
+HTTP_SPEC = TableSpec("http", "HTTP", {
+    "listen": Spec("str", "Address to listen on (loopback by default).", default="127.0.0.1"),
+    "port": Spec("int", "TCP port (0 = disabled).", minimum=0, maximum=65535, default=DEFAULT_HTTP_PORT),
+})
+
+CONTROL_SPEC = TableSpec("control", "control", {
+    "socket": Spec("str", "Socket path.", default=DEFAULT_SOCKET),
+    "group": Spec("str", "Group allowed to use the socket besides root.", default="temper"),
+})
+
 CONFIG_SPEC = TableSpec(
     "temperd configuration",
     "temperd's own settings: /etc/temper/temperd.toml.",
@@ -77,14 +87,8 @@ CONFIG_SPEC = TableSpec(
         "scan_interval_without_events_s": Spec("float", "Seconds between /proc scans where process events are "
                                                "unavailable (no CAP_NET_ADMIN, containers).", minimum=1.0,
                                                maximum=3600.0, default=DEFAULT_SCAN_WITHOUT_EVENTS_S),
-        "http": Spec("table", "Read-only HTTP endpoints /metrics and /observe.", default={}, table=TableSpec("http", "HTTP", {
-            "listen": Spec("str", "Address to listen on (loopback by default).", default="127.0.0.1"),
-            "port": Spec("int", "TCP port (0 = disabled).", minimum=0, maximum=65535, default=DEFAULT_HTTP_PORT),
-        })),
-        "control": Spec("table", "The Unix control socket used by temperctl.", default={}, table=TableSpec("control", "control", {
-            "socket": Spec("str", "Socket path.", default=DEFAULT_SOCKET),
-            "group": Spec("str", "Group allowed to use the socket besides root.", default="temper"),
-        })),
+        "http": Spec("table", "Read-only HTTP endpoints /metrics and /observe.", default={}, table=HTTP_SPEC),
+        "control": Spec("table", "The Unix control socket used by temperctl.", default={}, table=CONTROL_SPEC),
         "tiers": Spec("table", "Per-tier settings.", default={}, table=TableSpec("tiers", "tiers", {
             name: Spec("table", f"The {name} tier.", default={}, table=_TIER_SPEC) for name in TIERS
         })),
@@ -110,28 +114,28 @@ class Binding:
 
 @dataclass(frozen=True)
 class ScxSettings:
-    binary: str = ""  # empty: search the usual places
-    args: Tuple[str, ...] = ()
-    stats_socket: str = DEFAULT_SCX_STATS_SOCKET
-    min_restart_interval_s: float = 30.0
-    crash_limit: int = 3
-    crash_window_s: float = 300.0
+    binary: str = SCX_SPEC.default_of("binary")  # empty: search the usual places
+    args: Tuple[str, ...] = tuple(SCX_SPEC.default_of("args"))
+    stats_socket: str = SCX_SPEC.default_of("stats_socket")
+    min_restart_interval_s: float = SCX_SPEC.default_of("min_restart_interval_s")
+    crash_limit: int = SCX_SPEC.default_of("crash_limit")
+    crash_window_s: float = SCX_SPEC.default_of("crash_window_s")
 
 
 @dataclass(frozen=True)
 class DaemonConfig:
     source: str = "(defaults)"
-    backend: str = "auto"
-    profile_dir: str = paths.PROFILE_DIR
-    state_dir: str = DEFAULT_STATE_DIR
-    default_tier: str = "standard"
-    reserve_cpus: int = 1
-    reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_S
-    scan_interval_without_events_s: float = DEFAULT_SCAN_WITHOUT_EVENTS_S
-    http_listen: str = "127.0.0.1"
-    http_port: int = DEFAULT_HTTP_PORT
-    control_socket: str = DEFAULT_SOCKET
-    control_group: str = "temper"
+    backend: str = CONFIG_SPEC.default_of("backend")
+    profile_dir: str = paths.PROFILE_DIR  # the spec's default is relative to temperd.toml's directory
+    state_dir: str = CONFIG_SPEC.default_of("state_dir")
+    default_tier: str = CONFIG_SPEC.default_of("default_tier")
+    reserve_cpus: int = CONFIG_SPEC.default_of("reserve_cpus")
+    reconcile_interval_s: float = CONFIG_SPEC.default_of("reconcile_interval_s")
+    scan_interval_without_events_s: float = CONFIG_SPEC.default_of("scan_interval_without_events_s")
+    http_listen: str = HTTP_SPEC.default_of("listen")
+    http_port: int = HTTP_SPEC.default_of("port")
+    control_socket: str = CONTROL_SPEC.default_of("socket")
+    control_group: str = CONTROL_SPEC.default_of("group")
     tier_weights: Dict[str, int] = field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
     bindings: Tuple[Binding, ...] = ()
     scx: ScxSettings = field(default_factory=lambda: ScxSettings())
@@ -161,7 +165,7 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
     for name, tier in (values["tiers"] or {}).items():
         if tier and tier.get("weight") is not None:
             weights[name] = tier["weight"]
-    http, control, scx = values["http"] or {}, values["control"] or {}, values["scx"] or {}
+    http, control, scx = values["http"], values["control"], values["scx"]
     return DaemonConfig(
         source=doc.file,
         backend=values["backend"],
@@ -171,13 +175,13 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
         reserve_cpus=values["reserve_cpus"],
         reconcile_interval_s=values["reconcile_interval_s"],
         scan_interval_without_events_s=values["scan_interval_without_events_s"],
-        http_listen=http.get("listen", "127.0.0.1"),
-        http_port=http.get("port", DEFAULT_HTTP_PORT),
-        control_socket=control.get("socket", DEFAULT_SOCKET),
-        control_group=control.get("group", "temper"),
+        http_listen=http["listen"],
+        http_port=http["port"],
+        control_socket=control["socket"],
+        control_group=control["group"],
         tier_weights=weights,
         bindings=tuple(bindings),
-        scx=ScxSettings(**{**scx, "args": tuple(scx.get("args") or ())}),
+        scx=ScxSettings(**{**scx, "args": tuple(scx["args"])}),
     )
 
 

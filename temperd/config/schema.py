@@ -43,6 +43,10 @@ class TableSpec:
     doc: str
     fields: Dict[str, Spec] = field(default_factory=dict)
 
+    def default_of(self, key: str) -> Any:
+        """The one declared default of a key; the typed dataclasses take theirs from here."""
+        return self.fields[key].default
+
 
 _TYPE_NAMES = {
     "int": "an integer",
@@ -104,7 +108,8 @@ class Validator:
             if key not in data:
                 if fspec.required:
                     self.fail(path + (key,), f"missing required key; expected {self._expect(fspec)}")
-                out[key] = fspec.default
+                # An absent table still yields its keys' defaults, so no reader needs its own.
+                out[key] = self.table({}, fspec.table, path + (key,)) if fspec.type == "table" else fspec.default
                 continue
             out[key] = self.value(data[key], fspec, path + (key,))
         return out

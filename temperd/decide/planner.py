@@ -20,6 +20,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from temperd.decide.matcher import Workload
 from temperd.plan import (CONFINED, EXCLUSIVE, GROUPED, LATENCY, OPEN, TIERS, YIELD, CgroupWeight, Layer, LayerPlan, MemberSelector)
+from temperd.config.daemon_config import DEFAULT_TIER_WEIGHTS
 from temperd.config.profile import Profile, ThreadGroup
 
 TIER_RANK = {tier: rank for rank, tier in enumerate(TIERS)}
@@ -29,7 +30,7 @@ LAYER_NAME_MAX = 63
 @dataclass(frozen=True)
 class PlannerSettings:
     reserve_cpus: int = 1
-    tier_weights: Tuple[Tuple[str, int], ...] = (("critical", 1000), ("standard", 100), ("background", 10))
+    tier_weights: Tuple[Tuple[str, int], ...] = tuple(sorted(DEFAULT_TIER_WEIGHTS.items()))
 
     def weight_of(self, tier: str) -> int:
         return dict(self.tier_weights)[tier]
