@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 KeyPath = Tuple[Union[str, int], ...]
 
@@ -57,9 +57,3 @@ def describe_value(value: object) -> str:
     if isinstance(value, list):
         return f"an array of {len(value)}"
     return repr(value)
-
-
-def raise_if(problems: Iterable[ConfigProblem]) -> None:
-    problems = list(problems)
-    if problems:
-        raise ConfigError(problems)

@@ -127,7 +127,7 @@ class Matcher:
     def decide(self, proc) -> Optional[_ProcessDecision]:
         """Profile and tier of one process, or None when nothing selects it (cached: the facts
         it depends on are the key, so an exec, a new title or a cgroup move decides again)."""
-        if getattr(proc, "is_kernel_thread", False):
+        if proc.is_kernel_thread:
             return None
         key = (proc.pid, proc.start_time, proc.name, proc.exe, tuple(proc.cmdline or ()), proc.unit, proc.cgroup)
         if key not in self._decisions:
@@ -162,7 +162,7 @@ class Matcher:
         return None
 
     def explain_unmatched(self, proc) -> str:
-        if getattr(proc, "is_kernel_thread", False):
+        if proc.is_kernel_thread:
             return "kernel thread: never treated"
         return (f"no {ENV_PROFILE} in its environment, no binding for unit {proc.unit or '-'} / cgroup "
                 f"{proc.cgroup or '-'}, and no fingerprint of {len(self._ordered)} loaded profiles matches "
@@ -200,10 +200,10 @@ class Matcher:
             return f"{proc.unit}" if decision.source != "env" else f"{proc.unit}/{pid_of}"
         # Without a unit: the topmost ancestor with the same decision roots the workload.
         root = pid
-        parent = getattr(procs.get(root), "ppid", 0)
+        parent = procs[root].ppid
         while parent in decisions and decisions[parent].profile == decision.profile and parent != root:
             root = parent
-            parent = getattr(procs.get(root), "ppid", 0)
+            parent = procs[root].ppid
         return f"{pid_of}:pid{root}"
 
     def _workload(self, key: str, procs: Sequence, decision: _ProcessDecision,
@@ -256,8 +256,8 @@ class Matcher:
         # "Busiest" is by recent runtime: the growth since the previous match, else the total.
         recent = {}
         for thread in threads:
-            key = (thread.tid, getattr(thread, "start_time", 0))
-            total = getattr(thread, "runtime_ns", 0) or 0
+            key = (thread.tid, thread.start_time)
+            total = thread.runtime_ns or 0  # None: not read yet
             seen_runtime[key] = total
             recent[thread.tid] = total - self._last_runtime.get(key, 0)
         for group in profile.thread_groups:

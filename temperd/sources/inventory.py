@@ -6,7 +6,9 @@ current within milliseconds; `reconcile()` scans /proc and repairs whatever even
 (pid, start_time). Tasks that vanish between an event and the read of /proc are normal and
 only counted.
 
-Single-threaded: call everything from the daemon's event loop. Listeners receive, after each
+Not thread-safe: callers serialise access. In the daemon the main loop, a reload asked for on the
+control socket's thread and the /observe handler on an HTTP thread each hold the daemon's one lock
+around every call. Listeners receive, after each
 `handle_events()` or `reconcile()`, the list of changes it made. A process-level change
 ("new_process", "reused", "exec") stands for all of that process's threads; no per-thread
 change is reported alongside it.
@@ -23,6 +25,7 @@ from types import MappingProxyType
 from typing import Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from temperd.sources import procfs
+from temperd.sources.facts import ProcessFacts, ThreadFacts
 from temperd.sources.proc_connector import Batch, ConnectorUnavailable, ProcConnector, ProcEvent
 
 log = logging.getLogger("temperd.sources.inventory")
@@ -50,43 +53,6 @@ MAX_PENDING_RECHECKS = 20000
 
 
 @dataclass(frozen=True)
-class ThreadInfo:
-    tid: int
-    pid: int  # the thread group (process) id
-    start_time: int  # clock ticks after boot; (tid, start_time) identifies the thread
-    comm: str  # the thread name (pthread_setname_np / PR_SET_NAME), at most 15 bytes
-    affinity: FrozenSet[int]
-    policy: int  # SCHED_OTHER 0, FIFO 1, RR 2, BATCH 3, IDLE 5, DEADLINE 6
-    nice: int
-    last_cpu: int
-    runtime_ns: Optional[int] = None  # time on CPU, only as of the last refresh_runtime()
-
-
-@dataclass(frozen=True)
-class ProcessInfo:
-    pid: int
-    start_time: int
-    name: str  # comm of the leader thread
-    exe: Optional[str]  # None: kernel thread, zombie leader, or not permitted
-    cmdline: Tuple[str, ...]  # a rewritten process title comes as one argument
-    cgroup: Optional[str]  # cgroup v2 path (the "0::" line)
-    cgroup_systemd: Optional[str]  # name=systemd path on hybrid hosts
-    unit: Optional[str]  # the systemd unit of the cgroup: memcached.service, session-2.scope
-    is_kernel_thread: bool
-    ppid: int
-    threads: Mapping[int, ThreadInfo]
-
-    @property
-    def title(self) -> str:
-        """The command line as `ps` shows it; for PostgreSQL backends the process title."""
-        return " ".join(self.cmdline)
-
-    @property
-    def leader(self) -> Optional[ThreadInfo]:
-        return self.threads.get(self.pid)
-
-
-@dataclass(frozen=True)
 class Change:
     kind: str  # one of CHANGE_KINDS
     pid: int
@@ -99,14 +65,14 @@ class Change:
 class InventorySnapshot:
     """An immutable view for the matcher and planner."""
 
-    processes: Mapping[int, ProcessInfo]
-    threads: Mapping[int, ThreadInfo]
+    processes: Mapping[int, ProcessFacts]
+    threads: Mapping[int, ThreadFacts]
     generation: int
 
-    def process(self, pid: int) -> Optional[ProcessInfo]:
+    def process(self, pid: int) -> Optional[ProcessFacts]:
         return self.processes.get(pid)
 
-    def thread(self, tid: int) -> Optional[ThreadInfo]:
+    def thread(self, tid: int) -> Optional[ThreadFacts]:
         return self.threads.get(tid)
 
 
@@ -145,7 +111,7 @@ class InventoryStats:
 
 
 class _Proc:
-    """The mutable record behind a ProcessInfo."""
+    """The mutable record behind a ProcessFacts."""
 
     __slots__ = (
         "pid", "start_time", "name", "exe", "cmdline", "cgroup", "cgroup_systemd",
@@ -163,8 +129,8 @@ class _Proc:
         self.cgroup: Optional[str] = None
         self.cgroup_systemd: Optional[str] = None
         self.unit: Optional[str] = None
-        self.threads: Dict[int, ThreadInfo] = {}
-        self.frozen: Optional[ProcessInfo] = None
+        self.threads: Dict[int, ThreadFacts] = {}
+        self.frozen: Optional[ProcessFacts] = None
 
     def live_tid(self) -> Optional[int]:
         """The thread to read process facts through: None (the process) unless the leader is gone."""
@@ -188,9 +154,9 @@ class _Proc:
         self.cgroup_systemd = paths.systemd
         self.unit = paths.unit
 
-    def freeze(self) -> ProcessInfo:
+    def freeze(self) -> ProcessFacts:
         if self.frozen is None:
-            self.frozen = ProcessInfo(
+            self.frozen = ProcessFacts(
                 pid=self.pid,
                 start_time=self.start_time,
                 name=self.name,
@@ -206,8 +172,8 @@ class _Proc:
         return self.frozen
 
 
-def _thread_info(pid: int, tid: int, stat: procfs.TaskStat, runtime_ns: Optional[int],
-                 affinity: Optional[FrozenSet[int]] = None) -> Optional[ThreadInfo]:
+def _thread_facts(pid: int, tid: int, stat: procfs.TaskStat, runtime_ns: Optional[int],
+                 affinity: Optional[FrozenSet[int]] = None) -> Optional[ThreadFacts]:
     """A live thread's record; None for a zombie or a thread gone before its affinity was read."""
     if stat.state in _ZOMBIE_STATES:
         return None
@@ -215,7 +181,7 @@ def _thread_info(pid: int, tid: int, stat: procfs.TaskStat, runtime_ns: Optional
         affinity = procfs.read_affinity(tid, pid)
         if affinity is None:
             return None
-    return ThreadInfo(
+    return ThreadFacts(
         tid=tid,
         pid=pid,
         start_time=stat.start_time,
@@ -224,6 +190,7 @@ def _thread_info(pid: int, tid: int, stat: procfs.TaskStat, runtime_ns: Optional
         policy=stat.policy,
         nice=stat.nice,
         last_cpu=stat.last_cpu,
+        is_kernel_thread=procfs.is_kernel_thread(pid, stat),
         runtime_ns=runtime_ns,
     )
 
@@ -339,14 +306,14 @@ class Inventory:
     # -- queries ----------------------------------------------------------------------------
 
     @property
-    def processes(self) -> Mapping[int, ProcessInfo]:
+    def processes(self) -> Mapping[int, ProcessFacts]:
         return self.snapshot().processes
 
-    def process(self, pid: int) -> Optional[ProcessInfo]:
+    def process(self, pid: int) -> Optional[ProcessFacts]:
         proc = self._procs.get(pid)
         return proc.freeze() if proc is not None else None
 
-    def thread(self, tid: int) -> Optional[ThreadInfo]:
+    def thread(self, tid: int) -> Optional[ThreadFacts]:
         pid = self._tid_pid.get(tid)
         if pid is None:
             return None
@@ -357,7 +324,7 @@ class Inventory:
         if snap is not None and snap.generation == self._generation:
             return snap
         processes = {}
-        threads: Dict[int, ThreadInfo] = {}
+        threads: Dict[int, ThreadFacts] = {}
         for pid, proc in self._procs.items():
             info = proc.freeze()
             processes[pid] = info
@@ -388,7 +355,7 @@ class Inventory:
         proc.frozen = None
         self._generation += 1
 
-    def _put_thread(self, proc: _Proc, info: ThreadInfo) -> None:
+    def _put_thread(self, proc: _Proc, info: ThreadFacts) -> None:
         proc.threads[info.tid] = info
         self._tid_pid[info.tid] = proc.pid
         if info.tid == proc.pid:
@@ -429,7 +396,7 @@ class Inventory:
             return None
         proc = _Proc(pid, leader)
         for tid, stat in stats.items():
-            info = _thread_info(pid, tid, stat, None)
+            info = _thread_facts(pid, tid, stat, None)
             if info is not None:
                 proc.threads[tid] = info
         if not proc.threads:
@@ -493,7 +460,7 @@ class Inventory:
         old = proc.threads.get(tid)
         if old is not None and old.start_time == stat.start_time:
             return
-        info = _thread_info(pid, tid, stat, None)
+        info = _thread_facts(pid, tid, stat, None)
         if info is None:
             self._vanished += 1
             return
@@ -677,7 +644,7 @@ class Inventory:
                 if old.comm != stat.comm:
                     thread_changes.append(Change(RENAME, pid, tid, comm=stat.comm, old_comm=old.comm))
                 runtime = old.runtime_ns
-            self._put_thread(proc, _thread_info(pid, tid, stat, runtime, affinity))
+            self._put_thread(proc, _thread_facts(pid, tid, stat, runtime, affinity))
             dirty = True
         if len(live) != len(threads):
             for tid in [tid for tid in threads if tid not in live]:
@@ -721,7 +688,7 @@ class Inventory:
             listener(changes)
 
 
-def _replace(info: ThreadInfo, **updates) -> ThreadInfo:
+def _replace(info: ThreadFacts, **updates) -> ThreadFacts:
     fields = dict(info.__dict__)
     fields.update(updates)
-    return ThreadInfo(**fields)
+    return ThreadFacts(**fields)

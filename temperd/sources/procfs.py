@@ -101,13 +101,16 @@ def list_tids(pid: int) -> Optional[List[int]]:
     return _int_entries(f"{PROC}/{pid}/task")
 
 
-def parse_stat(data: bytes) -> TaskStat:
-    """Parse a stat line; comm may hold spaces and parentheses, so split after the last ')'."""
+def split_stat(data: bytes) -> Tuple[str, List[bytes]]:
+    """A stat line's comm and the fields after it. comm may hold spaces and parentheses, so the
+    split is after the last ')'; fields[0] is field 3 (state): field N of proc(5) is fields[N - 3]."""
     open_paren = data.index(b"(")
     close_paren = data.rindex(b")")
-    comm = data[open_paren + 1 : close_paren].decode("utf-8", "replace")
-    # fields[0] is field 3 (state); field N of proc(5) is fields[N - 3]
-    fields = data[close_paren + 2 :].split()
+    return data[open_paren + 1 : close_paren].decode("utf-8", "replace"), data[close_paren + 2 :].split()
+
+
+def parse_stat(data: bytes) -> TaskStat:
+    comm, fields = split_stat(data)
     return TaskStat(
         comm=comm,
         state=fields[0].decode("ascii", "replace"),
@@ -118,6 +121,12 @@ def parse_stat(data: bytes) -> TaskStat:
         last_cpu=int(fields[36]),
         policy=int(fields[38]),
     )
+
+
+def read_thread_stat(tid: int) -> Optional[TaskStat]:
+    """stat of a thread known only by its id (/proc/TID resolves any thread id); None if gone."""
+    data = read_bytes(f"{PROC}/{tid}/stat", 2048, single=True)
+    return parse_stat(data) if data else None
 
 
 def read_task_stat(pid: int, tid: int) -> Optional[TaskStat]:
@@ -193,7 +202,7 @@ def read_process_cpu_ticks(pid: int) -> Optional[int]:
     if not data:
         return None
     try:
-        fields = data[data.rindex(b")") + 2:].split()
+        _comm, fields = split_stat(data)
         return int(fields[11]) + int(fields[12])
     except (ValueError, IndexError):
         return None
@@ -232,14 +241,6 @@ def read_affinity(tid: int, pid: Optional[int] = None) -> Optional[FrozenSet[int
         return None
     line = data[marker + len(b"Cpus_allowed_list:") :].split(b"\n", 1)[0]
     return frozenset(parse_cpulist(line.decode("ascii", "replace")))
-
-
-def read_comm(pid: int, tid: Optional[int] = None) -> Optional[str]:
-    path = f"{PROC}/{pid}/comm" if tid is None else f"{PROC}/{pid}/task/{tid}/comm"
-    data = read_bytes(path, 64, single=True)
-    if data is None:
-        return None
-    return data.rstrip(b"\n").decode("utf-8", "replace")
 
 
 def _task_path(pid: int, tid: Optional[int], name: str) -> str:
@@ -329,4 +330,5 @@ def read_environ_var(pid: int, name: str) -> Optional[str]:
 
 
 def is_kernel_thread(pid: int, stat: TaskStat) -> bool:
+    """kthreadd, its children, or any task flagged PF_KTHREAD: never treated."""
     return pid == KTHREADD_PID or stat.ppid == KTHREADD_PID or bool(stat.flags & PF_KTHREAD)

@@ -61,8 +61,6 @@ class TraceSummary:
     def top_runtime(self, n: int = 10) -> List[ThreadStats]:
         return sorted(self.threads.values(), key=lambda t: t.runtime_ns, reverse=True)[:n]
 
-    def top_edges(self, n: int = 10) -> List[Tuple[int, int, int]]:
-        return sorted(((w, e, c) for (w, e), c in self.edges.items()), key=lambda x: x[2], reverse=True)[:n]
 
 
 def parse_trace(source: Union[str, Iterable[str]]) -> TraceSummary:
