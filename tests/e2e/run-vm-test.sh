@@ -53,6 +53,13 @@ guest_panic() {
       print line
     }'
 }
+# panic_excerpt CONSOLE_LOG: the console from the oops or panic on, without the code and register
+# dumps: where it hit and the call trace.
+panic_excerpt() {
+  tr -d '\r\033' <"$1" | awk '
+    /Oops: |: [0-9a-f][0-9a-f][0-9a-f][0-9a-f] \[#[0-9]+\]|Kernel panic - not syncing/ { on = 1 }
+    on && !/Code: |\] (R[ABCDS][XPI]|RBP|RSI|RDI|R[0-9]+|[CDEFG]S|CR[0-9]|DR[0-9]): |\]  \? / && n++ < 20'
+}
 cache="${TEMPERD_E2E_CACHE:-/var/cache/temperd-e2e}"
 deb="" timeout_min=25 keep=0 only=""
 while [ $# -gt 0 ]; do
@@ -133,7 +140,7 @@ if grep -qwE 'vmx|svm' /proc/cpuinfo && [ -w /dev/kvm ] && [ ! -d /sys/module/kv
   accel=(-accel kvm -cpu host) accel_name=KVM
   say "accelerator: KVM"
 else
-  accel=(-accel tcg,thread=multi -cpu max) accel_name="TCG, multi-threaded"
+  accel=(-accel tcg,thread=multi -cpu max) accel_name="multi-threaded TCG"
   say "accelerator: TCG (software emulation)"
 fi
 # A boot that has not reached systemd's "running" within boot_limit seconds is stuck (seen, rarely,
@@ -206,11 +213,11 @@ while true; do
     [ ! -f "$share/out.log" ] || cp "$share/out.log" "$run/out-panic-$panics.log"
     panicked_s=$((panicked_s + SECONDS - attempt_t))
     say "guest kernel panic on attempt $attempt ($accel_name${panic_step:+, in step $panic_step}): $panic"
-    say "console tail (all of it: console-panic-$panics.log in the run directory, see --keep):"
-    tail -c 4000 "$run/console.log" | tr -d '\r\033' | tail -n 12
+    say "the console from there (all of it: console-panic-$panics.log in the run directory, see --keep):"
+    panic_excerpt "$run/console.log"
     [ "$panics" -le "$panic_retries" ] || break
-    if [ "$accel_name" = "TCG, multi-threaded" ]; then
-      accel=(-accel tcg,thread=single -cpu max) accel_name="TCG, single-threaded"
+    if [ "$accel_name" = "multi-threaded TCG" ]; then
+      accel=(-accel tcg,thread=single -cpu max) accel_name="single-threaded TCG"
     fi
     say "retrying that boot ($accel_name)"
     continue

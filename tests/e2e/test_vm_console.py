@@ -12,7 +12,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parent / "run-vm-test.sh"
 
 BOOT = """\
-[    0.000000] Linux version 6.16.3+deb13-amd64 (debian-kernel@lists.debian.org) #1 SMP PREEMPT_DYNAMIC Debian 6.16.3-1~bpo13+1
+[    0.000000] Linux version 7.3.4+deb13-amd64 (debian-kernel@lists.debian.org) #1 SMP PREEMPT_DYNAMIC Debian 7.3.4-1~bpo13+1
 [    0.000000] Command line: root=/dev/vda rw console=ttyS0 panic=-1 oops=panic loglevel=4 systemd.show_status=0
 \x1b[0;1;31mWARNING: unsupported ACPI table\x1b[0m
 [    9.412003] sched_ext: BPF scheduler "e2e_minimal" enabled
@@ -27,11 +27,11 @@ WARNING = """\
 [   10.500300] ---[ end trace 0000000000000000 ]---
 """
 
-# As seen under multi-threaded TCG when the test's sched_ext scheduler was registered.
+# The shape of the panic seen under multi-threaded TCG as the test's sched_ext scheduler was registered.
 INT3_PANIC = """\
 [  412.803322] sched_ext: BPF scheduler "e2e_minimal" enabled
 [  412.811045] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI
-[  412.811502] CPU: 2 UID: 0 PID: 0 Comm: swapper/2 Not tainted 6.16.3+deb13-amd64 #1 PREEMPT(lazy)
+[  412.811502] CPU: 2 UID: 0 PID: 0 Comm: swapper/2 Not tainted 7.3.4+deb13-amd64 #1 PREEMPT(lazy)
 [  412.812040] Hardware name: QEMU Standard PC (i440FX + PIIX, 1996), BIOS 1.16.3-debian-1.16.3-2 04/01/2014
 [  412.812470] RIP: 0010:put_prev_task_idle+0x1/0x20
 [  412.813900] Call Trace:
@@ -40,10 +40,13 @@ INT3_PANIC = """\
 [  412.816300] ---[ end Kernel panic - not syncing: Fatal exception in interrupt ]---
 """
 
+# E2E_INJECT_PANIC's crash (sysrq c), its first line after the getty's prompt.
 SYSRQ_PANIC = """\
-[   88.120001] sysrq: Trigger a crash
-[   88.120502] Kernel panic - not syncing: sysrq triggered crash
-[   88.121800] ---[ end Kernel panic - not syncing: sysrq triggered crash ]---
+temperd-e2e login: [   93.794432] sysrq: Trigger a crash
+[   93.796290] Kernel panic - not syncing: sysrq triggered crash
+[   93.799312] CPU: 1 UID: 0 PID: 368 Comm: bash Not tainted 7.3.4+deb13-amd64 #1 PREEMPT(lazy)  Debian 7.3.4-1~bpo13+1
+[   93.800019] Call Trace:
+[   93.807840] Kernel Offset: 0x38000000 from 0xffffffff81000000 (relocation range: 0xffffffff80000000-0xffffffffbfffffff)
 """
 
 
