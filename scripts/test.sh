@@ -3,7 +3,7 @@
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh python3-pytest \
+bash scripts/setup.sh python3-pytest python3-hypothesis \
   memcached libmemcached-tools redis-server redis-tools postgresql mariadb-server mariadb-client \
   sysbench stress-ng prometheus default-jdk-headless util-linux systemd
 exec .venv/bin/python -m pytest -q -ra "$@"

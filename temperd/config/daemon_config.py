@@ -189,12 +189,18 @@ def parse_config(text: str, file: str) -> DaemonConfig:
     return config_from_document(parse_toml(text, file))
 
 
-def load_config(config_dir: str = DEFAULT_CONFIG_DIR) -> DaemonConfig:
-    """temperd.toml from the directory; defaults when there is none (profile_dir beside it)."""
+def load_config(config_dir: str = DEFAULT_CONFIG_DIR, require_trusted: bool = False) -> DaemonConfig:
+    """temperd.toml from the directory; defaults when there is none (profile_dir beside it).
+    A directory named on purpose must exist: only the default one may be absent (a fresh host).
+    The daemon requires the file to be trusted (root's, writable by nobody else): it names the
+    cgroups that get a tier and the scx_layered binary temperd runs as root."""
+    if not os.path.isdir(config_dir) and (os.path.exists(config_dir) or config_dir != DEFAULT_CONFIG_DIR):
+        what = "is not a directory" if os.path.exists(config_dir) else "does not exist"
+        raise ConfigError([ConfigProblem(config_dir, (), f"{what}; expected the directory of {CONFIG_FILE}")])
     path = os.path.join(config_dir, CONFIG_FILE)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return DaemonConfig(source=f"{path} (absent: defaults)", profile_dir=os.path.join(config_dir, "profiles.d"))
-    doc = read_toml(path)
+    doc = read_toml(path, require_trusted)
     config = config_from_document(doc)
     # profiles.d lives beside temperd.toml unless the file says otherwise (relative = to the file).
     profile_dir = os.path.join(config_dir, doc.data.get("profile_dir", "profiles.d"))

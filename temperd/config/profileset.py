@@ -8,7 +8,6 @@ not match is not applied. Every decision carries a reason a person can read.
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -72,14 +71,6 @@ def load_builtin_profiles() -> List[Profile]:
     return out
 
 
-def _trust_problem(path: str, st: os.stat_result) -> Optional[str]:
-    if st.st_uid != 0:
-        return f"refused: owned by uid {st.st_uid}, expected root"
-    if st.st_mode & stat.S_IWOTH:
-        return "refused: writable by others, expected mode without o+w"
-    return None
-
-
 def profile_files(paths: Sequence[str]) -> List[str]:
     """*.toml files named directly or found (non-recursively) in directories, sorted."""
     out: List[str] = []
@@ -96,16 +87,8 @@ def load_profile_files(paths: Sequence[str], *, require_trusted: bool = False) -
     profiles: List[Profile] = []
     problems: List[ConfigProblem] = []
     for path in profile_files(paths):
-        if require_trusted:
-            try:
-                refused = _trust_problem(path, os.stat(path))
-            except OSError as exc:
-                refused = f"cannot be read: {exc.strerror}"
-            if refused:
-                problems.append(ConfigProblem(path, (), refused))
-                continue
         try:
-            profiles.append(profile_from_document(read_toml(path)))
+            profiles.append(profile_from_document(read_toml(path, require_trusted)))
         except ConfigError as exc:
             problems.extend(exc.problems)
     return profiles, problems

@@ -4,11 +4,13 @@ and the JSON Schema handed to editors, so the two cannot disagree."""
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from temperd.config.errors import ConfigProblem, KeyPath, describe_value
+from temperd.config.safe_regex import regex_problem
 from temperd.config.tomlsource import TomlDocument
 
 # A value checker returns None when fine, else what was expected (used as "expected <...>").
@@ -143,6 +145,10 @@ class Validator:
         return value
 
     def _scalar_ok(self, value: Any, spec: Spec, path: KeyPath) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            # TOML has nan and inf; no setting means either, and nan passes every comparison
+            self.fail(path, f"expected a finite number, found {describe_value(value)}")
+            return False
         if spec.choices and value not in spec.choices:
             self.fail(path, f"expected {self._expect(spec)}, found {describe_value(value)}")
             return False
@@ -200,13 +206,7 @@ def check_comm_glob(pattern: str) -> Optional[str]:
 
 
 def check_regex(pattern: str) -> Optional[str]:
-    if not pattern:
-        return "a non-empty regular expression"
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        return f"a valid regular expression ({exc})"
-    return None
+    return regex_problem(pattern)
 
 
 def check_cgroup_path(path: str) -> Optional[str]:

@@ -7,7 +7,10 @@ always taken from tomllib.
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple, Union
@@ -18,6 +21,10 @@ else:  # pragma: no cover - exercised on Python < 3.11 only
     import tomli as tomllib
 
 from temperd.config.errors import ConfigError, ConfigProblem, KeyPath
+
+# A profile or temperd.toml is a few KiB; a bound keeps a mistaken path (a log, /dev/zero) from
+# filling memory.
+MAX_FILE_BYTES = 1 << 20
 
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*(\]\]?)\s*(#.*)?$")
 _KEY = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
@@ -97,15 +104,64 @@ def parse_toml(text: str, file: str) -> TomlDocument:
         line = int(pos.group(1)) if pos else None
         message = _DECODE_POS.sub("", message).replace("()", "").strip().rstrip(".")
         raise ConfigError([ConfigProblem(file, (), f"not valid TOML: {message}", line)]) from None
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables recursively
+        raise ConfigError([ConfigProblem(file, (), "not accepted: arrays or tables nested too deeply")]) from None
     return TomlDocument(file, data, KeyLines(text))
 
 
-def read_toml(path: str) -> TomlDocument:
+def trust_problem(st: os.stat_result) -> Optional[str]:
+    """Why a file that configures the root daemon is refused, or None. The rule of sudoers and
+    systemd units: owned by root, writable by nobody else (group-writable only for group root)."""
+    if st.st_uid != 0:
+        return f"refused: owned by uid {st.st_uid}, expected root"
+    if st.st_mode & stat.S_IWOTH:
+        return "refused: writable by others, expected mode without o+w"
+    if st.st_mode & stat.S_IWGRP and st.st_gid != 0:
+        return f"refused: writable by group {st.st_gid}, expected mode without g+w (or group root)"
+    return None
+
+
+def read_config_bytes(path: str, require_trusted: bool = False, limit: int = MAX_FILE_BYTES) -> bytes:
+    """A configuration file's content, read only if it is a regular file of at most `limit`
+    bytes (and, when required, trusted). The checks use the opened file itself, so the file that
+    was checked is the file that is read; O_NONBLOCK keeps a FIFO from blocking the open."""
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
         raise ConfigError([ConfigProblem(path, (), f"cannot be read: {exc.strerror}")]) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or \
+                stat.S_ISBLK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else "not a file"
+            raise ConfigError([ConfigProblem(path, (), f"refused: {kind}, expected a regular file")])
+        refused = trust_problem(st) if require_trusted else None
+        if refused:
+            raise ConfigError([ConfigProblem(path, (), refused)])
+        if st.st_size > limit:
+            raise ConfigError([ConfigProblem(path, (), f"refused: {st.st_size} bytes, expected at most {limit}")])
+        chunks, total = [], 0
+        while total <= limit:
+            try:
+                chunk = os.read(fd, limit + 1 - total)
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                raise ConfigError([ConfigProblem(path, (), f"cannot be read: {exc.strerror}")]) from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > limit:  # grew while being read
+            raise ConfigError([ConfigProblem(path, (), f"refused: more than {limit} bytes")])
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_toml(path: str, require_trusted: bool = False) -> TomlDocument:
+    raw = read_config_bytes(path, require_trusted)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

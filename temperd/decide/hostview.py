@@ -36,7 +36,7 @@ class HostView:
 def load_host_view(config_dir: str = DEFAULT_CONFIG_DIR, sysfs_root: str = "/sys", *,
                    require_trusted: bool = True) -> HostView:
     """Raises ConfigError for a bad temperd.toml; bad profile files are listed in .problems."""
-    config = load_config(config_dir)
+    config = load_config(config_dir, require_trusted)
     shape = read_shape(sysfs_root)
     profiles = load_profile_set(HostShape.of(shape), config.profile_dir, require_trusted=require_trusted)
     return HostView(config, shape, profiles)

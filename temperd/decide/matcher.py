@@ -18,6 +18,7 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 from temperd.config.daemon_config import Binding, DaemonConfig
 from temperd.config.profile import Profile, ThreadGroup
 from temperd.config.schema import glob_match
+from temperd.config.safe_regex import bounded_subject
 
 ENV_PROFILE = "TEMPER_WORKLOAD_PROFILE"
 
@@ -93,7 +94,7 @@ def fingerprint_reason(profile: Profile, proc) -> Optional[str]:
             return f"process name {proc.name!r} matches {pattern!r}"
     text = _cmdline_text(proc)
     for pattern in fp.cmdline:
-        if text and re.search(pattern, text):
+        if text and re.search(pattern, bounded_subject(text)):
             return f"command line matches {pattern!r}"
     return None
 
@@ -292,6 +293,6 @@ def selector_reason(group: ThreadGroup, comm: str, title: str) -> Optional[str]:
         if glob_match(pattern, comm):
             return f"thread name {comm!r} matches {pattern!r} of group {group.name}"
     for pattern in group.process_titles:
-        if title and re.search(pattern, title):
+        if title and re.search(pattern, bounded_subject(title)):
             return f"process title matches {pattern!r} of group {group.name}"
     return None

@@ -1,0 +1,81 @@
+"""Fuzzing the TOML loaders (profiles, temperd.toml) with hypothesis: whatever the text, the only
+exception is ConfigError, and every ConfigError names the file on one line. Two strategies: any
+text, and valid files with one value replaced by another TOML value (the validators' inputs)."""
+
+import pathlib
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from temperd.config.daemon_config import parse_config
+from temperd.config.errors import ConfigError
+from temperd.config.profile import parse_profile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PROFILE_TEXTS = [p.read_text() for p in sorted((ROOT / "profiles").glob("*.toml"))]
+# The shipped temperd.toml with every setting uncommented (each shows its default).
+CONFIG_TEXT = "\n".join(re.sub(r"^#(?=[\[a-z])", "", line) for line in
+                        (ROOT / "etc" / "temperd.toml").read_text().splitlines()) + "\n"
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+scalar = st.one_of(
+    st.integers(min_value=-2**70, max_value=2**70).map(str),
+    st.sampled_from(["nan", "inf", "-inf", "0.0", "1e400", "-0", "true", "false", "1979-05-27", "07:32:00"]),
+    st.floats(allow_nan=True, allow_infinity=True).map(lambda f: repr(f).replace("inf", "inf")),
+    st.text(max_size=40).map(lambda s: '"' + s.replace("\\", "\\\\").replace('"', '\\"')
+                             .encode("unicode_escape").decode("ascii").replace("\\\\x", "\\\\u00") + '"'),
+    st.text(alphabet="()[]{}*+?|^$.\\abc", max_size=20).map(lambda s: "'" + s + "'"),
+)
+toml_value = st.recursive(scalar, lambda inner: st.one_of(
+    st.lists(inner, max_size=4).map(lambda xs: "[" + ", ".join(xs) + "]"),
+    st.dictionaries(st.sampled_from(["a", "b", "name", "weight"]), inner, max_size=3).map(
+        lambda d: "{" + ", ".join(f"{k} = {v}" for k, v in d.items()) + "}"),
+), max_leaves=8)
+
+
+def test_the_uncommented_example_is_a_valid_config():
+    assert parse_config(CONFIG_TEXT, "temperd.toml").bindings
+
+
+def assert_only_config_errors(parse, text, file):
+    try:
+        parse(text, file)
+    except ConfigError as exc:
+        assert exc.problems and all(p.file == file for p in exc.problems)
+        assert all("\n" not in str(p) for p in exc.problems)
+
+
+def replace_one_value(text: str, line_index: int, value: str) -> str:
+    lines = text.splitlines()
+    assignments = [i for i, line in enumerate(lines) if "=" in line and not line.lstrip().startswith("#")]
+    i = assignments[line_index % len(assignments)]
+    key = lines[i].split("=", 1)[0]
+    lines[i] = f"{key}= {value}"
+    return "\n".join(lines) + "\n"
+
+
+@FUZZ
+@given(st.text(max_size=400))
+def test_any_text_as_a_profile_or_config(text):
+    assert_only_config_errors(parse_profile, text, "fuzz.toml")
+    assert_only_config_errors(parse_config, text, "temperd.toml")
+
+
+@FUZZ
+@given(st.sampled_from(range(len(PROFILE_TEXTS))), st.integers(min_value=0, max_value=200), toml_value)
+def test_a_builtin_profile_with_one_value_replaced(which, line_index, value):
+    assert_only_config_errors(parse_profile, replace_one_value(PROFILE_TEXTS[which], line_index, value), "fuzz.toml")
+
+
+@FUZZ
+@given(st.integers(min_value=0, max_value=200), toml_value)
+def test_temperd_toml_with_one_value_replaced(line_index, value):
+    assert_only_config_errors(parse_config, replace_one_value(CONFIG_TEXT, line_index, value), "temperd.toml")
+
+
+@pytest.mark.parametrize("text", ["a = " + "[" * 3000 + "]" * 3000, "a = 1\n" * 20000 + "a = 2\n"])
+def test_pathological_but_valid_shapes(text):
+    assert_only_config_errors(parse_config, text, "temperd.toml")
+    assert_only_config_errors(parse_profile, text, "fuzz.toml")
