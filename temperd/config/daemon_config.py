@@ -72,6 +72,14 @@ CONTROL_SPEC = TableSpec("control", "control", {
     "group": Spec("str", "Group allowed to use the socket besides root.", default="temper"),
 })
 
+TRUST_SPEC = TableSpec("trust", "trust", {
+    "users": Spec("strlist", "Users whose processes may be raised (exclusive cores, latency treatment, the "
+                  "critical tier) besides root, system accounts and system units.", default=[],
+                  pattern=r"[a-z_][a-z0-9_.-]*[$]?", pattern_doc="a user name"),
+    "groups": Spec("strlist", "Groups whose members' processes may be raised, as for users.", default=[],
+                   pattern=r"[a-z_][a-z0-9_.-]*[$]?", pattern_doc="a group name"),
+})
+
 CONFIG_SPEC = TableSpec(
     "temperd configuration",
     "temperd's own settings: /etc/temper/temperd.toml.",
@@ -94,6 +102,8 @@ CONFIG_SPEC = TableSpec(
         })),
         "scx": Spec("table", "The scx backend: how temperd runs and supervises scx_layered.", default={},
                     table=SCX_SPEC),
+        "trust": Spec("table", "Whose processes a match may raise: a process owned by anyone else only ever "
+                      "yields or goes to the background tier.", default={}, table=TRUST_SPEC),
         "binding": Spec("tables", BINDING_SPEC.doc, default=[], table=BINDING_SPEC),
     },
 )
@@ -137,6 +147,8 @@ class DaemonConfig:
     control_socket: str = CONTROL_SPEC.default_of("socket")
     control_group: str = CONTROL_SPEC.default_of("group")
     tier_weights: Dict[str, int] = field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
+    trust_users: Tuple[str, ...] = tuple(TRUST_SPEC.default_of("users"))
+    trust_groups: Tuple[str, ...] = tuple(TRUST_SPEC.default_of("groups"))
     bindings: Tuple[Binding, ...] = ()
     scx: ScxSettings = field(default_factory=lambda: ScxSettings())
 
@@ -165,7 +177,7 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
     for name, tier in (values["tiers"] or {}).items():
         if tier and tier.get("weight") is not None:
             weights[name] = tier["weight"]
-    http, control, scx = values["http"], values["control"], values["scx"]
+    http, control, scx, trust = values["http"], values["control"], values["scx"], values["trust"]
     return DaemonConfig(
         source=doc.file,
         backend=values["backend"],
@@ -180,6 +192,8 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
         control_socket=control["socket"],
         control_group=control["group"],
         tier_weights=weights,
+        trust_users=tuple(trust["users"]),
+        trust_groups=tuple(trust["groups"]),
         bindings=tuple(bindings),
         scx=ScxSettings(**{**scx, "args": tuple(scx["args"])}),
     )

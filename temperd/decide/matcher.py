@@ -1,9 +1,12 @@
 """Which profile and tier apply to each process, and which thread group each thread is in — and why.
 
-Precedence (DESIGN.md): TEMPER_WORKLOAD_PROFILE=<id> in the process environment, then a
+Precedence: TEMPER_WORKLOAD_PROFILE=<id> in the process environment, then a
 [[binding]] naming its unit or cgroup, then profile fingerprints (executable, unit, cgroup,
 process name, command line). Processes of one workload (one unit, or one process tree
 without a unit) are matched together so a process-per-connection server is one workload.
+
+A match raises standing (exclusive and latency groups, the critical tier) only for processes
+the host trusts (decide/trust.py); for others it only lowers it.
 
 Pure: facts about processes come in as objects (the inventory's), nothing is read here except
 through the callables passed in.
@@ -11,6 +14,8 @@ through the callables passed in.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -19,6 +24,9 @@ from temperd.config.daemon_config import Binding, DaemonConfig
 from temperd.config.profile import Profile, ThreadGroup
 from temperd.config.schema import glob_match
 from temperd.config.safe_regex import bounded_subject
+from temperd.decide.trust import RAISING_TIERS, UNTRUSTED_TIER_CAP, TrustPolicy, raises, trust_policy
+
+log = logging.getLogger(__name__)
 
 ENV_PROFILE = "TEMPER_WORKLOAD_PROFILE"
 
@@ -70,6 +78,7 @@ class _ProcessDecision:
     source: str
     reason: str
     binding: Optional[Binding]
+    distrust: Optional[str] = None  # why a match may not raise this process; None: it may
 
 
 def _cmdline_text(proc) -> str:
@@ -113,13 +122,16 @@ def binding_for(config: DaemonConfig, proc) -> Optional[Binding]:
 class Matcher:
     def __init__(self, config: DaemonConfig, profiles: Mapping[str, Profile], *,
                  env_reader: Callable[[int, str], Optional[str]] = lambda pid, name: None,
-                 quota_reader: Callable[[str], Optional[float]] = lambda cgroup: None):
+                 quota_reader: Callable[[str], Optional[float]] = lambda cgroup: None,
+                 trust: Optional[TrustPolicy] = None):
         self.config = config
+        self.trust = trust if trust is not None else trust_policy(config)
         self.profiles = dict(profiles)
         self._ordered = [self.profiles[k] for k in sorted(self.profiles)]
         self._env_reader = env_reader
         self._quota_reader = quota_reader
-        self._env_cache: Dict[Tuple[int, int], Optional[str]] = {}
+        # (pid, start_time, execs): an exec may bring a new environment (`exec env X=y prog`)
+        self._env_cache: Dict[Tuple[int, int, int], Optional[str]] = {}
         self._decisions: Dict[tuple, Optional[_ProcessDecision]] = {}
         self._last_runtime: Dict[Tuple[int, int], int] = {}
 
@@ -130,16 +142,24 @@ class Matcher:
         it depends on are the key, so an exec, a new title or a cgroup move decides again)."""
         if proc.is_kernel_thread:
             return None
-        key = (proc.pid, proc.start_time, proc.name, proc.exe, tuple(proc.cmdline or ()), proc.unit, proc.cgroup)
+        key = (proc.pid, proc.start_time, proc.execs, proc.uid, proc.name, proc.exe, tuple(proc.cmdline or ()),
+               proc.unit, proc.cgroup)
         if key not in self._decisions:
-            self._decisions[key] = self._decide(proc)
+            decision = self._decide(proc)
+            if decision is not None:
+                distrust = self.trust.distrust(proc)
+                if distrust:
+                    decision = dataclasses.replace(decision, distrust=distrust)
+                    log.info("pid %d (%s): matched (%s), not raised: %s", proc.pid, proc.name,
+                             decision.reason, distrust)
+            self._decisions[key] = decision
         return self._decisions[key]
 
     def _decide(self, proc) -> Optional[_ProcessDecision]:
         binding = binding_for(self.config, proc)
         tier = binding.tier if binding else self.config.default_tier
         tier_reason = f"tier {tier} from {binding.describe()}" if binding else f"default tier {tier}"
-        key = (proc.pid, proc.start_time)
+        key = (proc.pid, proc.start_time, proc.execs)
         if key not in self._env_cache:
             self._env_cache[key] = self._env_reader(proc.pid, ENV_PROFILE)
         wanted = self._env_cache[key]
@@ -175,7 +195,7 @@ class Matcher:
         procs = {p.pid: p for p in processes}
         live = {(p.pid, p.start_time) for p in procs.values()}
         self._decisions = {k: v for k, v in self._decisions.items() if (k[0], k[1]) in live}
-        self._env_cache = {k: v for k, v in self._env_cache.items() if k in live}
+        self._env_cache = {k: v for k, v in self._env_cache.items() if (k[0], k[1]) in live}
         decisions = {}
         for pid, proc in procs.items():
             decision = self.decide(proc)
@@ -189,7 +209,13 @@ class Matcher:
         for key in sorted(groups):
             pids = sorted(groups[key])
             first = decisions[pids[0]]
-            workload = self._workload(key, [procs[p] for p in pids], first, seen_runtime)
+            distrust = next((decisions[p].distrust for p in pids if decisions[p].distrust), None)
+            if distrust and first.tier in RAISING_TIERS:
+                # one untrusted member keeps the whole workload (one cgroup weight) from the tier
+                first = dataclasses.replace(first, tier=UNTRUSTED_TIER_CAP, reason=(
+                    f"{first.reason}; tier {first.tier} not granted, {UNTRUSTED_TIER_CAP} instead: {distrust}"))
+            workload = self._workload(key, [procs[p] for p in pids], first, seen_runtime,
+                                      {p: decisions[p].distrust for p in pids})
             result.workloads.append(workload)
         self._last_runtime = seen_runtime
         return result
@@ -202,20 +228,21 @@ class Matcher:
         # Without a unit: the topmost ancestor with the same decision roots the workload.
         root = pid
         parent = procs[root].ppid
-        while parent in decisions and decisions[parent].profile == decision.profile and parent != root:
+        while (parent in decisions and decisions[parent].profile == decision.profile
+               and bool(decisions[parent].distrust) == bool(decision.distrust) and parent != root):
             root = parent
             parent = procs[root].ppid
         return f"{pid_of}:pid{root}"
 
     def _workload(self, key: str, procs: Sequence, decision: _ProcessDecision,
-                  seen_runtime: Dict[Tuple[int, int], int]) -> Workload:
+                  seen_runtime: Dict[Tuple[int, int], int], distrust: Mapping[int, Optional[str]]) -> Workload:
         unit = procs[0].unit
         cgroup = procs[0].cgroup
         budget, budget_reason = self._budget(decision.binding, cgroup)
         threads: List[ThreadMatch] = []
         if decision.profile is not None:
             for proc in procs:
-                threads.extend(self._assign(decision.profile, proc, seen_runtime))
+                threads.extend(self._assign(decision.profile, proc, seen_runtime, distrust.get(proc.pid)))
         else:
             for proc in procs:
                 for thread in _threads(proc):
@@ -244,7 +271,7 @@ class Matcher:
 
     # ---- threads into groups -----------------------------------------------------------------
 
-    def _assign(self, profile: Profile, proc, seen_runtime) -> List[ThreadMatch]:
+    def _assign(self, profile: Profile, proc, seen_runtime, distrust: Optional[str] = None) -> List[ThreadMatch]:
         threads = _threads(proc)
         title = _cmdline_text(proc)
         out: Dict[int, ThreadMatch] = {}
@@ -280,6 +307,12 @@ class Matcher:
             else:
                 out[thread.tid] = ThreadMatch(thread.tid, proc.pid, thread.comm, None,
                                               f"no group of {profile.id} selects it and the profile has no catch-all")
+        if distrust:
+            treatment = {g.name: g.treatment for g in profile.thread_groups}
+            for tid, match in out.items():
+                if match.group is not None and raises(treatment[match.group]):
+                    out[tid] = ThreadMatch(tid, proc.pid, match.comm, None,
+                                           f"{match.reason}; {treatment[match.group]} not granted: {distrust}")
         return list(out.values())
 
 

@@ -37,6 +37,10 @@ class ProcessFacts:
     is_kernel_thread: bool
     ppid: int
     threads: Mapping[int, ThreadFacts]
+    uid: Optional[int] = None  # the real uid, None where unreadable; what trust is decided on
+    # Execs seen since the inventory first saw this process: with (pid, start_time) it names one
+    # program image, so whatever was read from the environment is read again after an exec.
+    execs: int = 0
 
     @property
     def title(self) -> str:

@@ -32,7 +32,7 @@ log = logging.getLogger("temperd.sources.inventory")
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
-# Change kinds. "update": the command line (process title) or cgroup changed without an exec,
+# Change kinds. "update": the command line (process title), cgroup or owner changed without an exec,
 # found by a scan: servers rewrite their title, tools move processes between cgroups.
 NEW_PROCESS = "new_process"
 NEW_THREAD = "new_thread"
@@ -115,7 +115,7 @@ class _Proc:
 
     __slots__ = (
         "pid", "start_time", "name", "exe", "cmdline", "cgroup", "cgroup_systemd",
-        "unit", "is_kernel_thread", "ppid", "threads", "frozen",
+        "unit", "is_kernel_thread", "ppid", "threads", "frozen", "uid", "execs",
     )
 
     def __init__(self, pid: int, stat: procfs.TaskStat):
@@ -129,6 +129,8 @@ class _Proc:
         self.cgroup: Optional[str] = None
         self.cgroup_systemd: Optional[str] = None
         self.unit: Optional[str] = None
+        self.uid: Optional[int] = None
+        self.execs = 0
         self.threads: Dict[int, ThreadFacts] = {}
         self.frozen: Optional[ProcessFacts] = None
 
@@ -145,6 +147,7 @@ class _Proc:
             via = self.live_tid()
             self.exe = procfs.read_exe(pid, via)
             self.cmdline = procfs.read_cmdline(pid, via) or ()
+        self.uid = procfs.read_uid(pid, self.live_tid())
         self.set_cgroup(procfs.read_cgroup(pid))
 
     def set_cgroup(self, paths: Optional[procfs.CgroupPaths]) -> None:
@@ -168,6 +171,8 @@ class _Proc:
                 is_kernel_thread=self.is_kernel_thread,
                 ppid=self.ppid,
                 threads=MappingProxyType(dict(self.threads)),
+                uid=self.uid,
+                execs=self.execs,
             )
         return self.frozen
 
@@ -490,13 +495,14 @@ class Inventory:
         if proc is None:
             self._vanished += 1
             return
-        self._install(proc)
         if old is None:
             kind = NEW_PROCESS
         elif old.start_time != proc.start_time:
             kind = REUSED
         else:
             kind = EXEC
+            proc.execs = old.execs + 1
+        self._install(proc)
         changes.append(Change(kind, pid))
 
     def _on_comm(self, pid: int, tid: int, comm: str, changes: List[Change]) -> None:
@@ -611,13 +617,18 @@ class Inventory:
             cgroup = procfs.read_cgroup(pid)
             old_cgroup = (proc.cgroup, proc.cgroup_systemd)
             new_cgroup = old_cgroup if cgroup is None else (cgroup.unified, cgroup.systemd)
+            # setuid() without an exec sends no event: the scan sees the new owner
+            uid = procfs.read_uid(pid, via)
+            uid = proc.uid if uid is None else uid
             if exe != proc.exe:
                 whole = EXEC  # an exec whose event was lost
-            elif cmdline != proc.cmdline or new_cgroup != old_cgroup:
+                proc.execs += 1
+            elif cmdline != proc.cmdline or new_cgroup != old_cgroup or uid != proc.uid:
                 changes.append(Change(UPDATE, pid))
-            if whole is not None or cmdline != proc.cmdline or new_cgroup != old_cgroup:
+            if whole is not None or cmdline != proc.cmdline or new_cgroup != old_cgroup or uid != proc.uid:
                 proc.exe = exe
                 proc.cmdline = cmdline
+                proc.uid = uid
                 proc.set_cgroup(cgroup)
                 dirty = True
         threads = proc.threads

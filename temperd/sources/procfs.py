@@ -258,6 +258,21 @@ def read_exe(pid: int, tid: Optional[int] = None) -> Optional[str]:
         raise
 
 
+def read_uid(pid: int, tid: Optional[int] = None) -> Optional[int]:
+    """The real uid (the Uid: line's first field of status): who started the program, even where
+    a set-user-ID executable runs it with another effective uid."""
+    data = read_bytes(_task_path(pid, tid, "status"), 4096)
+    if data is None:
+        return None
+    for line in data.split(b"\n"):
+        if line.startswith(b"Uid:"):
+            try:
+                return int(line.split()[1])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
 def normalise_cmdline(data: bytes) -> Tuple[str, ...]:
     """Arguments from the NUL-separated cmdline.
 
