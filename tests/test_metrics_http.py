@@ -4,17 +4,17 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 import urllib.request
 
 import pytest
 
 from servers import free_port
+from temperd.backends.status import BackendStatus
 from temperd.observe.http import HttpApi
 from temperd.observe.linter import lint
 from temperd.observe.metrics import Metrics
-from temperd.observe.observer import Observer
+from temperd.observe.observer import BUSY_RATIO, Observer
 from temperd.plan import CONFINED, EXCLUSIVE, YIELD, OPEN, Layer, LayerPlan, MemberSelector
 from temperd.sources.inventory import Inventory
 from temperd.decide.matcher import MatchResult
@@ -25,15 +25,14 @@ class Result:
     applied = {"affinity": 3, "nice": 1}
     failed = {"affinity": 1}
     restored = {}
-    drift = {"nice": 1}
 
 
 @pytest.fixture
 def api():
     metrics = Metrics()
-    metrics.record_apply(Result())
-    metrics.record_reload(True, 3, time.time(), 0)
-    metrics.set_backend("native", False)
+    metrics.actions.update(Result())
+    metrics.config.update(True, 3, time.time(), 0)
+    metrics.backend.update(BackendStatus("native", drift={"nice": 1}))
     server = HttpApi("127.0.0.1", 0, metrics.exposition, lambda: {"layers": [], "ok": True})
     server.start()
     yield server, metrics
@@ -50,6 +49,7 @@ def test_metrics_and_observe_endpoints(api):
     status, ctype, body = get(server.port, "/metrics")
     assert status == 200 and ctype.startswith("text/plain")
     assert b'temperd_actions_applied_total{kind="affinity"} 3.0' in body
+    assert b'temperd_backend_info{backend="native"} 1.0' in body and b'temperd_drift_total{kind="nice"} 1.0' in body
     assert b"temperd_config_generation 3.0" in body
     assert b'temperd_lint_violations{invariant="smt_collision"} 0.0' in body
     assert json.loads(get(server.port, "/observe")[2]) == {"layers": [], "ok": True}
@@ -102,17 +102,26 @@ def test_real_prometheus_scrapes_temperd(api, tmp_path):
         proc.wait(timeout=20)
 
 
-def test_linter_sees_a_confined_member_running_outside_its_cpus(spawn):
-    """A real busy thread pinned to CPU 0 while the plan says it owns CPU 1."""
-    child = spawn("tmpd-lint")
-    child.wait_ready()
-    tid = int(child.command("thread lint-hot"))
-    os.sched_setaffinity(tid, {0})
-    child.command("spin lint-spin")
+def test_drift_counts_what_the_backend_found_since_start():
+    """The backend keeps the running total; the counter grows by what it grew."""
+    metrics = Metrics()
+    for found in ({"nice": 1}, {"nice": 1}, {"nice": 3, "affinity": 2}):
+        metrics.backend.update(BackendStatus("native", drift=found))
+    text = metrics.exposition().decode()
+    assert 'temperd_drift_total{kind="nice"} 3.0' in text and 'temperd_drift_total{kind="affinity"} 2.0' in text
+
+
+def test_linter_sees_a_confined_member_running_outside_its_cpus(children):
+    """A real busy thread pinned to CPU 0 while its Confined layer owns CPU 1: protected_fallback
+    (it ran outside its CPUs) and layer_mismatch (it may run on CPU 0); the process leader is
+    SCHED_OTHER where its layer says SCHED_IDLE: layer_mismatch."""
+    child = children.spawn(["lint-hot"], spin_s=10.0)  # spins from its start
+    hot = child.threads["lint-hot"]
+    os.sched_setaffinity(hot, {0})
     shape = read_shape()
     plan = LayerPlan(layers=(
         Layer(name="w.hot", kind=CONFINED, treatment=EXCLUSIVE, tier="critical", workload="w", group="hot",
-              selector=MemberSelector(tids=(tid,)), cpus=(1,)),
+              selector=MemberSelector(tids=(hot,)), cpus=(1,)),
         Layer(name="w.rest", kind=OPEN, treatment=YIELD, tier="critical", workload="w", group="rest",
               selector=MemberSelector(tids=(child.pid,)), policy="idle"),
     ), reserve_cpus=(0,))
@@ -120,16 +129,14 @@ def test_linter_sees_a_confined_member_running_outside_its_cpus(spawn):
     inventory.reconcile()
     observer = Observer(shape)
     observer.sample(plan, inventory.processes, MatchResult())
-    # make the pinned thread busy for the next window
-    spin = int(child.command("spin lint-busy"))
-    os.sched_setaffinity(spin, {0})
-    inventory.reconcile()
-    plan = LayerPlan(layers=(plan.layers[0].__class__(**{**plan.layers[0].__dict__, "selector": MemberSelector(tids=(spin,))}),
-                             plan.layers[1]), reserve_cpus=(0,))
-    observer.sample(plan, inventory.processes, MatchResult())
-    child.command(f"spin lint-busy2")
+    time.sleep(0.5)  # a window in which the hot thread runs on CPU 0
     obs = observer.sample(plan, inventory.processes, MatchResult())
-    violations = lint(plan, obs, shape)
-    kinds = {(v.invariant, v.tid) for v in violations}
-    assert ("layer_mismatch", spin) in kinds  # may run on CPU 0, the layer owns CPU 1
+    seen = obs.member(hot)
+    assert seen is not None and seen.cpu == 0 and seen.util >= BUSY_RATIO, seen
+    kinds = {(v.invariant, v.tid) for v in lint(plan, obs, shape)}
+    assert ("protected_fallback", hot) in kinds  # ran on CPU 0, its layer owns CPU 1
+    assert ("layer_mismatch", hot) in kinds  # may run on CPU 0, the layer owns CPU 1
     assert ("layer_mismatch", child.pid) in kinds  # SCHED_OTHER where the plan says SCHED_IDLE
+    # Where the layer really owns CPU 0 (scx_layered's choice), the same thread is in place.
+    in_place = {(v.invariant, v.tid) for v in lint(plan, obs, shape, confined_cpus={"w.hot": frozenset({0})})}
+    assert ("protected_fallback", hot) not in in_place

@@ -7,6 +7,7 @@ crashes when told. sched_ext's sysfs files are a fake tree the stand-in updates 
 The native fallback is real: thread settings are read back from /proc.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ from test_scx_supervisor import STANDIN, alive, fake_sysfs
 from thread_children import nice_of, wait_for
 
 from temperd.backends.native.backend import scan_threads
-from temperd.backends.scx.backend import NATIVE, SCX, ScxBackend, layer_cpus_from_stats
+from temperd.backends.scx.backend import NATIVE, SCX, ScxBackend, ScxStatus, layer_cpus_from_stats
 from temperd.backends.scx.supervisor import RestartPolicy, ScxSupervisor
 from temperd.backends.select import make_backend
 from temperd.config.daemon_config import DaemonConfig, ScxSettings
@@ -111,15 +112,17 @@ def test_scx_layered_carries_the_plan_and_leaves_threads_alone(standin, scx_back
     result = backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))
     assert not result.applied and not result.failed  # nothing per thread: scx_layered schedules them
     assert any("CPU numbers become CPU counts" in n for n in result.notes)
-    wait_for(lambda: backend.status()["scx_layered"]["state"] == "running", WAIT_S, "scx_layered attached")
+    wait_for(lambda: backend.status().scx.supervisor.state == "running", WAIT_S, "scx_layered attached")
     (attach,) = standin.attaches()
     specs = {s["name"]: s for s in attach["specs"]}
     assert specs["app.hot"]["kind"][CONFINED]["cpus_range"] == [1, 1]
     assert list(specs)[-1] == "rest"
     assert nice_of(kid.pid, kid.threads["sb-rest"]) == 0
     status = backend.status()
-    assert status["carried_by"] == SCX and status["fallback_reason"] is None and not status["safe_mode"]
-    wait_for(lambda: backend.status()["scx_stats"]["layers"].get("app.hot"), WAIT_S, "stats read")
+    assert status.carried_by == SCX and status.scx.fallback_reason is None and not status.scx.safe_mode
+    assert list(status.as_dict()) == ["carried_by", "fallback_reason", "safe_mode", "safe_mode_reason", "render_notes",
+                                      "render_problems", "scx_layered", "scx_stats"]  # as temperctl status shows it
+    wait_for(lambda: backend.status().scx.layer_stats.get("app.hot"), WAIT_S, "stats read")
     assert backend.layer_cpus()["app.hot"] == frozenset({1})  # the stand-in hands out CPUs from the top
 
 
@@ -151,7 +154,7 @@ def test_refusal_beside_another_scheduler_falls_back_with_its_name(standin, scx_
     backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))  # what the daemon's replan does
     assert backend.carried_by == NATIVE and "'minimal'" in backend.fallback_reason
     assert nice_of(kid.pid, kid.threads["sb-rest"]) == -4
-    assert backend.status()["scx_layered"]["refusals"] == 1 and standin.attaches() == []
+    assert backend.status().scx.supervisor.refusals == 1 and standin.attaches() == []
 
 
 def test_make_backend_chooses_scx_only_where_it_can_run(standin, tmp_path):
@@ -196,13 +199,17 @@ def test_linter_checks_placement_against_the_cpus_scx_layered_chose():
     assert lint(plan, observation, shape, check_treatment=False, confined_cpus={}) == []  # placement unknown
 
 
-def test_scx_metrics_count_restarts_and_expose_layer_stats():
+def test_scx_metrics_count_restarts_and_expose_layer_stats(tmp_path):
+    idle = ScxSupervisor(STANDIN, str(tmp_path)).status()
+    supervisor = dataclasses.replace(idle, state="running", restarts=2, starts=3, crashes=1, refusals=0,
+                                     default_scheduler_gap_last_s=0.2, default_scheduler_gap_total_s=0.5)
+    status = ScxStatus(fallback_reason=None, safe_mode=False, safe_mode_reason=None, render_notes=(),
+                       render_problems=(), supervisor=supervisor, system_stats={},
+                       layer_stats={"app.hot": {"util": 150.0, "tasks": 4, "cur_nr_cpus": 2}})
     metrics = Metrics()
-    status = {"state": "running", "restarts": 2, "starts": 3, "crashes": 1, "refusals": 0,
-              "default_scheduler_gap_s": {"last": 0.2, "total": 0.5}}
-    stats = {"layers": {"app.hot": {"util": 150.0, "tasks": 4, "cur_nr_cpus": 2}}}
-    metrics.record_scx(status, stats)
-    metrics.record_scx({**status, "restarts": 3}, stats)  # cumulative there, increments here
+    metrics.scx.update(status)
+    # cumulative there, increments here
+    metrics.scx.update(dataclasses.replace(status, supervisor=dataclasses.replace(supervisor, restarts=3)))
     text = metrics.exposition().decode()
     assert "temperd_scx_restarts_total 3.0" in text and "temperd_scx_crashes_total 1.0" in text
     assert "temperd_scx_default_scheduler_seconds_total 0.5" in text
@@ -251,7 +258,7 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
     try:
         status = json.loads(temperctl("status", "--json", "--socket", socket_path).stdout)
         assert status["backend"]["active"] == "scx" and status["backend"]["carried_by"] == "scx"
-        wait_for(lambda: daemon.backend_status()["scx_layered"]["state"] == "running", WAIT_S, "scx_layered attached")
+        wait_for(lambda: daemon.backend_status().scx.supervisor.state == "running", WAIT_S, "scx_layered attached")
         first = standin.attaches()[0]["specs"]
         (hot_spec,) = [s["kind"][CONFINED] for s in first if s["name"].endswith(".hot")]
         assert hot_spec["cpus_range"] == [1, 1] and hot_spec["protected"] and hot_spec["exclusive"]
@@ -272,7 +279,7 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
         os.kill(killed, signal.SIGKILL)
         wait_for(lambda: not alive(killed), WAIT_S, "the killed scx_layered gone")
         fake_sysfs(standin.sysfs, "disabled")  # what the kernel does when a BPF scheduler's process dies
-        wait_for(lambda: daemon.backend_status()["safe_mode"], 30, "safe mode")
+        wait_for(lambda: daemon.backend_status().safe_mode, 30, "safe mode")
         wait_for(lambda: nice_of(app.pid, app.pid) == -6, WAIT_S, "the native backend treating the rest group")
         status = json.loads(temperctl("status", "--json", "--socket", socket_path).stdout)
         assert status["backend"]["carried_by"] == "native" and "exited 2 times" in status["backend"]["fallback_reason"]
@@ -284,8 +291,8 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
         # The operator fixes the cause and reloads: scx_layered carries the plan again.
         standin.monkeypatch.delenv("FAKE_SCX_CRASH_AFTER")
         assert temperctl("reload", "--socket", socket_path).returncode == 0
-        wait_for(lambda: daemon.backend_status()["scx_layered"]["state"] == "running", WAIT_S, "scx_layered running again")
-        assert daemon.backend_status()["carried_by"] == "scx" and not daemon.backend_status()["safe_mode"]
+        wait_for(lambda: daemon.backend_status().scx.supervisor.state == "running", WAIT_S, "scx_layered running again")
+        assert daemon.backend_status().carried_by == "scx" and not daemon.backend_status().safe_mode
         assert nice_of(app.pid, app.pid) == 0  # the native fallback's settings put back
     finally:
         daemon.request("stop", "test")

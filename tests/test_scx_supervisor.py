@@ -17,7 +17,9 @@ import time
 import pytest
 
 from temperd.backends.scx.detect import detect_sched_ext
-from temperd.backends.scx.supervisor import (BACKOFF, REFUSED, RUNNING, SAFE_MODE, STOPPED, RestartPolicy, ScxConfigError, ScxSupervisor, StatsClient, StatsError, summarize_stats)
+from temperd.backends.scx.backend import restart_policy
+from temperd.backends.scx.supervisor import (BACKOFF, IDLE, REFUSED, RUNNING, SAFE_MODE, STOPPED, RestartPolicy, ScxConfigError, ScxSupervisor, StatsClient, StatsError, summarize_stats)
+from temperd.config.daemon_config import ScxSettings
 
 STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standins", "fake_scx_layered.py")
 WAIT_S = 10.0  # upper bound for anything these tests wait for
@@ -160,11 +162,11 @@ def test_start_writes_config_and_reads_stats_over_one_connection(env):
     wanted = config("db")
     assert sup.apply(wanted)
     sup.start()
-    until(lambda: sup.status()["stats_reads"] >= 5)
+    until(lambda: sup.status().stats_reads >= 5)
     status = sup.status()
-    assert status["state"] == RUNNING and status["starts"] == 1 and status["crashes"] == 0
+    assert status.state == RUNNING and status.starts == 1 and status.crashes == 0
     (attach,) = env.events("attach")
-    assert attach["pid"] == status["pid"] and attach["argv"] == [f"f:{sup.config_path}"]
+    assert attach["pid"] == status.pid and attach["argv"] == [f"f:{sup.config_path}"]
     assert attach["specs"] == wanted
     with open(sup.config_path) as handle:
         assert json.load(handle) == wanted
@@ -174,7 +176,7 @@ def test_start_writes_config_and_reads_stats_over_one_connection(env):
     # one connection, kept open: counters are deltas since the previous read, not since start
     assert len(env.events("stats-connect")) == 1
     assert 0 <= stats["total"] < 1000
-    assert status["stats_age_s"] < 5
+    assert status.stats_age_s < 5
     summary = summarize_stats(stats)
     assert summary["system"]["busy"] == stats["busy"] and summary["layers"]["db"]["cur_nr_cpus"] == 2
     assert "l_runq_lat_hist" not in summary["layers"]["db"]  # lists are not metrics
@@ -184,6 +186,25 @@ def test_summarize_stats_tolerates_missing_and_unknown_fields():
     assert summarize_stats(None) == {"system": {}, "layers": {}}
     summary = summarize_stats({"busy": 1.5, "new_field": 3, "antistall": True, "layers": {"a": {"tasks": 4, "x": 1}}})
     assert summary == {"system": {"busy": 1.5}, "layers": {"a": {"tasks": 4}}}
+
+
+def test_status_as_json_keeps_the_keys_temperctl_shows(env):
+    """`temperctl status --json` and /observe show it as backend.scx_layered; scripts read these keys."""
+    data = env.supervisor().status().as_dict()
+    assert list(data) == ["state", "pid", "binary", "args", "config_path", "log_path", "stats_socket", "uptime_s",
+                          "pending_change", "next_restart_in_s", "safe_mode", "safe_mode_reason", "crashes_in_window",
+                          "last_exit", "default_scheduler_gap_s", "stats_age_s", "stats_error", "starts", "restarts",
+                          "crash_restarts", "crashes", "coalesced_changes", "refusals", "stats_reads", "stats_errors",
+                          "safe_mode_entries"]
+    assert data["state"] == IDLE and data["default_scheduler_gap_s"] == {"last": None, "total": 0.0}
+    assert json.loads(json.dumps(data)) == data
+
+
+def test_restart_policy_defaults_are_those_of_the_scx_table():
+    settings, policy = ScxSettings(), RestartPolicy()
+    assert (policy.min_interval_s, policy.crash_limit, policy.crash_window_s) == (
+        settings.min_restart_interval_s, settings.crash_limit, settings.crash_window_s)
+    assert restart_policy(settings) == policy
 
 
 def test_stop_sends_sigterm_and_scx_exits_cleanly(env):
@@ -197,8 +218,8 @@ def test_stop_sends_sigterm_and_scx_exits_cleanly(env):
     assert sup.stop() == 0
     assert not alive(pid)
     status = sup.status()
-    assert status["state"] == STOPPED and status["crashes"] == 0
-    assert status["last_exit"]["requested"] and status["last_exit"]["reason"] == "EXIT: unregistered from user space"
+    assert status.state == STOPPED and status.crashes == 0
+    assert status.last_exit.requested and status.last_exit.reason == "EXIT: unregistered from user space"
     assert detect_sched_ext(env.sysfs, binary=STANDIN).state == "disabled"
 
 
@@ -212,11 +233,11 @@ def test_restart_on_plan_change_is_batched_and_rate_limited(env):
     clock.now += 5
     assert sup.apply(config("b"))
     sup.tick()
-    assert sup.pid == first and sup.status()["next_restart_in_s"] == 25  # 30 s after the start
+    assert sup.pid == first and sup.status().next_restart_in_s == 25  # 30 s after the start
     clock.now += 5
     assert sup.apply(config("c"))  # supersedes b: one restart for both
     sup.tick()
-    assert sup.pid == first and sup.status()["coalesced_changes"] == 1
+    assert sup.pid == first and sup.status().coalesced_changes == 1
 
     clock.now += 20  # 30 s after the first start
     until(lambda: sup.state == RUNNING and sup.pid != first, sup)
@@ -224,19 +245,19 @@ def test_restart_on_plan_change_is_batched_and_rate_limited(env):
     attaches = env.events("attach")
     assert [e["specs"] for e in attaches] == [config("a"), config("c")]
     status = sup.status()
-    assert (status["starts"], status["restarts"], status["crashes"]) == (2, 1, 0)
-    assert status["last_exit"]["requested"] and status["default_scheduler_gap_s"]["last"] is not None
-    assert not status["pending_change"]
+    assert (status.starts, status.restarts, status.crashes) == (2, 1, 0)
+    assert status.last_exit.requested and status.default_scheduler_gap_last_s is not None
+    assert not status.pending_change
 
     assert not sup.apply(config("c"))  # unchanged: nothing to do
     clock.now += 1
     assert sup.apply(config("a"))
     clock.now += 5  # the batch delay is over, the rate limit is not
     sup.tick()
-    assert sup.pid == attaches[1]["pid"] and sup.status()["next_restart_in_s"] == 24
+    assert sup.pid == attaches[1]["pid"] and sup.status().next_restart_in_s == 24
     clock.now += 24
     until(lambda: sup.state == RUNNING and sup.pid != attaches[1]["pid"], sup)
-    assert sup.status()["restarts"] == 2 and env.events("attach")[-1]["specs"] == config("a")
+    assert sup.status().restarts == 2 and env.events("attach")[-1]["specs"] == config("a")
 
 
 def test_change_back_to_the_running_config_cancels_the_restart(env):
@@ -245,12 +266,12 @@ def test_change_back_to_the_running_config_cancels_the_restart(env):
     sup.apply(config("a"))
     until(lambda: sup.state == RUNNING, sup)
     sup.apply(config("b"))
-    assert sup.status()["pending_change"]
+    assert sup.status().pending_change
     sup.apply(config("a"))
-    assert not sup.status()["pending_change"]
+    assert not sup.status().pending_change
     clock.now += 60
     sup.tick()
-    assert sup.status()["starts"] == 1 and len(env.events("attach")) == 1
+    assert sup.status().starts == 1 and len(env.events("attach")) == 1
 
 
 def test_unrequested_exit_is_a_crash_and_scx_comes_back_after_backoff(env):
@@ -261,11 +282,11 @@ def test_unrequested_exit_is_a_crash_and_scx_comes_back_after_backoff(env):
     first = sup.pid
     os.kill(first, signal.SIGKILL)
     fake_sysfs(env.sysfs, "disabled")  # what the kernel does when a scheduler's process dies
-    until(lambda: sup.status()["crashes"] == 1)
-    assert sup.status()["last_exit"]["reason"] == "killed by signal 9"
+    until(lambda: sup.status().crashes == 1)
+    assert sup.status().last_exit.reason == "killed by signal 9"
     until(lambda: sup.state == RUNNING and sup.pid != first)
     status = sup.status()
-    assert (status["starts"], status["crash_restarts"], status["safe_mode"]) == (2, 1, False)
+    assert (status.starts, status.crash_restarts, status.safe_mode) == (2, 1, False)
     assert env.safe_modes == []
 
 
@@ -276,32 +297,32 @@ def test_crash_loop_enters_safe_mode(env):
     sup.start()
     until(lambda: sup.safe_mode)
     status = sup.status()
-    assert status["state"] == SAFE_MODE and status["pid"] is None
-    assert (status["starts"], status["crashes"], status["crash_restarts"]) == (3, 3, 2)
+    assert status.state == SAFE_MODE and status.pid is None
+    assert (status.starts, status.crashes, status.crash_restarts) == (3, 3, 2)
     reason = sup.safe_mode_reason
     assert reason.startswith("scx_layered exited 3 times within 60 s (last: EXIT: runnable task stall (stand-in crash))")
     assert env.safe_modes == [reason]
-    assert status["last_exit"]["code"] == 1 and not status["last_exit"]["requested"]
+    assert status.last_exit.code == 1 and not status.last_exit.requested
     with open(os.path.join(env.state_dir, "scx_layered.crash.log")) as handle:
         assert "DEBUG DUMP" in handle.read()
     assert not any(alive(e["pid"]) for e in env.events("attach"))
     sup.apply(config("db", "web"))  # safe mode: no more starts
     time.sleep(0.3)
-    assert sup.status()["starts"] == 3
+    assert sup.status().starts == 3
 
 
 def test_first_crash_waits_its_backoff(env):
     clock = FakeClock()
     sup = env.supervisor(clock=clock, policy=RestartPolicy(crash_backoff_s=4), FAKE_SCX_CRASH_AFTER=0.1)
     sup.apply(config("db"))
-    until(lambda: sup.status()["crashes"] == 1, sup)
+    until(lambda: sup.status().crashes == 1, sup)
     assert sup.state == BACKOFF
     clock.now += 3.9
     sup.tick()
-    assert sup.status()["starts"] == 1
+    assert sup.status().starts == 1
     clock.now += 0.2
     sup.tick()
-    assert sup.status()["starts"] == 2
+    assert sup.status().starts == 2
 
 
 def test_refuses_to_start_beside_another_scheduler(env):
@@ -327,8 +348,8 @@ def test_no_attach_within_the_timeout_counts_as_a_crash(env):
     assert pid is not None and sup.state != RUNNING
     clock.now += 6
     sup.tick()
-    assert not alive(pid) and sup.status()["crashes"] == 1
-    assert "did not attach" in sup.status()["last_exit"]["reason"]
+    assert not alive(pid) and sup.status().crashes == 1
+    assert "did not attach" in sup.status().last_exit.reason
 
 
 def test_invalid_config_is_rejected_before_anything_starts(env):
@@ -360,14 +381,14 @@ def test_own_scheduler_still_unloading_is_waited_for_not_refused(env):
     sup.apply(config("db"))
     until(lambda: sup.state == RUNNING, sup)
     os.kill(sup.pid, signal.SIGKILL)  # the fake sysfs keeps saying "enabled", as the kernel briefly does
-    until(lambda: sup.status()["crashes"] == 1, sup)
+    until(lambda: sup.status().crashes == 1, sup)
     clock.now += 1.5
     sup.tick()
-    assert not sup.safe_mode and sup.status()["starts"] == 1
+    assert not sup.safe_mode and sup.status().starts == 1
     fake_sysfs(env.sysfs, "disabled")
     clock.now += 1
     until(lambda: sup.state == RUNNING, sup)
-    assert sup.status()["starts"] == 2
+    assert sup.status().starts == 2
 
 
 def test_a_scheduler_that_stays_loaded_is_refused_after_the_grace(env):
@@ -376,7 +397,7 @@ def test_a_scheduler_that_stays_loaded_is_refused_after_the_grace(env):
     sup.apply(config("db"))
     until(lambda: sup.state == RUNNING, sup)
     os.kill(sup.pid, signal.SIGKILL)
-    until(lambda: sup.status()["crashes"] == 1, sup)
+    until(lambda: sup.status().crashes == 1, sup)
     clock.now += 1.5
     sup.tick()
     clock.now += 5

@@ -1,8 +1,16 @@
-"""Backends that carry out a LayerPlan, all behind one interface (Backend)."""
+"""Backends that carry out a LayerPlan, all behind one interface (Backend).
+
+Threads: the daemon calls a backend only while it holds its one lock, from the main loop, from
+the control socket's thread (`temperctl reload` reloads and replans there) and from an HTTP
+thread (/observe reads status()). A backend may run threads of its own (the scx supervisor
+does); those never call into the daemon beyond asking the main loop for a replan.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, Optional
+from typing import TYPE_CHECKING, Dict, FrozenSet, Iterable, Optional
+
+from temperd.backends.status import BackendStatus
 
 try:
     from typing import Protocol
@@ -15,7 +23,7 @@ if TYPE_CHECKING:
 
 
 class Backend(Protocol):
-    """What the daemon's main loop calls; every call comes from that one thread."""
+    """What the daemon calls, one call at a time (under the daemon's lock)."""
 
     def recover(self) -> "ApplyResult":
         """At start: undo what a crashed earlier run left (its state file)."""
@@ -29,11 +37,14 @@ class Backend(Protocol):
     def stop(self) -> "ApplyResult":
         """Put back everything this backend changed."""
 
-    def status(self) -> Dict[str, Any]:
-        """Plain data for `temperctl status` and /observe; `carried_by` names who runs the plan."""
+    def status(self) -> BackendStatus:
+        """Who carries the plan, the drift found so far, and the scx backend's own state."""
 
     def layer_cpus(self) -> Optional[Dict[str, FrozenSet[int]]]:
         """The CPUs Confined layers really own, when not the plan's own numbers; else None."""
 
     def retry(self) -> bool:
         """After a reload: try again what was given up (scx safe mode). True when something was."""
+
+
+__all__ = ["Backend", "BackendStatus"]

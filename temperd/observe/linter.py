@@ -13,22 +13,46 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from temperd.observe.observer import BUSY_RATIO, Observation
 from temperd.plan import CONFINED, LayerPlan
 
 log = logging.getLogger("temperd.lint")
 
+SMT_COLLISION = "smt_collision"
+PROTECTED_FALLBACK = "protected_fallback"
+OPEN_RESERVE = "open_reserve"
+LAYER_MISMATCH = "layer_mismatch"
+INVARIANTS = (SMT_COLLISION, PROTECTED_FALLBACK, OPEN_RESERVE, LAYER_MISMATCH)
+
 POLICY_IDS = {"other": 0, "batch": 3, "idle": 5}
 
 
 @dataclass(frozen=True)
 class Violation:
-    invariant: str
+    invariant: str  # one of INVARIANTS
     layer: Optional[str]
     tid: int
     message: str
+
+
+@dataclass(frozen=True)
+class LintReport:
+    """The violations of one observation sample: what `temperctl status`, /observe and /metrics show."""
+
+    violations: Tuple[Violation, ...] = ()
+
+    def counts(self) -> Dict[str, int]:
+        """Violations per invariant, every invariant listed (0 where none)."""
+        out = dict.fromkeys(INVARIANTS, 0)
+        for violation in self.violations:
+            out[violation.invariant] = out.get(violation.invariant, 0) + 1
+        return out
+
+    def summary(self) -> Dict[str, object]:
+        """{"total": n, "by_invariant": {invariant: n}}, only the invariants violated."""
+        return {"total": len(self.violations), "by_invariant": {k: n for k, n in self.counts().items() if n}}
 
 
 def lint(plan: LayerPlan, observation: Observation, shape, match=None, *, check_treatment: bool = True,
@@ -62,23 +86,23 @@ def lint(plan: LayerPlan, observation: Observation, shape, match=None, *, check_
         if layer is not None and layer.kind == CONFINED:
             mine = cpus_of.get(layer.name)
             if busy and mine is not None and t.cpu not in mine:
-                out.append(Violation("protected_fallback", layer.name, t.tid,
+                out.append(Violation(PROTECTED_FALLBACK, layer.name, t.tid,
                                      f"{t.comm} ({t.tid}) of {layer.name} ran on CPU {t.cpu}, outside its CPUs {sorted(mine)}"))
             if busy and t.sibling_busy:
                 sibling_threads = [o for o in observation.threads if o.layer != layer.name and o.util >= BUSY_RATIO
                                    and o.cpu in shape.siblings(t.cpu)]
                 if sibling_threads:
                     other = sibling_threads[0]
-                    out.append(Violation("smt_collision", layer.name, t.tid,
+                    out.append(Violation(SMT_COLLISION, layer.name, t.tid,
                                          f"{t.comm} ({t.tid}) of {layer.name} on CPU {t.cpu} shares core {t.core} with busy "
                                          f"{other.comm} ({other.tid}) on CPU {other.cpu}"))
         if busy and t.cpu in owned and t.layer != owned[t.cpu]:
-            out.append(Violation("open_reserve", owned[t.cpu], t.tid,
+            out.append(Violation(OPEN_RESERVE, owned[t.cpu], t.tid,
                                  f"{t.comm} ({t.tid}) is not in {owned[t.cpu]} but ran on its CPU {t.cpu}"))
         if check_treatment and layer is not None:
             problem = _treatment_mismatch(layer, t)
             if problem:
-                out.append(Violation("layer_mismatch", layer.name, t.tid, f"{t.comm} ({t.tid}) of {layer.name}: {problem}"))
+                out.append(Violation(LAYER_MISMATCH, layer.name, t.tid, f"{t.comm} ({t.tid}) of {layer.name}: {problem}"))
     return out
 
 
@@ -108,7 +132,7 @@ class RateLimitedLog:
         self.clock = clock
         self._last: Dict[Tuple[str, Optional[str]], float] = {}
 
-    def report(self, violations: List[Violation]) -> int:
+    def report(self, violations: Iterable[Violation]) -> int:
         logged = 0
         now = self.clock()
         for v in violations:

@@ -75,6 +75,11 @@ class Observation:
                 return thread
         return None
 
+    def psi_avg10(self, kind: str) -> Optional[float]:
+        """CPU pressure ("some" or "full") over the last 10 s, in percent; None where the kernel has none."""
+        line = (self.psi or {}).get(kind)
+        return line["avg10"] if line else None
+
     def to_json(self) -> dict:
         top = sorted(self.threads, key=lambda t: -t.util)[:TOP_THREADS]
         return {

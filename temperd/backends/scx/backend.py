@@ -9,25 +9,53 @@ safe mode) and steps aside for the native backend when
 - the supervisor is in safe mode (a crash loop) or refused to start (another sched_ext
   scheduler holds the kernel).
 
-The switch both ways happens in apply(), on the daemon's main loop: the supervisor's safe-mode
-callback runs on its own thread and only asks for a replan (on_fallback). Threads the native
-backend changed are restored when scx_layered takes over again, so the two never stack.
+The switch both ways happens in apply(), which the daemon calls under its lock (on its main
+loop, or on the control socket's thread for `temperctl reload`): the supervisor's safe-mode
+callback runs on the supervisor's thread and only asks the main loop for a replan
+(on_fallback). Threads the native backend changed are restored when scx_layered takes over
+again, so the two never stack.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
 
 from temperd.plan import LayerPlan
 from temperd.backends.native.backend import ApplyResult, NativeBackend
 from temperd.backends.scx.render import Rendered, RenderError, render_plan
-from temperd.backends.scx.supervisor import (RestartPolicy, ScxConfigError, ScxSupervisor, summarize_stats)
+from temperd.backends.scx.supervisor import (RestartPolicy, ScxConfigError, ScxSupervisor, SupervisorStatus,
+                                             summarize_stats)
+from temperd.backends.status import NATIVE, SCX, BackendStatus
 
 log = logging.getLogger("temperd.backend")
 
-SCX = "scx"
-NATIVE = "native"
+
+@dataclass(frozen=True)
+class ScxStatus:
+    """The scx backend's own state, inside its BackendStatus."""
+
+    fallback_reason: Optional[str]  # why the native backend carries the plan; None while scx_layered does
+    safe_mode: bool
+    safe_mode_reason: Optional[str]
+    render_notes: Tuple[str, ...]
+    render_problems: Tuple[str, ...]
+    supervisor: SupervisorStatus
+    # scx_layered's latest stats, its numeric fields only (summarize_stats): host-wide and per layer
+    system_stats: Mapping[str, float]
+    layer_stats: Mapping[str, Mapping[str, float]]
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {
+            "fallback_reason": self.fallback_reason,
+            "safe_mode": self.safe_mode,
+            "safe_mode_reason": self.safe_mode_reason,
+            "render_notes": list(self.render_notes),
+            "render_problems": list(self.render_problems),
+            "scx_layered": self.supervisor.as_dict(),
+            "scx_stats": {"system": dict(self.system_stats), "layers": {k: dict(v) for k, v in self.layer_stats.items()}},
+        }
 
 
 def restart_policy(settings) -> RestartPolicy:
@@ -44,7 +72,7 @@ class ScxBackend:
         self.supervisor = supervisor
         self.native = native
         self.cpu_count = cpu_count
-        self.on_fallback = on_fallback  # set by the daemon: ask the main loop to replan
+        self.on_fallback = on_fallback  # set by the daemon: ask its main loop to replan
         supervisor.on_safe_mode = self._supervisor_gave_up
         self.carried_by = SCX
         self.fallback_reason: Optional[str] = None
@@ -105,10 +133,6 @@ class ScxBackend:
         self.supervisor.stop()
         return self.native.stop()
 
-    @property
-    def drift_counts(self) -> Dict[str, int]:
-        return self.native.drift_counts
-
     def layer_cpus(self) -> Optional[Dict[str, FrozenSet[int]]]:
         """The CPUs scx_layered gives each layer now (from its stats), for the linter.
 
@@ -117,18 +141,19 @@ class ScxBackend:
             return None
         return layer_cpus_from_stats(self.supervisor.stats())
 
-    def status(self) -> Dict[str, Any]:
-        supervisor = self.supervisor.status()
-        return {
-            "carried_by": self.carried_by,
-            "fallback_reason": self.fallback_reason,
-            "safe_mode": self.supervisor.safe_mode,
-            "safe_mode_reason": self.supervisor.safe_mode_reason,
-            "render_notes": [str(note) for note in self.rendered.notes] if self.rendered else [],
-            "render_problems": list(self.render_problems),
-            "scx_layered": supervisor,
-            "scx_stats": summarize_stats(self.supervisor.stats()),
-        }
+    def status(self) -> BackendStatus:
+        stats = summarize_stats(self.supervisor.stats())
+        scx = ScxStatus(
+            fallback_reason=self.fallback_reason,
+            safe_mode=self.supervisor.safe_mode,
+            safe_mode_reason=self.supervisor.safe_mode_reason,
+            render_notes=tuple(str(note) for note in self.rendered.notes) if self.rendered else (),
+            render_problems=tuple(self.render_problems),
+            supervisor=self.supervisor.status(),
+            system_stats=stats["system"],
+            layer_stats=stats["layers"],
+        )
+        return BackendStatus(carried_by=self.carried_by, drift=self.native.drift_counts, scx=scx)
 
     # ---- falling back ----------------------------------------------------------------------------
 

@@ -31,15 +31,17 @@ import subprocess
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from temperd.backends.scx.detect import (LAYERED_OPS_PREFIX, describe_loaded, read_state, sched_ext_dir)
 from temperd.backends.scx.validate import errors_of, validate_config
+from temperd.config.daemon_config import ScxSettings
 from temperd.files import write_atomically
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STATS_SOCKET = "/var/run/scx/root/stats"
+_CONFIGURED = ScxSettings()  # the defaults of temperd.toml's [scx] table, declared in its spec
+DEFAULT_STATS_SOCKET = _CONFIGURED.stats_socket
 CONFIG_FILE = "scx_layered.json"
 LOG_FILE = "scx_layered.log"
 CRASH_LOG_FILE = "scx_layered.crash.log"
@@ -56,10 +58,13 @@ STOPPED = "stopped"
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    min_interval_s: float = 30.0  # between two starts for plan changes
+    """min_interval_s, crash_limit and crash_window_s come from temperd.toml's [scx] table
+    (restart_policy() in scx/backend.py) and default to that table's defaults; the rest are fixed."""
+
+    min_interval_s: float = _CONFIGURED.min_restart_interval_s  # between two starts for plan changes
     batch_s: float = 2.0  # after the first change, wait this long for more before restarting
-    crash_limit: int = 3  # this many unrequested exits ...
-    crash_window_s: float = 300.0  # ... within this window: safe mode
+    crash_limit: int = _CONFIGURED.crash_limit  # this many unrequested exits ...
+    crash_window_s: float = _CONFIGURED.crash_window_s  # ... within this window: safe mode
     crash_backoff_s: float = 2.0  # wait before starting again after a crash, doubled per crash in the window
     max_backoff_s: float = 60.0
     attach_timeout_s: float = 20.0  # BPF load + verification can take seconds on big hosts
@@ -76,6 +81,68 @@ class ExitRecord:
     requested: bool  # temperd asked it to stop
     reason: str  # the `EXIT:` line scx_layered printed, or the status
     wall_time: float
+
+
+@dataclass(frozen=True)
+class SupervisorStatus:
+    """Everything `temperctl status`, /observe and /metrics need about scx_layered's process."""
+
+    state: str  # IDLE, STARTING, RUNNING, BACKOFF, REFUSED, SAFE_MODE or STOPPED
+    pid: Optional[int]
+    binary: str
+    args: Tuple[str, ...]
+    config_path: str
+    log_path: str
+    stats_socket: str
+    uptime_s: Optional[float]
+    pending_change: bool  # a new config waits for its (batched, rate-limited) restart
+    next_restart_in_s: Optional[float]
+    safe_mode: bool
+    safe_mode_reason: Optional[str]
+    crashes_in_window: int
+    last_exit: Optional[ExitRecord]
+    default_scheduler_gap_last_s: Optional[float]  # the host on the kernel's default scheduler between runs
+    default_scheduler_gap_total_s: float
+    stats_age_s: Optional[float]
+    stats_error: Optional[str]
+    # Counts since the supervisor was made (cumulative).
+    starts: int
+    restarts: int  # for plan changes
+    crash_restarts: int
+    crashes: int  # exits temperd did not ask for
+    coalesced_changes: int
+    refusals: int  # starts refused: another sched_ext scheduler was loaded
+    stats_reads: int
+    stats_errors: int
+    safe_mode_entries: int
+
+    def as_dict(self) -> Dict[str, Any]:
+        """As `temperctl status --json` and /observe show it (backend.scx_layered)."""
+        return {
+            "state": self.state,
+            "pid": self.pid,
+            "binary": self.binary,
+            "args": list(self.args),
+            "config_path": self.config_path,
+            "log_path": self.log_path,
+            "stats_socket": self.stats_socket,
+            "uptime_s": self.uptime_s,
+            "pending_change": self.pending_change,
+            "next_restart_in_s": self.next_restart_in_s,
+            "safe_mode": self.safe_mode,
+            "safe_mode_reason": self.safe_mode_reason,
+            "crashes_in_window": self.crashes_in_window,
+            "last_exit": asdict(self.last_exit) if self.last_exit else None,
+            "default_scheduler_gap_s": {"last": self.default_scheduler_gap_last_s,
+                                        "total": self.default_scheduler_gap_total_s},
+            "stats_age_s": self.stats_age_s,
+            "stats_error": self.stats_error,
+            **{name: getattr(self, name) for name in COUNTERS},
+        }
+
+
+COUNTERS = ("starts", "restarts", "crash_restarts", "crashes", "coalesced_changes", "refusals", "stats_reads",
+            "stats_errors", "safe_mode_entries")
 
 
 class ScxConfigError(ValueError):
@@ -227,8 +294,7 @@ class ScxSupervisor:
         self._next_stats_at = 0.0
         self._stats_error: Optional[str] = None
         self._client = StatsClient(stats_socket_path, policy.stats_timeout_s)
-        self.counters: Dict[str, int] = dict(starts=0, restarts=0, crash_restarts=0, crashes=0, coalesced_changes=0,
-                                             refusals=0, stats_reads=0, stats_errors=0, safe_mode_entries=0)
+        self.counters: Dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._gap_last_s: Optional[float] = None
         self._gap_total_s = 0.0
         self._thread: Optional[threading.Thread] = None
@@ -313,31 +379,32 @@ class ScxSupervisor:
         with self._lock:
             return dict(self._stats) if self._stats is not None else None
 
-    def status(self) -> Dict[str, Any]:
-        """Everything /observe and /metrics need, as plain data."""
+    def status(self) -> SupervisorStatus:
+        """Everything `temperctl status`, /observe and /metrics need, at this moment."""
         with self._lock:
             now = self.clock()
             pending = self._pending_since is not None
-            return {
-                "state": self._state,
-                "pid": self.pid,
-                "binary": self.binary,
-                "args": list(self.args),
-                "config_path": self.config_path,
-                "log_path": self.log_path,
-                "stats_socket": self.stats_socket_path,
-                "uptime_s": round(now - self._started_at, 3) if self._started_at is not None and self._proc else None,
-                "pending_change": pending,
-                "next_restart_in_s": round(max(0.0, self._restart_due() - now), 3) if pending else None,
-                "safe_mode": self._safe_reason is not None,
-                "safe_mode_reason": self._safe_reason,
-                "crashes_in_window": len(self._crash_times),
-                "last_exit": asdict(self._last_exit) if self._last_exit else None,
-                "default_scheduler_gap_s": {"last": self._gap_last_s, "total": round(self._gap_total_s, 3)},
-                "stats_age_s": round(time.time() - self._stats_wall, 3) if self._stats_wall else None,
-                "stats_error": self._stats_error,
+            return SupervisorStatus(
+                state=self._state,
+                pid=self.pid,
+                binary=self.binary,
+                args=self.args,
+                config_path=self.config_path,
+                log_path=self.log_path,
+                stats_socket=self.stats_socket_path,
+                uptime_s=round(now - self._started_at, 3) if self._started_at is not None and self._proc else None,
+                pending_change=pending,
+                next_restart_in_s=round(max(0.0, self._restart_due() - now), 3) if pending else None,
+                safe_mode=self._safe_reason is not None,
+                safe_mode_reason=self._safe_reason,
+                crashes_in_window=len(self._crash_times),
+                last_exit=self._last_exit,
+                default_scheduler_gap_last_s=self._gap_last_s,
+                default_scheduler_gap_total_s=round(self._gap_total_s, 3),
+                stats_age_s=round(time.time() - self._stats_wall, 3) if self._stats_wall else None,
+                stats_error=self._stats_error,
                 **self.counters,
-            }
+            )
 
     # ---- the state machine -----------------------------------------------------------------------
 

@@ -1,0 +1,31 @@
+"""What a backend says about itself, typed: `temperctl status`, /observe and /metrics read this one
+object (the daemon asks for it once per observation sample)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+
+if TYPE_CHECKING:
+    from temperd.backends.scx.backend import ScxStatus
+
+NATIVE = "native"
+SCX = "scx"
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    carried_by: str  # who carries the plan now: "native", or "scx" while scx_layered does
+    # Settings temperd made that someone else changed afterwards, by kind, since the backend
+    # started (cumulative; temperd leaves them as found). The native backend keeps this count.
+    drift: Mapping[str, int] = field(default_factory=dict)
+    scx: Optional["ScxStatus"] = None  # the scx backend's own state; None under the native backend
+
+    @property
+    def safe_mode(self) -> bool:
+        """scx_layered given up on (a crash loop or a refusal): the native backend carries the plan."""
+        return self.scx is not None and self.scx.safe_mode
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The `backend` part of `temperctl status --json` and /observe (beside the backend choice)."""
+        return {"carried_by": self.carried_by, **(self.scx.as_dict() if self.scx is not None else {})}

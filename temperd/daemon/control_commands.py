@@ -1,0 +1,58 @@
+"""The commands temperd serves on its control socket (control.py), one handler each:
+status, reload, plan, explain, and trace (trace_commands.py). Each runs on the socket's thread
+for that client and holds the daemon's lock while it reads or changes its state."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Dict
+
+from temperd.daemon.control import ControlError, Handler, Progress
+from temperd.daemon.explain import NoSuchTask, explain
+from temperd.daemon.trace_commands import trace_handler
+
+if TYPE_CHECKING:
+    from temperd.daemon.daemon import Daemon
+
+Request = Dict[str, Any]
+Reply = Dict[str, Any]
+
+
+class ControlCommands:
+    def __init__(self, daemon: "Daemon"):
+        self.daemon = daemon
+
+    def handlers(self) -> Dict[str, Handler]:
+        return {"status": self.status, "reload": self.reload, "plan": self.plan, "explain": self.explain,
+                "trace": trace_handler}
+
+    def status(self, request: Request, progress: Progress) -> Reply:
+        """{"status": what `temperctl status` shows}."""
+        return {"status": self.daemon.status()}
+
+    def reload(self, request: Request, progress: Progress) -> Reply:
+        """Reload now, on this thread: {"reload": the ReloadResult}."""
+        with self.daemon.lock:
+            return {"reload": self.daemon.reload("temperctl reload").as_dict()}
+
+    def plan(self, request: Request, progress: Progress) -> Reply:
+        """The plan in force: {"machine_shape", "workloads", "plan"}."""
+        daemon = self.daemon
+        with daemon.lock:
+            assert daemon.view is not None
+            return {"machine_shape": daemon.view.shape.describe(),
+                    "workloads": [dataclasses.asdict(w) for w in daemon.match.workloads],
+                    "plan": dataclasses.asdict(daemon.plan) if daemon.plan else None}
+
+    def explain(self, request: Request, progress: Progress) -> Reply:
+        """{"cmd": "explain", "id": PID or TID} -> {"explain": explain.explain()'s answer}."""
+        try:
+            task = int(request.get("id"))
+        except (TypeError, ValueError):
+            raise ControlError("explain needs an integer id (a PID or TID)") from None
+        daemon = self.daemon
+        with daemon.lock:
+            try:
+                return {"explain": explain(task, daemon.inventory, daemon.match, daemon.plan, daemon.matcher)}
+            except NoSuchTask as exc:
+                raise ControlError(str(exc)) from None

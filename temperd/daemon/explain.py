@@ -1,0 +1,42 @@
+"""Why a process or thread is treated as it is: the answer to `temperctl explain`, read from one
+inventory, match and plan (the daemon's own, on its control socket)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional
+
+from temperd.decide.matcher import Matcher, MatchResult
+from temperd.plan import LayerPlan
+from temperd.sources.inventory import Inventory
+
+
+class NoSuchTask(LookupError):
+    pass
+
+
+def explain(task_id: int, inventory: Inventory, match: MatchResult, layer_plan: Optional[LayerPlan],
+            matcher: Matcher) -> Dict[str, Any]:
+    """{"pid", "tid" (None when task_id is a process), "process", "unit", "cgroup",
+    "workload" (None: not treated), "why_not", "threads": the task's threads in its workload, each
+    with its "layer", "layers": those layers' kind and CPUs}. Raises NoSuchTask."""
+    proc = inventory.process(task_id)
+    tid: Optional[int] = None
+    if proc is None:
+        thread = inventory.thread(task_id)
+        proc = inventory.process(thread.pid) if thread is not None else None
+        if proc is None:
+            raise NoSuchTask(f"no process or thread {task_id}")
+        tid = task_id
+    workload = match.workload_of(proc.pid)
+    threads = [t for t in (workload.threads if workload else ()) if t.pid == proc.pid and (tid is None or t.tid == tid)]
+    layer_of = {m: layer for layer in (layer_plan.layers if layer_plan else ()) for m in layer.selector.tids}
+    layers = {layer_of[t.tid].name: layer_of[t.tid] for t in threads if t.tid in layer_of}
+    return {
+        "pid": proc.pid, "tid": tid, "process": proc.name, "unit": proc.unit, "cgroup": proc.cgroup,
+        "workload": dataclasses.asdict(workload) if workload else None,
+        "why_not": None if workload else matcher.explain_unmatched(proc),
+        "threads": [{**dataclasses.asdict(t), "layer": layer_of[t.tid].name if t.tid in layer_of else None}
+                    for t in threads],
+        "layers": {name: {"kind": layer.kind, "cpus": list(layer.cpus)} for name, layer in sorted(layers.items())},
+    }

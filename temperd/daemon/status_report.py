@@ -1,0 +1,82 @@
+"""What temperd shows of itself: `temperctl status` (JSON), the one-line status (systemd's STATUS
+and the log) and /observe. Called under the daemon's lock; nothing here changes its state."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+from temperd import __version__
+
+if TYPE_CHECKING:
+    from temperd.daemon.daemon import Daemon
+
+
+def status_json(daemon: "Daemon") -> Dict[str, Any]:
+    view, sampler, http = daemon.view, daemon.sampler, daemon.services.http
+    assert view is not None and sampler is not None, "temperd has started"
+    pset = view.profiles
+    return {
+        "version": __version__,
+        "state": daemon.state,
+        "pid": os.getpid(),
+        "uptime_s": round(time.time() - daemon.started_at, 1),
+        "config_dir": daemon.config_dir,
+        "generation": daemon.generation,
+        "last_reload": daemon.last_reload.as_dict() if daemon.last_reload else None,
+        "backend": backend_json(daemon),
+        "machine_shape": view.shape.describe(),
+        "profiles": {"loaded": sorted(pset.active), "failed": [p.as_dict() for p in pset.problems]},
+        "workloads": [workload_summary(w) for w in daemon.match.workloads],
+        "layers": [{"name": l.name, "kind": l.kind, "treatment": l.treatment, "cpus": list(l.cpus),
+                    "members": len(l.selector.tids)} for l in (daemon.plan.layers if daemon.plan else ())],
+        "last_apply": _as_dict(daemon.last_apply),
+        "lint": sampler.lint.summary(),
+        "overhead": dataclasses.asdict(sampler.observation.overhead) if sampler.observation is not None else None,
+        "inventory": dataclasses.asdict(daemon.inventory.stats),
+        "replans": daemon.replans,
+        "http": f"http://{view.config.http_listen}:{http.port}" if http else None,
+    }
+
+
+def observe_json(daemon: "Daemon") -> Dict[str, Any]:
+    """The latest observation sample, its lint violations and the backend."""
+    sampler = daemon.sampler
+    assert sampler is not None, "temperd has started"
+    data = sampler.observation.to_json() if sampler.observation is not None else {}
+    data["lint"] = [dataclasses.asdict(v) for v in sampler.lint.violations]
+    data["backend"] = backend_json(daemon) if daemon.backend_choice else None
+    return data
+
+
+def backend_json(daemon: "Daemon") -> Dict[str, Any]:
+    """The backend choice (requested, active, reason) and the backend's own status."""
+    return {**dataclasses.asdict(daemon.backend_choice), **daemon.backend_status().as_dict()}
+
+
+def status_line(daemon: "Daemon") -> str:
+    workloads = len(daemon.match.workloads)
+    layers = len(daemon.plan.layers) if daemon.plan else 0
+    violations = len(daemon.sampler.lint.violations) if daemon.sampler is not None else 0
+    return (f"{daemon.state}; backend {daemon.carried_by()}; "
+            f"generation {daemon.generation}; {workloads} workloads, {layers} layers; "
+            f"{violations} lint violations")
+
+
+def workload_summary(workload) -> Dict[str, Any]:
+    groups: Dict[str, int] = {}
+    for thread in workload.threads:
+        groups[thread.group or "-"] = groups.get(thread.group or "-", 0) + 1
+    return {"key": workload.key, "profile": workload.profile_id, "tier": workload.tier, "budget": workload.budget,
+            "source": workload.source, "reason": workload.reason, "pids": list(workload.pids),
+            "threads": len(workload.threads), "groups": groups}
+
+
+def _as_dict(value) -> Optional[dict]:
+    if value is None:
+        return None
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    return dict(value) if isinstance(value, dict) else {"value": str(value)}

@@ -1,0 +1,47 @@
+"""One observation sample every few seconds: what the scheduler did (observer), checked against
+the plan (linter), handed to the metrics. The latest sample and lint report stay for
+`temperctl status` and /observe."""
+
+from __future__ import annotations
+
+import time
+from typing import FrozenSet, Mapping, Optional
+
+from temperd.backends.status import NATIVE, BackendStatus
+from temperd.decide.matcher import MatchResult
+from temperd.observe.linter import LintReport, RateLimitedLog, lint
+from temperd.observe.metrics import Metrics
+from temperd.observe.observer import Observation, Observer
+from temperd.plan import LayerPlan
+from temperd.sources.inventory import InventoryStats
+
+
+class Sampler:
+    def __init__(self, shape, metrics: Metrics):
+        self.shape = shape
+        self.metrics = metrics
+        self.observer = Observer(shape)
+        self.lint_log = RateLimitedLog()
+        self.observation: Optional[Observation] = None
+        self.lint = LintReport()
+
+    def reshape(self, shape) -> None:
+        """The machine shape changed (CPU hotplug): observe anew against the new one."""
+        self.shape = shape
+        self.observer = Observer(shape)
+
+    def sample(self, plan: LayerPlan, processes: Mapping[int, object], match: MatchResult, backend: BackendStatus,
+               layer_cpus: Optional[Mapping[str, FrozenSet[int]]], inventory: InventoryStats) -> None:
+        """backend: read once per sample (the scx backend's status reads its supervisor);
+        layer_cpus: the backend's (Backend.layer_cpus)."""
+        self.observation = self.observer.sample(plan, processes, match, time.time())
+        self.lint = LintReport(tuple(lint(plan, self.observation, self.shape, match,
+                                          check_treatment=backend.carried_by == NATIVE, confined_cpus=layer_cpus)))
+        self.lint_log.report(self.lint.violations)
+        self.metrics.observation.update(self.observation)
+        self.metrics.lint.update(self.lint)
+        self.metrics.inventory.update(inventory)
+        self.metrics.workloads.update(match.workloads)
+        self.metrics.backend.update(backend)
+        if backend.scx is not None:
+            self.metrics.scx.update(backend.scx)
