@@ -1,6 +1,7 @@
 """The matcher on real processes and threads: profile, tier and thread group follow the host live."""
 
 import os
+import subprocess
 import select
 import time
 import uuid
@@ -222,3 +223,21 @@ def test_kernel_threads_are_never_workloads(inventory):
     result = m.match(inventory.processes.values())
     assert result.workload_of(2) is None
     assert m.explain_unmatched(inventory.process(2)) == "kernel thread: never treated"
+
+
+def test_an_exec_that_brings_the_environment_binding_is_matched_without_a_reload(inventory):
+    """`exec env TEMPER_WORKLOAD_PROFILE=... prog` keeps the pid and its start time: what was
+    read from the environment before the exec must not stand for the program after it."""
+    m = matcher()
+    script = "sleep 0.6; exec env TEMPER_WORKLOAD_PROFILE=tmpd-hot sleep 30"
+    proc = subprocess.Popen(["sh", "-c", script], start_new_session=True)
+    try:
+        before = settle(inventory, m, lambda r: proc.pid in inventory.processes, 2.0)
+        assert before.workload_of(proc.pid) is None  # sh, without the variable
+        after = settle(inventory, m, lambda r: r.workload_of(proc.pid) is not None, 5.0)
+        workload = after.workload_of(proc.pid)
+        assert workload is not None and workload.profile_id == "tmpd-hot" and workload.source == "env"
+        assert inventory.processes[proc.pid].execs >= 1
+    finally:
+        proc.kill()
+        proc.wait()
