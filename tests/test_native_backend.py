@@ -17,10 +17,12 @@ import time
 import pytest
 
 from temperd.backends.native import sched
-from temperd.backends.native.backend import AUTOGROUP, NativeBackend, scan_threads
+from temperd.backends.native.autogroup import AUTOGROUP, autogroup_enabled, read_autogroup
+from temperd.backends.native.backend import NativeBackend, scan_threads
 from temperd.backends.native.cgroup_weight import CgroupWeights, WeightSupport
 from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, YIELD, Layer, LayerPlan, MemberSelector
 from temperd.backends.native.pmqos import PmQos
+from temperd.sources import procfs
 from temperd.sources.shape import format_cpulist
 from thread_children import (needs_two_cpus, cpu_ticks, cpus_allowed, nice_of, percpu_kthreads, policy_of, read_json_line,
                              snapshot)
@@ -219,7 +221,7 @@ def test_drift_is_counted_once_and_not_fought(tmp_path, children, backends, serv
     assert not third.drift and not third.applied.get("nice")
     assert nice_of(srv.pid, net) == 3
     assert backend.drift_counts == {"nice": 1, "affinity": 1}
-    kinds = {(d["tid"], d["kind"]) for d in backend.drift_report()}
+    kinds = {(d.tid, d.kind) for d in backend.drift_report()}
     assert (net, "nice") in kinds and (other.threads["other-a"], "affinity") in kinds
 
     stopped = backend.stop()
@@ -317,8 +319,8 @@ def test_recover_touches_only_threads_still_alive(tmp_path, children, backends):
     result = backends(tmp_path).recover()
     assert result.restored["nice"] == len(srv.tids()) and result.gone == len(gone_tids)
     assert all(nice_of(srv.pid, t) == 0 for t in srv.tids())
-    if sched.autogroup_enabled():  # the whole session was the latency layer's: its autogroup was reniced too
-        assert result.restored[AUTOGROUP] == 1 and sched.read_autogroup(srv.pid)[1] == 0
+    if autogroup_enabled():  # the whole session was the latency layer's: its autogroup was reniced too
+        assert result.restored[AUTOGROUP] == 1 and read_autogroup(srv.pid)[1] == 0
 
 
 def test_unreadable_state_file_is_set_aside_and_reported(tmp_path, backends):
@@ -345,11 +347,11 @@ def test_first_apply_recovers_a_left_state_file(tmp_path, children, backends):
 
 # ---- autogroups ----------------------------------------------------------------------------------
 
-needs_autogroup = pytest.mark.skipif(not sched.autogroup_enabled(), reason="kernel.sched_autogroup_enabled is 0")
+needs_autogroup = pytest.mark.skipif(not autogroup_enabled(), reason="kernel.sched_autogroup_enabled is 0")
 
 
 def _autogroup_nice(pid):
-    return sched.read_autogroup(pid)[1]
+    return read_autogroup(pid)[1]
 
 
 @needs_autogroup
@@ -472,7 +474,7 @@ def test_kernel_threads_refusing_or_bound_elsewhere_are_left_alone(tmp_path, chi
     stopped = backend.stop()
     assert not stopped.failed, stopped.errors
     for tid, cpus in before.items():
-        if sched.start_time(tid) is not None:  # workqueue workers come and go
+        if procfs.read_thread_stat(tid) is not None:  # workqueue workers come and go
             assert sched.get_affinity(tid) == cpus, tid
 
 

@@ -1,4 +1,4 @@
-"""Per-thread scheduler controls on real threads, read back from /proc."""
+"""Per-thread scheduler controls on real threads, read back from /proc; thread identity; autogroups."""
 
 from __future__ import annotations
 
@@ -7,6 +7,10 @@ import os
 import pytest
 
 from temperd.backends.native import sched
+from temperd.backends.native.autogroup import autogroup_enabled, read_autogroup
+from temperd.backends.native.membership import KernelThreads, ThreadRef
+from temperd.backends.native.restore_ledger import RestoreLedger, ThreadRecord
+from temperd.sources import procfs
 from thread_children import cpus_allowed, needs_two_cpus, nice_of, policy_of
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing other threads' scheduling needs root")
@@ -74,30 +78,39 @@ def test_custom_slice_set_kept_across_policy_change_and_reset(children):
 def test_gone_thread_raises_esrch(children):
     child = children.spawn(["gone-a"])
     tid = child.threads["gone-a"]
+    start_time = procfs.read_thread_stat(tid).start_time
     children.kill_all()
     with pytest.raises(OSError) as info:
         sched.get_sched(tid)
     assert sched.is_gone(info.value)
-    assert sched.start_time(tid) is None
+    assert procfs.read_thread_stat(tid) is None
+    assert not RestoreLedger("/nonexistent").alive(ThreadRecord(tid, child.pid, start_time, "gone-a", None))
 
 
 def test_identity_and_kernel_thread(children):
+    """What the backend uses to tell threads apart (tid, start time) and to leave kernel threads be."""
     child = children.spawn(["ident-a"])
     tid = child.threads["ident-a"]
-    assert sched.start_time(tid) == sched.start_time(tid) > 0
-    assert sched.is_kernel_thread(tid) is False
-    assert sched.is_kernel_thread(2) is True  # kthreadd
+    stat = procfs.read_thread_stat(tid)
+    assert stat.start_time == procfs.read_thread_stat(tid).start_time > 0
+    assert RestoreLedger("/nonexistent").alive(ThreadRecord(tid, child.pid, stat.start_time, "ident-a", None))
+    assert not RestoreLedger("/nonexistent").alive(ThreadRecord(tid, child.pid, stat.start_time - 1, "ident-a", None))
+    is_kernel_thread = KernelThreads()
+    assert is_kernel_thread(ThreadRef(tid, child.pid, stat.start_time, "ident-a")) is False
+    kthreadd = procfs.read_thread_stat(2)
+    assert is_kernel_thread(ThreadRef(2, 2, kthreadd.start_time, kthreadd.comm)) is True
+    assert is_kernel_thread(ThreadRef(tid, child.pid, stat.start_time, "ident-a", is_kernel_thread=True)) is True
 
 
 def test_autogroup_read_matches_proc(children):
     if not os.path.exists(f"/proc/{os.getpid()}/autogroup"):
         pytest.skip("kernel built without CONFIG_SCHED_AUTOGROUP")
     child = children.spawn(["ag-a"], new_session=True)
-    mine, theirs = sched.read_autogroup(os.getpid()), sched.read_autogroup(child.pid)
+    mine, theirs = read_autogroup(os.getpid()), read_autogroup(child.pid)
     assert theirs is not None  # a process that leads its own session has its own autogroup
     with open(f"/proc/{child.pid}/autogroup") as handle:
         assert handle.read().split()[0] == theirs[0]
-    if sched.autogroup_enabled():
+    if autogroup_enabled():
         # A new session is a new autogroup. This test may itself run in the root autogroup
         # (init's session: the kernel prints nothing for it, so mine is None).
         assert mine is None or mine[0] != theirs[0]

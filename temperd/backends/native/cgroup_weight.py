@@ -8,7 +8,8 @@ Who may write a cgroup decides how:
 - otherwise the weight is unsupported here, and the reason says why (no cgroup2 mount, cpu
   controller bound to a cgroup v1 hierarchy, controller not enabled for the parent, no unit).
 
-Every original is remembered before the first change and put back by restore_all().
+Each weight is a held setting (held.py): the original is recorded before the first change, a
+weight someone else changed is theirs (drift), and restore_all() puts the originals back.
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ from __future__ import annotations
 import os
 import subprocess
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from temperd.backends.native.pmqos import HostSettingResult
+from temperd.backends.native.held import HeldSettings, HostSettingResult, Refused, Setting
 from temperd.files import read_stripped
+from temperd.plan import CgroupWeight
 from temperd.sources.procfs import unit_from_cgroup
 
+CPU_WEIGHT = "cpu_weight"
 SYSTEMD = "systemd"
 CGROUPFS = "cgroupfs"
 WEIGHT_MIN, WEIGHT_MAX = 1, 10000
+DEFAULT_WEIGHT = 100  # cgroup v2's default: what an empty value ("not set") writes to cpu.weight
 _UNSET = ("", "[not set]", "18446744073709551615")  # systemctl's ways of saying "default"
 
 Runner = Callable[[Sequence[str]], Tuple[int, str, str]]
@@ -102,19 +106,52 @@ def detect(proc_root: str = "/proc", run_root: str = "/run", mountinfo: Optional
     return WeightSupport(CGROUPFS, mount, f"PID 1 is {init!r}, not systemd: cpu.weight is written under {mount}")
 
 
-class CgroupWeights:
-    """Applies plan.cgroup_weights; remembers originals keyed 'systemd:UNIT' or 'cgroupfs:/path'."""
+class CpuWeight(Setting[str, str]):
+    """cpu.weight behind a key 'systemd:UNIT' (asked of systemd) or 'cgroupfs:/path/cpu.weight'.
+
+    The value is the weight as text; "" is systemd's "not set" (the default weight)."""
+
+    kind = CPU_WEIGHT
+
+    def __init__(self, run: Runner = run_command):
+        self.run = run
+
+    def read(self, key: str) -> Optional[str]:
+        method, _, target = key.partition(":")
+        if method == SYSTEMD:
+            code, out, err = self.run(["systemctl", "show", "--property=CPUWeight", "--value", target])
+            if code != 0:
+                raise Refused(err.strip() or f"systemctl exited {code}")
+            value = out.strip()
+            return "" if value in _UNSET else value
+        try:
+            with open(target) as handle:
+                return handle.read().strip()
+        except FileNotFoundError:
+            return None  # the cgroup is gone
+
+    def write(self, key: str, value: str) -> None:
+        method, _, target = key.partition(":")
+        if method == SYSTEMD:
+            code, _out, err = self.run(["systemctl", "set-property", "--runtime", target, f"CPUWeight={value}"])
+            if code != 0:
+                raise Refused(err.strip() or f"systemctl exited {code}")
+            return
+        with open(target, "w") as handle:
+            handle.write(value or str(DEFAULT_WEIGHT))
+
+    def shown(self, value: str) -> str:
+        return f"CPUWeight={value}" if value else "the default CPUWeight"
+
+
+class CgroupWeights(HeldSettings[str, str]):
+    """Holds plan.cgroup_weights, keyed 'systemd:UNIT' or 'cgroupfs:/path/cpu.weight'."""
 
     def __init__(self, support: Optional[WeightSupport] = None, run: Runner = run_command):
         self.support = support if support is not None else detect()
-        self.run = run
-        self.originals: Dict[str, str] = {}
-        self.written: Dict[str, str] = {}
-        self.drifted: Dict[str, str] = {}
+        super().__init__(CpuWeight(run))
 
-    # ---- one target --------------------------------------------------------------------------
-
-    def _target(self, weight) -> Tuple[Optional[str], str]:
+    def _target(self, weight: CgroupWeight) -> Tuple[Optional[str], str]:
         """The key of what to write for a CgroupWeight, or None and why not."""
         method = self.support.method
         if method is None:
@@ -133,93 +170,17 @@ class CgroupWeights:
                           f"(cpu controller not enabled in {parent}/cgroup.subtree_control)")
         return f"{CGROUPFS}:{path}", ""
 
-    def _read(self, key: str) -> Optional[str]:
-        method, _, target = key.partition(":")
-        if method == SYSTEMD:
-            code, out, _err = self.run(["systemctl", "show", "--property=CPUWeight", "--value", target])
-            if code != 0:
-                return None
-            value = out.strip()
-            return "" if value in _UNSET else value
-        return read_stripped(target)
-
-    def _write(self, key: str, value: str) -> Optional[str]:
-        """None on success, else the error text."""
-        method, _, target = key.partition(":")
-        if method == SYSTEMD:
-            code, _out, err = self.run(["systemctl", "set-property", "--runtime", target, f"CPUWeight={value}"])
-            return None if code == 0 else (err.strip() or f"systemctl exited {code}")
-        try:
-            with open(target, "w") as handle:
-                handle.write(value or "100")  # cgroup v2 default weight
-        except OSError as exc:
-            return exc.strerror or str(exc)
-        return None
-
-    # ---- plan-wide ---------------------------------------------------------------------------
-
-    def apply(self, weights: Iterable) -> HostSettingResult:
-        result = HostSettingResult()
+    def apply(self, weights: Iterable[CgroupWeight],
+              before_write: Optional[Callable[[], None]] = None) -> HostSettingResult:
+        """Make these weights hold and restore the ones no longer asked for."""
         desired: Dict[str, str] = {}
+        unsupported: List[str] = []
         for weight in weights:
             key, why = self._target(weight)
             if key is None:
-                result.unsupported.append(why)
+                unsupported.append(why)
                 continue
-            value = max(WEIGHT_MIN, min(WEIGHT_MAX, int(weight.weight)))
-            desired[key] = str(value)
-        for key in sorted(set(self.written) - set(desired)):
-            self._restore_one(key, result)
-        for key, value in sorted(desired.items()):
-            if key in self.drifted:
-                continue
-            current = self._read(key)
-            if key in self.written:
-                if current is not None and current != self.written[key]:
-                    self.drifted[key] = current
-                    result.drift += 1
-                    continue
-                if current == value:
-                    continue
-            elif current is None:
-                result.failed += 1
-                result.errors.append(f"{key}: cannot read the current weight")
-                continue
-            else:
-                self.originals.setdefault(key, current)
-            error = self._write(key, value)
-            if error:
-                result.failed += 1
-                result.errors.append(f"{key}: setting CPUWeight={value}: {error}")
-                continue
-            self.written[key] = value
-            result.applied += 1
+            desired[key] = str(max(WEIGHT_MIN, min(WEIGHT_MAX, int(weight.weight))))
+        result = self.hold(desired, before_write)
+        result.unsupported.extend(unsupported)
         return result
-
-    def _restore_one(self, key: str, result: HostSettingResult) -> None:
-        original = self.originals.pop(key, None)
-        written = self.written.pop(key, None)
-        drifted = self.drifted.pop(key, None) is not None
-        if original is None or drifted:
-            return
-        current = self._read(key)
-        if current is not None and written is not None and current != written:
-            return  # someone else set it since: theirs
-        error = self._write(key, original)
-        if error:
-            result.failed += 1
-            result.errors.append(f"{key}: restoring {original or 'the default'}: {error}")
-        else:
-            result.restored += 1
-
-    def restore_all(self) -> HostSettingResult:
-        result = HostSettingResult()
-        for key in sorted(set(self.originals) | set(self.written)):
-            self._restore_one(key, result)
-        return result
-
-    def adopt(self, originals: Mapping[str, str], written: Mapping[str, str]) -> None:
-        for key, value in originals.items():
-            self.originals.setdefault(key, value)
-        for key, value in written.items():
-            self.written.setdefault(key, value)

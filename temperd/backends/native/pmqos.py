@@ -7,15 +7,23 @@ that the host must reschedule). The native counterpart of scx_layered's idle_res
 The file's encoding is inverted at 0: reading or writing "0" means *no constraint*, while "n/a"
 means a bound of 0 us (only polling idle). So a requested bound of 0 us is written as "n/a".
 Originals are kept as the raw text read, and written back verbatim.
+
+A layer's bound applies to the CPUs the layer owns. Open layers own no CPUs, and bounding every
+CPU of the host would keep all of them polling when idle (on a VM: CPU time taken from the host
+for nothing), so the daemon does not apply idle_resume_us for them; a NativeBackend made with
+pmqos_open_layers=True (tools, tests) bounds every online CPU instead. temperd.toml has no key
+for it.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
+from temperd.backends.native.held import HeldSettings, HostSettingResult, Setting
+from temperd.plan import LayerPlan
+
+PMQOS = "pmqos"
 CPU_ROOT = "/sys/devices/system/cpu"
 NO_CONSTRAINT = "0"
 ZERO_LATENCY = "n/a"
@@ -27,29 +35,72 @@ def encode(resume_us: int) -> str:
     return ZERO_LATENCY if resume_us == 0 else str(resume_us)
 
 
-@dataclass
-class HostSettingResult:
-    """What one apply or restore of a host-wide setting (PM QoS bound, cgroup weight) did."""
+def resume_bounds(plan: LayerPlan, online: FrozenSet[int], open_layers: bool) -> Tuple[Dict[int, int], List[str]]:
+    """The bound each CPU should have (cpu -> us, the tightest of its layers) and notes on the
+    layers whose bound is not applied."""
+    bounds: Dict[int, int] = {}
+    notes: List[str] = []
+    for layer in plan.layers:
+        if layer.idle_resume_us is None:
+            continue
+        if layer.cpus:
+            cpus = frozenset(layer.cpus) & online
+        elif open_layers:
+            cpus = online
+        else:
+            notes.append(f"layer {layer.name}: idle_resume_us {layer.idle_resume_us} not applied: an Open layer "
+                         "owns no CPUs, and temperd does not bound every CPU of the host for one")
+            continue
+        for cpu in cpus:
+            bounds[cpu] = min(bounds.get(cpu, layer.idle_resume_us), layer.idle_resume_us)
+    return bounds, notes
 
-    applied: int = 0
-    restored: int = 0
-    failed: int = 0
-    drift: int = 0
-    errors: List[str] = field(default_factory=list)
-    unsupported: List[str] = field(default_factory=list)
 
+class ResumeLatencyFile(Setting[int, str]):
+    """One CPU's pm_qos_resume_latency_us, as raw text."""
 
-class PmQos:
-    """Sets bounds on CPUs, remembers each CPU's original before the first write, restores them."""
+    kind = PMQOS
 
     def __init__(self, cpu_root: str = CPU_ROOT):
         self.cpu_root = cpu_root
-        self.originals: Dict[int, str] = {}  # cpu -> raw text before temperd wrote
-        self.written: Dict[int, str] = {}  # cpu -> raw text temperd wrote
-        self.drifted: Dict[int, str] = {}  # cpu -> what someone else wrote over ours
 
     def path(self, cpu: int) -> str:
         return os.path.join(self.cpu_root, f"cpu{cpu}", "power", "pm_qos_resume_latency_us")
+
+    def read(self, cpu: int) -> Optional[str]:
+        try:
+            with open(self.path(cpu)) as handle:
+                return handle.read().strip()
+        except FileNotFoundError:
+            return None  # the CPU went away (hot-unplugged)
+
+    def write(self, cpu: int, text: str) -> None:
+        with open(self.path(cpu), "w") as handle:
+            handle.write(text)
+
+    def where(self, cpu: int) -> str:
+        return self.path(cpu)
+
+    def key_from_text(self, text: str) -> int:
+        return int(text)
+
+
+class PmQos(HeldSettings[int, str]):
+    """Holds resume bounds on CPUs: each CPU's original is recorded before the first write."""
+
+    def __init__(self, cpu_root: str = CPU_ROOT):
+        self.file = ResumeLatencyFile(cpu_root)
+        super().__init__(self.file)
+
+    def path(self, cpu: int) -> str:
+        return self.file.path(cpu)
+
+    def read(self, cpu: int) -> Optional[str]:
+        """The CPU's bound as the file shows it; None when it cannot be read."""
+        try:
+            return self.file.read(cpu)
+        except OSError:
+            return None
 
     def supported(self, cpu: int) -> Tuple[bool, str]:
         path = self.path(cpu)
@@ -59,83 +110,17 @@ class PmQos:
             return False, f"{path} is not writable"
         return True, ""
 
-    def read(self, cpu: int) -> Optional[str]:
-        try:
-            with open(self.path(cpu)) as handle:
-                return handle.read().strip()
-        except OSError:
-            return None
-
-    def _write(self, cpu: int, text: str) -> None:
-        with open(self.path(cpu), "w") as handle:
-            handle.write(text)
-
-    def apply(self, desired: Mapping[int, int]) -> HostSettingResult:
+    def apply(self, desired: Mapping[int, int],
+              before_write: Optional[Callable[[], None]] = None) -> HostSettingResult:
         """Make the bounds in `desired` (cpu -> us) hold and restore CPUs no longer in it."""
-        result = HostSettingResult()
-        for cpu in sorted(set(self.written) - set(desired)):
-            self._restore_one(cpu, result)
+        wanted: Dict[int, str] = {}
+        unsupported: List[str] = []
         for cpu in sorted(desired):
-            want = encode(desired[cpu])
-            if cpu in self.drifted:
-                continue
-            ok, why = self.supported(cpu)
-            if not ok:
-                result.unsupported.append(why)
-                continue
-            current = self.read(cpu)
-            if cpu in self.written:
-                if current != self.written[cpu]:
-                    # Someone else wrote this CPU's bound: count it and leave it theirs.
-                    self.drifted[cpu] = current or ""
-                    result.drift += 1
-                    continue
-                if current == want:
-                    continue
-            elif current is None:
-                result.failed += 1
-                result.errors.append(f"cpu{cpu}: cannot read {self.path(cpu)}")
-                continue
+            ok, why = (True, "") if cpu in self.drifted else self.supported(cpu)
+            if ok:
+                wanted[cpu] = encode(desired[cpu])
             else:
-                self.originals.setdefault(cpu, current)
-            try:
-                self._write(cpu, want)
-            except OSError as exc:
-                result.failed += 1
-                result.errors.append(f"cpu{cpu}: writing {want!r} to {self.path(cpu)}: {exc.strerror}")
-                continue
-            self.written[cpu] = want
-            result.applied += 1
+                unsupported.append(why)
+        result = self.hold(wanted, before_write)
+        result.unsupported.extend(unsupported)
         return result
-
-    def _restore_one(self, cpu: int, result: HostSettingResult) -> None:
-        original = self.originals.get(cpu)
-        written = self.written.get(cpu)
-        # A bound someone else wrote over ours is theirs: leave it.
-        drifted = cpu in self.drifted or (written is not None and self.read(cpu) not in (written, None))
-        self.written.pop(cpu, None)
-        self.drifted.pop(cpu, None)
-        self.originals.pop(cpu, None)
-        if original is None or drifted:
-            return
-        try:
-            self._write(cpu, original)
-            result.restored += 1
-        except OSError as exc:
-            if exc.errno == errno.ENOENT:  # CPU went away (hot-unplugged): nothing to restore
-                return
-            result.failed += 1
-            result.errors.append(f"cpu{cpu}: restoring {original!r} to {self.path(cpu)}: {exc.strerror}")
-
-    def restore_all(self) -> HostSettingResult:
-        result = HostSettingResult()
-        for cpu in sorted(set(self.originals) | set(self.written)):
-            self._restore_one(cpu, result)
-        return result
-
-    def adopt(self, originals: Mapping[int, str], written: Mapping[int, str]) -> None:
-        """Take over what a previous run wrote (from its state file) so restore_all() undoes it."""
-        for cpu, text in originals.items():
-            self.originals.setdefault(int(cpu), text)
-        for cpu, text in written.items():
-            self.written.setdefault(int(cpu), text)

@@ -3,11 +3,16 @@
 Every thread is keyed by (tid, start_time), so a recycled tid is never "restored" with another
 thread's values. The original affinity/policy/nice/slice is recorded once, before the first
 change; `applied` holds what temperd set. The ledger is written atomically to a JSON state file
-after each round of changes, so a temperd that was killed can be undone by the next start.
+after each round of changes, so a temperd that was killed can be undone by the next start. The
+state file also carries the sections of the host settings temperd holds (held.py: PM QoS
+bounds, cgroup weights, autogroup nices) in `extras`.
 
 Drift: when a re-read value differs from what temperd set, someone else changed it. The ledger
-counts it per kind, marks that setting as theirs (temperd stops enforcing it: no fight loop)
-and does not restore it later either.
+marks that setting as theirs (temperd stops enforcing it: no fight loop) and does not restore
+it later either; the outcome counts it.
+
+These are the rules of held settings (held.py), kept per thread rather than per setting: one
+sched_getattr reads a thread's policy, nice and slice, and one sched_setattr writes them.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from temperd.backends.native import sched
 from temperd.files import write_atomically
+from temperd.sources import procfs
 
 AFFINITY = "affinity"
 POLICY = "policy"
@@ -51,10 +57,17 @@ class Original:
     @classmethod
     def read(cls, tid: int) -> "Original":
         """The thread's current settings (raises OSError, ESRCH when gone)."""
-        affinity = tuple(sorted(sched.get_affinity(tid)))
-        state = sched.get_sched(tid)
-        return cls(affinity=affinity, policy=state.policy, priority=state.priority, nice=state.nice,
+        return cls.of(sched.get_affinity(tid), sched.get_sched(tid))
+
+    @classmethod
+    def of(cls, affinity: FrozenSet[int], state: sched.SchedState) -> "Original":
+        return cls(affinity=tuple(sorted(affinity)), policy=state.policy, priority=state.priority, nice=state.nice,
                    slice_ns=custom_slice_of(state))
+
+
+def thread_values(affinity: FrozenSet[int], state: sched.SchedState) -> Dict[str, Any]:
+    """A thread's settings by kind, as the kernel reports them (the slice: 0 when not reported)."""
+    return {AFFINITY: affinity, POLICY: state.policy, NICE: state.nice, SLICE: state.slice_ns or 0}
 
 
 def custom_slice_of(state: sched.SchedState) -> int:
@@ -142,8 +155,7 @@ class RestoreLedger:
         self.state_dir = state_dir
         self.path = os.path.join(state_dir, filename)
         self.records: Dict[Tuple[int, int], ThreadRecord] = {}
-        self.extras: Dict[str, Any] = {}  # other originals (PM QoS, cgroup weights, autogroups) by section
-        self.drift_counts: Dict[str, int] = {}  # kind -> settings found changed by someone else, ever
+        self.extras: Dict[str, Any] = {}  # the held host settings' sections (PM QoS, cgroup weights, autogroups)
 
     # ---- records ------------------------------------------------------------------------------
 
@@ -178,18 +190,17 @@ class RestoreLedger:
     def mark_drift(self, rec: ThreadRecord, kind: str, found: Any) -> None:
         rec.drifted[kind] = tuple(sorted(found)) if kind == AFFINITY else found
         rec.applied.pop(kind, None)
-        _bump(self.drift_counts, kind)
 
     def current_values(self, tid: int) -> Dict[str, Any]:
         """Affinity, policy, nice and (reported) slice of a live thread; OSError if it is gone."""
-        state = sched.get_sched(tid)
-        return {AFFINITY: sched.get_affinity(tid), POLICY: state.policy, NICE: state.nice,
-                SLICE: state.slice_ns or 0}
+        return thread_values(sched.get_affinity(tid), sched.get_sched(tid))
 
     # ---- restore ------------------------------------------------------------------------------
 
     def alive(self, rec: ThreadRecord) -> bool:
-        return sched.start_time(rec.tid) == rec.start_time
+        """Whether the thread still runs: its tid names a thread with the recorded start time."""
+        stat = procfs.read_thread_stat(rec.tid)
+        return stat is not None and stat.start_time == rec.start_time
 
     def restore(self, rec: ThreadRecord, kinds: Optional[Iterable[str]] = None,
                 online: Optional[FrozenSet[int]] = None) -> RestoreOutcome:

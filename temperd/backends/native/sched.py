@@ -9,12 +9,8 @@ sched_setattr/sched_getattr carry policy, nice and the slice in one call. On arc
 syscall numbers are not known here the module falls back to sched_setscheduler + setpriority
 and reports the custom slice as unsupported.
 
-Autogroup (kernel.sched_autogroup_enabled=1, tasks in the root cpu cgroup): every session gets
-its own group entity, and nice, SCHED_IDLE and SCHED_BATCH only rank threads against others
-of the same autogroup. Measured on a 6.18 kernel: a SCHED_IDLE (or nice 19) spinner and a
-normal spinner pinned to one CPU split it ~2/98 in one session but 50/50 in two sessions.
-Across sessions the controls that act are affinity and the autogroup's own nice
-(/proc/PID/autogroup), which weighs the whole session's group entity.
+The scheduling policy ids and names live here, once. With autogroup on, nice and the fair
+policies rank threads only within one session: see autogroup.py.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ import threading
 from dataclasses import dataclass
 from typing import FrozenSet, Iterable, Optional
 
-from temperd.sources.shape import format_cpulist, parse_cpulist
+from temperd.sources.shape import parse_cpulist
 
 SCHED_OTHER = 0
 SCHED_FIFO = 1
@@ -99,10 +95,6 @@ def _raise_errno() -> None:
     raise OSError(code, os.strerror(code))
 
 
-def has_setattr() -> bool:
-    return _NUMBERS is not None
-
-
 def _getattr_raw(tid: int) -> _SchedAttr:
     attr = _SchedAttr()
     if _libc.syscall(_NUMBERS[1], ctypes.c_int(tid), ctypes.byref(attr), ctypes.c_uint(ctypes.sizeof(attr)),
@@ -162,10 +154,6 @@ def get_sched(tid: int) -> SchedState:
     policy = os.sched_getscheduler(tid)
     return SchedState(policy=policy, priority=os.sched_getparam(tid).sched_priority,
                       nice=os.getpriority(os.PRIO_PROCESS, tid), slice_ns=None)
-
-
-def get_nice(tid: int) -> int:
-    return os.getpriority(os.PRIO_PROCESS, tid)
 
 
 def set_nice(tid: int, nice: int) -> None:
@@ -274,70 +262,9 @@ def _detect_slice_support() -> SliceSupport:
                         f"clamped to {found.get('min')}..{found.get('max')} ns")
 
 
-# ---- identity and kernel threads ---------------------------------------------------------------
-
-PF_KTHREAD = 0x00200000
-
-
-def read_stat_fields(tid: int) -> Optional[list]:
-    """Fields of /proc/TID/stat after the comm (fields[0] is field 3, state); None if the thread is gone."""
-    try:
-        with open(f"/proc/{tid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ESRCH):
-            return None
-        raise
-    return data[data.rindex(b")") + 2:].split()
-
-
-def start_time(tid: int) -> Optional[int]:
-    """Field 22 of stat: with the tid, identifies a thread across tid reuse."""
-    fields = read_stat_fields(tid)
-    return int(fields[19]) if fields else None
-
-
-def is_kernel_thread(tid: int) -> Optional[bool]:
-    fields = read_stat_fields(tid)
-    if fields is None:
-        return None
-    return bool(int(fields[6]) & PF_KTHREAD) or int(fields[1]) == 2 or tid == 2
+# ---- errors ------------------------------------------------------------------------------------
 
 
 def is_gone(exc: BaseException) -> bool:
+    """ESRCH, ENOENT: the thread (or process) exited; normal between listing and acting."""
     return isinstance(exc, OSError) and exc.errno in (errno.ESRCH, errno.ENOENT)
-
-
-# ---- autogroup ---------------------------------------------------------------------------------
-
-
-def autogroup_enabled(path: str = "/proc/sys/kernel/sched_autogroup_enabled") -> bool:
-    try:
-        with open(path) as handle:
-            return handle.read().strip() == "1"
-    except OSError:
-        return False
-
-
-def read_autogroup(pid: int) -> Optional[tuple]:
-    """(name, nice) of the process's autogroup, e.g. ('/autogroup-14', 0).
-
-    None if the process is gone, the kernel lacks autogroup, or the process is in the root
-    autogroup (init's session, e.g. a container's PID 1 session): the kernel prints nothing for it.
-    """
-    try:
-        with open(f"/proc/{pid}/autogroup") as handle:
-            text = handle.read().split()
-    except OSError:
-        return None
-    if len(text) < 3 or text[1] != "nice":
-        return None
-    return text[0], int(text[2])
-
-
-def set_autogroup_nice(pid: int, nice: int) -> None:
-    """Weigh the whole autogroup (session) of pid: its group entity gets the weight of `nice`."""
-    if not NICE_MIN <= nice <= NICE_MAX:
-        raise ValueError(f"nice {nice} outside {NICE_MIN}..{NICE_MAX}")
-    with open(f"/proc/{pid}/autogroup", "w") as handle:
-        handle.write(str(nice))

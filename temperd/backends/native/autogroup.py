@@ -1,0 +1,190 @@
+"""Autogroups: the nice of a whole session, for sessions that belong wholly to yield layers or
+wholly to favoured (latency, exclusive) ones.
+
+With kernel.sched_autogroup_enabled=1 (and tasks in the root cpu cgroup) every session gets its
+own group entity, and nice, SCHED_IDLE and SCHED_BATCH only rank threads against others of the
+same autogroup. Measured on a 6.18 kernel: a SCHED_IDLE (or nice 19) spinner and a normal
+spinner pinned to one CPU split it ~2/98 in one session but 50/50 in two sessions. Across
+sessions the controls that act are affinity and the autogroup's own nice (/proc/PID/autogroup),
+which weighs the whole session's group entity.
+
+So a session whose every thread yields gets autogroup nice 19, and one whose every thread is
+favoured, with a negative nice among its layers, gets the lowest of those nices. A session that
+mixes yield threads with others is left as it is, and reported. Each autogroup nice is a held
+setting (held.py): original recorded first, drift left to whoever made it, restored at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+
+from temperd.backends.native.held import HeldSettings, HostSettingResult, Setting
+from temperd.backends.native.sched import NICE_MAX, NICE_MIN
+from temperd.plan import YIELD, Layer
+from temperd.sources import procfs
+
+AUTOGROUP = "autogroup"
+YIELD_NICE = 19
+ENABLED_SWITCH = "/proc/sys/kernel/sched_autogroup_enabled"
+_FAVOURED = "favoured"
+_UNTREATED = "none"
+
+
+def autogroup_enabled(path: str = ENABLED_SWITCH) -> bool:
+    try:
+        with open(path) as handle:
+            return handle.read().strip() == "1"
+    except OSError:
+        return False
+
+
+def read_autogroup(pid: int) -> Optional[Tuple[str, int]]:
+    """(name, nice) of the process's autogroup, e.g. ('/autogroup-14', 0).
+
+    None if the process is gone, the kernel lacks autogroup, or the process is in the root
+    autogroup (init's session, e.g. a container's PID 1 session): the kernel prints nothing for it.
+    """
+    try:
+        with open(f"/proc/{pid}/autogroup") as handle:
+            text = handle.read().split()
+    except OSError:
+        return None
+    if len(text) < 3 or text[1] != "nice":
+        return None
+    return text[0], int(text[2])
+
+
+def set_autogroup_nice(pid: int, nice: int) -> None:
+    """Weigh the whole autogroup (session) of pid: its group entity gets the weight of `nice`."""
+    if not NICE_MIN <= nice <= NICE_MAX:
+        raise ValueError(f"nice {nice} outside {NICE_MIN}..{NICE_MAX}")
+    with open(f"/proc/{pid}/autogroup", "w") as handle:
+        handle.write(str(nice))
+
+
+def _start_time(pid: int) -> Optional[int]:
+    stat = procfs.read_thread_stat(pid)
+    return stat.start_time if stat else None
+
+
+@dataclass
+class Session:
+    """The threads of one autogroup, as the plan sees them."""
+
+    pid: int  # a process in it (a leader where one was seen): /proc/PID/autogroup reaches the group
+    classes: Set[str] = field(default_factory=set)  # YIELD, favoured, none (untreated)
+    nices: List[int] = field(default_factory=list)  # the nices of its favoured layers
+
+
+def sessions(threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
+             is_kernel_thread: Callable[[Any], bool]) -> Dict[str, Session]:
+    """The autogroups of these threads (kernel threads left out), by name."""
+    found: Dict[str, Session] = {}
+    groups: Dict[int, Optional[Tuple[str, int]]] = {}  # pid -> its autogroup, read once
+    for thread in threads:
+        if is_kernel_thread(thread):
+            continue
+        if thread.pid not in groups:
+            groups[thread.pid] = read_autogroup(thread.pid)
+        group = groups[thread.pid]
+        if group is None:
+            continue
+        session = found.setdefault(group[0], Session(thread.pid))
+        if thread.pid == thread.tid:
+            session.pid = thread.pid
+        layer = layer_for(thread)
+        if layer is None:
+            session.classes.add(_UNTREATED)
+        elif layer.treatment == YIELD:
+            session.classes.add(YIELD)
+        else:
+            session.classes.add(_FAVOURED)
+            if layer.nice is not None:
+                session.nices.append(layer.nice)
+    return found
+
+
+def wanted_nices(found: Mapping[str, Session]) -> Tuple[Dict[str, int], List[str]]:
+    """The nice each autogroup should have, and notes on the mixed ones left alone."""
+    wanted: Dict[str, int] = {}
+    notes: List[str] = []
+    for name, session in found.items():
+        if session.classes == {YIELD}:
+            wanted[name] = YIELD_NICE
+        elif session.classes == {_FAVOURED} and session.nices and min(session.nices) < 0:
+            wanted[name] = min(session.nices)
+        elif YIELD in session.classes and len(session.classes) > 1:
+            notes.append(f"autogroup {name} (session of pid {session.pid}) mixes yield threads with others: "
+                         "their SCHED_IDLE/BATCH only yields inside that session")
+    return wanted, notes
+
+
+class AutogroupNice(Setting[str, int]):
+    """An autogroup's nice, keyed by the group's name and reached through a process in it."""
+
+    kind = AUTOGROUP
+
+    def __init__(self) -> None:
+        self.members: Dict[str, Tuple[int, Optional[int]]] = {}  # name -> (pid, start_time) of a process in it
+
+    def locate(self, name: str, pid: int) -> None:
+        self.members[name] = (pid, _start_time(pid))
+
+    def read(self, name: str) -> Optional[int]:
+        """None when the process that reaches the group is gone or has moved to another session."""
+        pid, start_time = self.members.get(name, (0, None))
+        if not pid or _start_time(pid) != start_time:
+            return None
+        found = read_autogroup(pid)
+        if found is None or found[0] != name:
+            return None
+        return found[1]
+
+    def write(self, name: str, nice: int) -> None:
+        set_autogroup_nice(self.members[name][0], nice)
+
+    def where(self, name: str) -> str:
+        pid = self.members.get(name, (None, None))[0]
+        return f"autogroup {name} (pid {pid})"
+
+    def shown(self, nice: int) -> str:
+        return f"nice {nice}"
+
+
+class Autogroups(HeldSettings[str, int]):
+    """Holds the nice of autogroups whose threads all yield, or are all favoured."""
+
+    def __init__(self) -> None:
+        self.groups = AutogroupNice()
+        super().__init__(self.groups)
+
+    def apply(self, threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
+              is_kernel_thread: Callable[[Any], bool],
+              before_write: Optional[Callable[[], None]] = None) -> HostSettingResult:
+        """Weigh the autogroups of these threads (the host's) as their members' layers ask."""
+        found = sessions(threads, layer_for, is_kernel_thread)
+        wanted, notes = wanted_nices(found)
+        for name, session in found.items():
+            if name in wanted or name in self.written:
+                self.groups.locate(name, session.pid)
+        result = self.hold(wanted, before_write)
+        result.notes[:0] = notes
+        return result
+
+    def state(self) -> Dict[str, Any]:
+        section = super().state()
+        if section:
+            section["members"] = {name: list(self.groups.members[name]) for name in self.written
+                                  if name in self.groups.members}
+        return section
+
+    def adopt_state(self, section: Mapping[str, Any]) -> None:
+        if not isinstance(section.get("written"), dict):
+            # The earlier layout: {name: {"pid", "start_time", "original", "written"}}.
+            section = {"originals": {n: g["original"] for n, g in section.items()},
+                       "written": {n: g["written"] for n, g in section.items()},
+                       "members": {n: [g["pid"], g.get("start_time")] for n, g in section.items()}}
+        for name, (pid, start_time) in (section.get("members") or {}).items():
+            self.groups.members.setdefault(name, (int(pid), None if start_time is None else int(start_time)))
+        super().adopt_state(section)
