@@ -22,6 +22,7 @@ from temperd.backends.native.backend import NativeBackend, scan_threads
 from temperd.backends.native.cgroup_weight import CgroupWeights, WeightSupport
 from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, YIELD, Layer, LayerPlan, MemberSelector
 from temperd.backends.native.pmqos import PmQos
+from temperd.backends.status import BackendStatus
 from temperd.sources import procfs
 from temperd.sources.shape import format_cpulist
 from thread_children import (needs_two_cpus, cpu_ticks, cpus_allowed, nice_of, percpu_kthreads, policy_of, read_json_line,
@@ -221,6 +222,7 @@ def test_drift_is_counted_once_and_not_fought(tmp_path, children, backends, serv
     assert not third.drift and not third.applied.get("nice")
     assert nice_of(srv.pid, net) == 3
     assert backend.drift_counts == {"nice": 1, "affinity": 1}
+    assert backend.status() == BackendStatus("native", drift={"nice": 1, "affinity": 1})  # what metrics count
     kinds = {(d.tid, d.kind) for d in backend.drift_report()}
     assert (net, "nice") in kinds and (other.threads["other-a"], "affinity") in kinds
 

@@ -29,6 +29,7 @@ from temperd.backends.native.pmqos import PMQOS, PmQos, resume_bounds
 from temperd.backends.native.restore_ledger import LedgerError, RestoreLedger
 from temperd.backends.native.result import ApplyResult, Drift, DriftRecord
 from temperd.backends.native.treatment import ThreadTreatment
+from temperd.backends.status import NATIVE, BackendStatus
 from temperd.plan import LayerPlan
 
 __all__ = ["AUTOGROUP", "ApplyResult", "DEFAULT_STATE_DIR", "NativeBackend", "ThreadRef", "scan_threads"]
@@ -37,7 +38,7 @@ DEFAULT_STATE_DIR = paths.RUN_DIR
 
 
 class NativeBackend:
-    name = "native"
+    name = NATIVE
 
     def __init__(self, state_dir: str = DEFAULT_STATE_DIR, *, pmqos: Optional[PmQos] = None,
                  weights: Optional[CgroupWeights] = None, pmqos_open_layers: bool = False,
@@ -136,8 +137,8 @@ class NativeBackend:
         previous.delete()
         return result
 
-    def status(self) -> Dict[str, Any]:
-        return {"carried_by": "native"}
+    def status(self) -> BackendStatus:
+        return BackendStatus(carried_by=NATIVE, drift=self.drift_counts)
 
     def layer_cpus(self) -> None:
         return None  # the plan's CPU numbers are the ones pinned

@@ -103,7 +103,17 @@ class HeldSettings(Generic[K, V]):
         result = HostSettingResult()
         for key in sorted(set(self.written) - set(desired)):
             self._restore(key, result)
-        pending: List[Tuple[K, V, Optional[V]]] = []  # key, value, the value written before
+        pending = self._intend(desired, result)
+        if pending and before_write is not None:
+            before_write()
+        for key, value, previous in pending:
+            self._write(key, value, previous, result)
+        return result
+
+    def _intend(self, desired: Mapping[K, V], result: HostSettingResult) -> List[Tuple[K, V, Optional[V]]]:
+        """Read each desired setting, find drift, and record the original and the value to write.
+        Returns (key, value, the value written before) for each write to make."""
+        pending: List[Tuple[K, V, Optional[V]]] = []
         for key in sorted(desired):
             if key in self.drifted:
                 continue
@@ -128,22 +138,21 @@ class HeldSettings(Generic[K, V]):
                 self.originals.setdefault(key, current)
             pending.append((key, value, self.written.get(key)))
             self.written[key] = value
-        if pending and before_write is not None:
-            before_write()
-        for key, value, previous in pending:
-            try:
-                self.setting.write(key, value)
-            except (OSError, Refused) as exc:
-                if previous is None:
-                    self._forget(key)  # nothing changed: nothing to restore
-                else:
-                    self.written[key] = previous
-                if not _gone(exc):
-                    result.failed += 1
-                    result.errors.append(f"{self.setting.where(key)}: setting {self.setting.shown(value)}: {_why(exc)}")
-                continue
-            result.applied += 1
-        return result
+        return pending
+
+    def _write(self, key: K, value: V, previous: Optional[V], result: HostSettingResult) -> None:
+        try:
+            self.setting.write(key, value)
+        except (OSError, Refused) as exc:
+            if previous is None:
+                self._forget(key)  # nothing changed: nothing to restore
+            else:
+                self.written[key] = previous
+            if not _gone(exc):
+                result.failed += 1
+                result.errors.append(f"{self.setting.where(key)}: setting {self.setting.shown(value)}: {_why(exc)}")
+            return
+        result.applied += 1
 
     def restore(self, key: K) -> HostSettingResult:
         result = HostSettingResult()

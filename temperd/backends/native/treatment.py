@@ -65,6 +65,7 @@ def exclusive_cpus(plan: LayerPlan, online: FrozenSet[int]) -> Tuple[FrozenSet[i
 
 def wanted_settings(layer: Optional[Layer], original_affinity: FrozenSet[int], policy_now: int,
                     exclusive: FrozenSet[int]) -> Wanted:
+    """What a thread should have as a member of `layer` (None: of no layer), before the kernel's limits."""
     affinity = None
     if layer is not None and layer.kind == CONFINED and layer.cpus:
         affinity = frozenset(layer.cpus)
@@ -89,6 +90,54 @@ def _cpus_text(cpus: Iterable[int]) -> str:
 def _refused_note(exclusive: FrozenSet[int]) -> str:
     return (f"kernel thread(s) refused to leave CPUs {_cpus_text(exclusive)} (workqueue workers follow "
             "/sys/devices/virtual/workqueue/cpumask)")
+
+
+def within_limits(thread: Any, kthread: bool, want: Wanted, policy_now: int, exclusive: FrozenSet[int],
+                  result: ApplyResult, stuck: Stuck) -> Wanted:
+    """What the kernel lets this thread have of `want`; the rest is noted and counted."""
+    layer = want.layer
+    excl = _cpus_text(exclusive)
+    if want.affinity is not None and not want.affinity:
+        # Only allowed on exclusive CPUs: a per-CPU kernel thread, or a thread pinned there by its owner.
+        what = (f"per-CPU kernel thread(s) stay on exclusive CPUs {excl}" if kthread
+                else f"thread(s) allowed only on exclusive CPUs {excl} are left there")
+        stuck.setdefault(what, []).append(thread.comm)
+        result.unmovable += 1
+        want = Wanted(layer, None, want.policy, want.nice, want.slice_ns)
+    if layer is not None and policy_now in sched.REALTIME_POLICIES and (
+            layer.nice is not None or layer.slice_us or layer.policy != "other"):
+        stuck.setdefault(f"real-time thread(s) keep their {sched.POLICY_NAMES[policy_now]} policy "
+                         "(nice, slice and yield policies are for the fair classes)", []).append(thread.comm)
+    if policy_now == sched.SCHED_DEADLINE and want.affinity is not None:
+        stuck.setdefault(f"SCHED_DEADLINE thread(s) cannot leave exclusive CPUs {excl}", []).append(thread.comm)
+        result.unmovable += 1
+        want = Wanted(layer, None)
+    return want
+
+
+def uninherited(ledger: RestoreLedger, thread: Any, original: Original, current: Dict[str, Any],
+                online: FrozenSet[int]) -> Original:
+    """A new thread or process starts with its creator's settings, which may be temperd's treatment:
+    where a setting equals what temperd set on a thread of the same process (or of the parent
+    process), the creator's original is the new thread's original."""
+    candidates = [r for r in ledger.by_pid(thread.pid) if r.tid != thread.tid]
+    if not candidates:
+        process = procfs.read_thread_stat(thread.pid)
+        if process:
+            candidates = ledger.by_pid(process.ppid)
+    if not candidates:
+        return original
+    candidates.sort(key=lambda r: (r.tid != r.pid, r.tid))
+    values = {AFFINITY: original.affinity, POLICY: (original.policy, original.priority),
+              NICE: original.nice, SLICE: original.slice_ns}
+    for kind in THREAD_KINDS:
+        for cand in candidates:
+            if kind in cand.applied and ledger.matches(cand, kind, current[kind], online):
+                values[kind] = ((cand.original.policy, cand.original.priority) if kind == POLICY
+                                else cand.original.value(kind))
+                break
+    return Original(affinity=tuple(values[AFFINITY]), policy=values[POLICY][0], priority=values[POLICY][1],
+                    nice=values[NICE], slice_ns=values[SLICE])
 
 
 class ThreadTreatment:
@@ -190,37 +239,15 @@ class ThreadTreatment:
             original = Original.of(affinity, state)
             if not kthread:
                 # Kernel threads are not created with their creator's settings (kthreadd's included).
-                original = self._uninherit(thread, original, current, online)
-        want = self._within_limits(thread, kthread, wanted_settings(
-            layer, frozenset(original.affinity), state.policy, self.exclusive), state.policy, result, stuck)
+                original = uninherited(self.ledger, thread, original, current, online)
+        want = wanted_settings(layer, frozenset(original.affinity), state.policy, self.exclusive)
+        want = within_limits(thread, kthread, want, state.policy, self.exclusive, result, stuck)
         if rec is None:
             if not any(want.value(k) is not None for k in THREAD_KINDS):
                 return None
             rec = self.ledger.record(thread.tid, thread.pid, thread.start_time, thread.comm, original)
         rec.comm = thread.comm
         return self._changes(rec, want, current, online, result)
-
-    def _within_limits(self, thread: Any, kthread: bool, want: Wanted, policy_now: int,
-                       result: ApplyResult, stuck: Stuck) -> Wanted:
-        """What the kernel lets this thread have of `want`; the rest is noted and counted."""
-        layer = want.layer
-        excl = _cpus_text(self.exclusive)
-        if want.affinity is not None and not want.affinity:
-            # Only allowed on exclusive CPUs: a per-CPU kernel thread, or a thread pinned there by its owner.
-            what = (f"per-CPU kernel thread(s) stay on exclusive CPUs {excl}" if kthread
-                    else f"thread(s) allowed only on exclusive CPUs {excl} are left there")
-            stuck.setdefault(what, []).append(thread.comm)
-            result.unmovable += 1
-            want = Wanted(layer, None, want.policy, want.nice, want.slice_ns)
-        if layer is not None and policy_now in sched.REALTIME_POLICIES and (
-                layer.nice is not None or layer.slice_us or layer.policy != "other"):
-            stuck.setdefault(f"real-time thread(s) keep their {sched.POLICY_NAMES[policy_now]} policy "
-                             "(nice, slice and yield policies are for the fair classes)", []).append(thread.comm)
-        if policy_now == sched.SCHED_DEADLINE and want.affinity is not None:
-            stuck.setdefault(f"SCHED_DEADLINE thread(s) cannot leave exclusive CPUs {excl}", []).append(thread.comm)
-            result.unmovable += 1
-            want = Wanted(layer, None)
-        return want
 
     def _changes(self, rec: ThreadRecord, want: Wanted, current: Dict[str, Any], online: FrozenSet[int],
                  result: ApplyResult) -> Optional[Change]:
@@ -253,30 +280,6 @@ class ThreadTreatment:
                 self.ledger.forget(rec)
             return None
         return rec, sets, restores
-
-    def _uninherit(self, thread: Any, original: Original, current: Dict[str, Any],
-                   online: FrozenSet[int]) -> Original:
-        """A new thread or process starts with its creator's settings, which may be temperd's treatment:
-        where a setting equals what temperd set on a thread of the same process (or of the parent
-        process), the creator's original is the new thread's original."""
-        candidates = [r for r in self.ledger.by_pid(thread.pid) if r.tid != thread.tid]
-        if not candidates:
-            process = procfs.read_thread_stat(thread.pid)
-            if process:
-                candidates = self.ledger.by_pid(process.ppid)
-        if not candidates:
-            return original
-        candidates.sort(key=lambda r: (r.tid != r.pid, r.tid))
-        values = {AFFINITY: original.affinity, POLICY: (original.policy, original.priority),
-                  NICE: original.nice, SLICE: original.slice_ns}
-        for kind in THREAD_KINDS:
-            for cand in candidates:
-                if kind in cand.applied and self.ledger.matches(cand, kind, current[kind], online):
-                    values[kind] = ((cand.original.policy, cand.original.priority) if kind == POLICY
-                                    else cand.original.value(kind))
-                    break
-        return Original(affinity=tuple(values[AFFINITY]), policy=values[POLICY][0], priority=values[POLICY][1],
-                        nice=values[NICE], slice_ns=values[SLICE])
 
     def _execute(self, rec: ThreadRecord, sets: Dict[str, Any], restores: List[str],
                  online: FrozenSet[int], result: ApplyResult) -> None:
