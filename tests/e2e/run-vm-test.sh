@@ -9,16 +9,17 @@
 # scx-privileges.conf drop-in and beside another BPF scheduler, the bcc programs of bpf/, and removal. Prints each step's result and time; exits 1 on a failure.
 #
 # usage: tests/e2e/run-vm-test.sh [--cache DIR] [--deb FILE] [--timeout MIN] [--keep] [--rebuild-image] [--only STEPS]
+#        tests/e2e/run-vm-test.sh --check-console LOG
 #   --cache DIR      image cache (default $TEMPERD_E2E_CACHE or /var/cache/temperd-e2e)
 #   --deb FILE       test this .deb instead of building one with scripts/build-packages.sh
 #   --timeout MIN    overall limit, image build included (default 25)
 #   --keep           keep the run directory (console log, guest logs) and print its path
 #   --rebuild-image  build the image even if a fresh one is cached
 #   --only "STEP..." run only these guest steps (names as in guest-steps.sh), e.g. "install enable tier"
-#   --check-console LOG  only read a guest console log: print the kernel panic or oops it shows on one
-#                    line and exit 0, or exit 1 when it shows none (what the boot loop below decides on)
+#   --check-console LOG  boot nothing: print the kernel panic or oops a guest console log shows, on
+#                    one line, and exit 0, or exit 1 if it shows none (the check behind a panic retry)
 # A guest kernel panic (under multi-threaded TCG, registering a sched_ext scheduler can panic the
-# guest) is retried once, under single-threaded TCG; a stuck boot or qemu failing is retried apart.
+# guest) is retried once, under TCG single-threaded; a stuck boot or qemu failing is retried apart.
 # env: E2E_BOOT_LIMIT (s, default 300): a boot not "running" by then is stuck.
 #      E2E_INJECT_PANIC=STEP, a test knob of the panic retry only: the guest crashes its kernel
 #      (sysrq c) as STEP begins, on the first boot (E2E_INJECT_PANIC_BOOTS=N: on the first N boots).
@@ -149,11 +150,11 @@ boot_limit="${E2E_BOOT_LIMIT:-300}"
 # A guest kernel panic is retried on its own count, so that a stuck boot cannot have used up its
 # retry. Under multi-threaded TCG, registering a sched_ext scheduler can panic the guest ("Oops:
 # int3" in put_prev_task_idle, "Fatal exception in interrupt"): sched_ext flips static branches,
-# and the kernel's int3-based live patching of them races with QEMU's parallel vCPU threads. The
-# retry therefore runs single-threaded TCG (slower, but without that race); a panic there too is a
-# FAIL that names it. panic=-1 reboots a panicked guest at once, oops=panic makes every oops a panic
-# (an oops in the scheduler would otherwise leave a hung guest to eat the time left), and
-# -no-reboot makes that reboot end qemu.
+# and the kernel's int3-based live patching of them races with QEMU's parallel vCPU threads. So the
+# retry under TCG runs single-threaded (slower, but without that race); a panic there too is a FAIL
+# that names it. panic=-1 reboots a panicked guest at once, oops=panic makes every oops a panic (an
+# oops in the scheduler would otherwise leave a hung guest to eat the time left), and -no-reboot
+# makes that reboot end qemu.
 panic_retries=1
 inject="${E2E_INJECT_PANIC:-}" inject_boots="${E2E_INJECT_PANIC_BOOTS:-1}"
 t=$SECONDS
