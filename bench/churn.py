@@ -1,0 +1,272 @@
+"""Churn against a running temperd: threads, renames and processes created at a set rate.
+
+A generator process (comm `tmpd-churn`) creates, each at --rate per second for --duration
+seconds: threads named `chw-N` (a yield group of its profile selects them), threads born
+`chx-N` (no group selects them) that rename themselves `chw-N` 0.3 s later, and processes
+(`/bin/sleep` with argv[0] `tmpd-churn-proc`, matched by command line, every thread yields).
+Each thread, after being created or renamed, checks its own policy at 2, 5, 10, 20, 50, 100,
+200, 500, 1000 and 2000 ms; the generator checks each process's the same way. "Treated within"
+is the first check that saw SCHED_BATCH, so latencies have that resolution. The daemon's CPU and
+RSS are read from /proc before and after, its event overflows from /metrics.
+
+    sudo .venv/bin/python bench/churn.py [--rate 300] [--duration 60] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import heapq
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from typing import Dict, List, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import HostMonitor, host_description, read_text, running_temperd  # noqa: E402
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+CHECKS_MS = (2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+SCHED_BATCH = os.SCHED_BATCH
+RENAME_AFTER_S = 0.3
+PROC_ARGV0 = "tmpd-churn-proc"
+
+THREAD_PROFILE = """schema_version = 1
+id = "tmpd-churn"
+description = "bench/churn.py: the generator's chw-* threads yield"
+[fingerprint]
+process_names = ["tmpd-churn"]
+[[thread_groups]]
+name = "churned"
+thread_names = ["chw-*"]
+treatment = "yield"
+yield_policy = "batch"
+nice = 5
+"""
+
+PROCESS_PROFILE = f"""schema_version = 1
+id = "tmpd-churn-proc"
+description = "bench/churn.py: churned processes yield"
+[fingerprint]
+cmdline = ["^{PROC_ARGV0} "]
+[[thread_groups]]
+name = "all"
+catch_all = true
+treatment = "yield"
+yield_policy = "batch"
+nice = 5
+"""
+
+
+# ---- the generator (a process of its own, so that its CPU is not the daemon's) ----------------
+
+def _set_comm(name: str) -> None:
+    ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+
+
+def _first_treated_ms(check) -> Optional[int]:
+    start = time.monotonic()
+    for at_ms in CHECKS_MS:
+        delay = start + at_ms / 1000.0 - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        if check():
+            return at_ms
+    return None
+
+
+def _thread_body(index: int, rename: bool, out: List) -> None:
+    if rename:
+        _set_comm(f"chx-{index}")
+        time.sleep(RENAME_AFTER_S)
+    _set_comm(f"chw-{index}")
+    out.append(_first_treated_ms(lambda: os.sched_getscheduler(0) == SCHED_BATCH))
+
+
+def _process_policy(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+        return int(data[data.rindex(b")") + 2:].split()[38])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def generate(rate: float, duration: float) -> dict:
+    _set_comm("tmpd-churn")
+    results: Dict[str, List] = {"threads": [], "renames": [], "processes": []}
+    lock = threading.Lock()
+    due: List = []  # heap of (check time, pid, started, check index) for processes
+    children: List[subprocess.Popen] = []
+    counts = {"threads": 0, "renames": 0, "processes": 0}
+    start = time.monotonic()
+    end = start + duration
+    next_at = {kind: start for kind in counts}
+    period = 1.0 / rate
+
+    def checker():
+        while True:
+            with lock:
+                item = due[0] if due else None
+            if item is None:
+                if time.monotonic() > end + 3:
+                    return
+                time.sleep(0.001)
+                continue
+            at, pid, born, index = item
+            delay = at - time.monotonic()
+            if delay > 0:
+                time.sleep(min(delay, 0.001))
+                continue
+            with lock:
+                heapq.heappop(due)
+            if _process_policy(pid) == SCHED_BATCH:
+                results["processes"].append(CHECKS_MS[index])
+            elif index + 1 < len(CHECKS_MS):
+                with lock:
+                    heapq.heappush(due, (born + CHECKS_MS[index + 1] / 1000.0, pid, born, index + 1))
+            else:
+                results["processes"].append(None)
+
+    checking = threading.Thread(target=checker, daemon=True)
+    checking.start()
+    while True:
+        now = time.monotonic()
+        if now >= end:
+            break
+        kind = min(next_at, key=next_at.get)
+        if next_at[kind] > now:
+            time.sleep(next_at[kind] - now)
+        next_at[kind] += period
+        counts[kind] += 1
+        if kind == "processes":
+            child = subprocess.Popen([PROC_ARGV0, "2.5"], executable="/bin/sleep", close_fds=True)
+            children.append(child)
+            born = time.monotonic()
+            with lock:
+                heapq.heappush(due, (born + CHECKS_MS[0] / 1000.0, child.pid, born, 0))
+        else:
+            threading.Thread(target=_thread_body, args=(counts[kind], kind == "renames", results[kind]),
+                             daemon=True).start()
+        if len(children) > 64:
+            children = [c for c in children if c.poll() is None]
+    elapsed = time.monotonic() - start
+    time.sleep(RENAME_AFTER_S + CHECKS_MS[-1] / 1000.0 + 0.5)
+    checking.join(10)
+    for child in children:
+        child.kill()
+        child.wait()
+    return {"elapsed_s": elapsed, "counts": counts, "results": results}
+
+
+# ---- the benchmark ------------------------------------------------------------------------------
+
+def rss_kib(pid: int) -> int:
+    for line in read_text(f"/proc/{pid}/status").splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def overflows(port: int) -> Optional[float]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return None
+    for family in text_string_to_metric_families(text):
+        if family.name == "temperd_inventory_event_overflows":
+            return sum(sample.value for sample in family.samples)
+    return None
+
+
+def percentile(values: List[int], q: float) -> Optional[int]:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=300.0, help="per second, for each of the three kinds")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of churn")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.generate:
+        json.dump(generate(args.rate, args.duration), sys.stdout)
+        return 0
+    if os.geteuid() != 0:
+        print("run as root: temperd changes other processes' scheduling", file=sys.stderr)
+        return 2
+    port = free_port()
+    profiles = {"churn.toml": THREAD_PROFILE, "churn-proc.toml": PROCESS_PROFILE}
+    with running_temperd(profiles=profiles, http_port=port) as daemon:
+        time.sleep(1.0)
+        ticks0, rss0, lost0 = daemon.cpu_ticks(), rss_kib(daemon.pid), overflows(port)
+        monitor = HostMonitor()
+        monitor.start()
+        t0 = time.monotonic()
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--generate", "--rate", str(args.rate),
+                              "--duration", str(args.duration)], capture_output=True, text=True,
+                             timeout=args.duration + 60)
+        wall = time.monotonic() - t0
+        window = monitor.stop()
+        ticks1, rss1, lost1 = daemon.cpu_ticks(), rss_kib(daemon.pid), overflows(port)
+        alive = daemon.alive()
+    if out.returncode != 0:
+        print(out.stderr[-2000:], file=sys.stderr)
+        return 1
+    gen = json.loads(out.stdout)
+    hz = os.sysconf("SC_CLK_TCK")
+    rows = []
+    for kind in ("threads", "renames", "processes"):
+        seen = gen["results"][kind]
+        treated = [v for v in seen if v is not None]
+        rows.append({
+            "kind": kind, "requested_per_s": args.rate, "achieved_per_s": gen["counts"][kind] / gen["elapsed_s"],
+            "created": gen["counts"][kind], "checked": len(seen), "treated_share": len(treated) / max(1, len(seen)),
+            "p50_ms": percentile(treated, 0.5), "p99_ms": percentile(treated, 0.99)})
+    summary = {
+        "host": host_description(), "duration_s": args.duration,
+        "daemon_cpu_pct_of_core": 100.0 * (ticks1 - ticks0) / hz / wall,
+        "daemon_rss_kib_before": rss0, "daemon_rss_kib_after": rss1,
+        "event_overflows": None if lost0 is None or lost1 is None else lost1 - lost0,
+        "daemon_survived": alive,
+        "host_idle_pct": window.idle_pct, "host_steal_pct": window.steal_pct,
+        "foreign_cpu_pct_of_core": window.foreign_core_pct, "foreign_top": window.foreign_top,
+        "rows": rows,
+    }
+    if args.json:
+        json.dump(summary, sys.stdout, indent=1)
+        print()
+        return 0
+    print(summary["host"])
+    print(f"churn for {args.duration:.0f} s; checks at {', '.join(map(str, CHECKS_MS))} ms after creation or rename")
+    print(f"{'kind':<10} {'asked/s':>8} {'made/s':>7} {'made':>6} {'checked':>7} {'treated':>8} {'p50 ms':>7} {'p99 ms':>7}")
+    for r in rows:
+        print(f"{r['kind']:<10} {r['requested_per_s']:>8.0f} {r['achieved_per_s']:>7.0f} {r['created']:>6} "
+              f"{r['checked']:>7} {100 * r['treated_share']:>7.1f}% {str(r['p50_ms']):>7} {str(r['p99_ms']):>7}")
+    print(f"daemon: {summary['daemon_cpu_pct_of_core']:.1f} % of a core during the churn, RSS {rss0 / 1024:.1f} -> "
+          f"{rss1 / 1024:.1f} MiB, event overflows {summary['event_overflows']}, "
+          f"{'running' if alive else 'EXITED'} at the end")
+    print(f"host: idle {window.idle_pct:.0f} %, steal {window.steal_pct:.1f} %, foreign CPU "
+          f"{window.foreign_core_pct:.0f} % of a core ({window.foreign_top or 'none'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
