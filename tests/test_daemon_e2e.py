@@ -19,6 +19,7 @@ import urllib.request
 import pytest
 
 import servers as S
+from temperd.daemon.control import request
 from thread_children import wait_for
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
@@ -148,6 +149,14 @@ def test_daemon_matches_treats_reloads_and_restores(tmp_path, spawn):
             wait_for(lambda: affinity(bystander.pid) == {0}, what="other threads kept off CPU 1")
             observe = temperd_.observe()
             assert any(layer["name"].endswith(".workers") and layer["cpus"] == [1] for layer in observe["layers"])
+            # The daemon explains a thread from its own plan.
+            reply = request(temperd_.socket, "explain", id=worker)
+            assert reply["ok"], reply
+            why = reply["explain"]
+            assert (why["pid"], why["tid"], why["workload"]["profile_id"]) == (server.pid, worker, "memcached")
+            (thread,) = why["threads"]
+            assert thread["group"] == "workers" and why["layers"][thread["layer"]] == {"kind": "Confined", "cpus": [1]}
+            assert not request(temperd_.socket, "explain", id=999999999)["ok"]
 
             # An edited profile is applied live.
             generation = status["generation"]

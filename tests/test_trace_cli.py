@@ -18,7 +18,10 @@ from temperd.trace.capture import CaptureLock
 from temperd.trace.parse import parse_trace
 from test_cli_plan import split_runner
 from test_daemon_e2e import BINDIR, Temperd
-from test_trace_capture import KILLED, ROOT, assert_perfetto_format, instances, needs_tracefs, pingpong  # noqa: F401
+import test_trace_capture
+from test_trace_capture import KILLED, ROOT, assert_perfetto_format, instances, needs_tracefs
+
+pingpong = test_trace_capture.pingpong  # the fixture: two threads that wake each other
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import struct
 import threading
 from typing import Any, Callable, Dict, Optional
 
-log = logging.getLogger("temperd.daemon.daemon.control")
+log = logging.getLogger("temperd.control")
 
 Progress = Callable[[Dict[str, Any]], None]
 # A handler gets the request and a function that sends {"progress": true, ...} lines before the reply.

@@ -91,14 +91,7 @@ class Daemon:
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        try:
-            view = self.loader.load()
-        except ConfigError as exc:
-            raise StartupError("\n".join(f"error: {p}" for p in exc.problems)) from None
-        except ShapeError as exc:
-            raise StartupError(f"error: cannot read the machine shape: {exc}") from None
-        for problem in view.problems:
-            log.error("profile not loaded: %s", problem)
+        view = self._first_view()
         self.view = view
         self.generation = 1
         self.last_reload = ReloadResult(not view.problems, 1, time.time(), "start",
@@ -110,11 +103,7 @@ class Daemon:
         except AlreadyRunning as exc:
             raise StartupError(f"error: {exc}") from None
         _cleanup_stale_traces()
-        self.backend_choice, self.backend = make_backend(self.config, self.sysfs_root, view.shape)
-        log.info("backend %s: %s", self.backend_choice.active, self.backend_choice.reason)
-        if hasattr(self.backend, "on_fallback"):  # scx: safe mode or a refusal switches to native on the main loop
-            self.backend.on_fallback = lambda reason: self.request(REPLAN, f"scx fallback: {reason}")
-        self.backend.recover()
+        self._start_backend(view)
         self.matcher = make_matcher(view)
         if not self.inventory.start():
             log.warning("process events unavailable (%s): scanning /proc every %.0f s instead",
@@ -128,6 +117,24 @@ class Daemon:
         self.notifier.notify("READY=1")
         self._notify_status()
         log.info("temperd %s running: %s", __version__, self.status_line())
+
+    def _first_view(self) -> HostView:
+        try:
+            view = self.loader.load()
+        except ConfigError as exc:
+            raise StartupError("\n".join(f"error: {p}" for p in exc.problems)) from None
+        except ShapeError as exc:
+            raise StartupError(f"error: cannot read the machine shape: {exc}") from None
+        for problem in view.problems:
+            log.error("profile not loaded: %s", problem)
+        return view
+
+    def _start_backend(self, view: HostView) -> None:
+        self.backend_choice, self.backend = make_backend(view.config, self.sysfs_root, view.shape)
+        log.info("backend %s: %s", self.backend_choice.active, self.backend_choice.reason)
+        if hasattr(self.backend, "on_fallback"):  # scx: safe mode or a refusal switches to native on the main loop
+            self.backend.on_fallback = lambda reason: self.request(REPLAN, f"scx fallback: {reason}")
+        self.backend.recover()
 
     def run(self) -> None:
         """The main loop, until a stop request (SIGTERM, SIGINT)."""
@@ -150,7 +157,7 @@ class Daemon:
             if self.backend is not None:
                 self.backend.stop()
                 log.info("stopped: every changed thread restored")
-        self.inventory.stop_events()
+            self.inventory.stop_events()
         if self._instance_lock is not None:
             self._instance_lock.release()
             self._instance_lock = None

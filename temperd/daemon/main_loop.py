@@ -55,7 +55,8 @@ class MainLoop:
     def __init__(self, daemon: "Daemon"):
         self.daemon = daemon
         now = time.monotonic()
-        self.next_reconcile = now + daemon.config.scan_interval(daemon.inventory.events_active)
+        with daemon.lock:
+            self.next_reconcile = now + daemon.config.scan_interval(daemon.inventory.events_active)
         self.next_observe = now + min(1.0, daemon.observe_interval_s)
         self.next_watchdog = now
         self.watchdog_every = daemon.notifier.watchdog_interval_s or WATCHDOG_DEFAULT_S
