@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional
 
 from temperd import paths
 from temperd.backends.native import sched
@@ -32,7 +32,8 @@ from temperd.backends.native.treatment import ThreadTreatment
 from temperd.backends.status import NATIVE, BackendStatus
 from temperd.plan import LayerPlan
 
-__all__ = ["AUTOGROUP", "ApplyResult", "DEFAULT_STATE_DIR", "NativeBackend", "ThreadRef", "scan_threads"]
+__all__ = ["AUTOGROUP", "CPU_WEIGHT", "PMQOS", "ApplyResult", "DEFAULT_STATE_DIR", "NativeBackend", "ThreadRef",
+           "scan_threads"]
 
 DEFAULT_STATE_DIR = paths.RUN_DIR
 
@@ -55,9 +56,9 @@ class NativeBackend:
         self._universe: Dict[ThreadKey, Any] = {}  # the host threads last seen
         self._recovered = False
 
-    def _held(self) -> List[Tuple[str, HeldSettings]]:
-        """The host settings held, by state-file section, in the order they are restored."""
-        return [(AUTOGROUP, self.autogroups), (PMQOS, self.pmqos), (CPU_WEIGHT, self.weights)]
+    def _held(self) -> List[HeldSettings]:
+        """The host settings held, in the order they are restored; each kind is its state-file section."""
+        return [self.autogroups, self.pmqos, self.weights]
 
     # ---- public API --------------------------------------------------------------------------
 
@@ -99,9 +100,12 @@ class NativeBackend:
         """Restore everything temperd changed and remove the state file."""
         result = ApplyResult()
         result.take(self.ledger.restore_all())
-        for kind, held in self._held():
-            result.take_counts(kind, held.restore_all())
         drifted = sum(len(rec.drifted) for rec in self.ledger.records.values())
+        for held in self._held():
+            drifted += len(held.drifted)
+            part = held.restore_all()
+            drifted += part.drift
+            result.take_counts(held.kind, part)
         if drifted:
             result.notes.append(f"{drifted} setting(s) changed by someone else after temperd set them were left as found")
         self.ledger.records.clear()
@@ -113,7 +117,7 @@ class NativeBackend:
     def recover(self) -> ApplyResult:
         """At start: undo what a previous run left in the state file (threads still alive: same tid and start time)."""
         result = ApplyResult()
-        if self.ledger.records or any(held.written for _kind, held in self._held()):
+        if self.ledger.records or any(held.written for held in self._held()):
             result.notes.append("recover: this backend already holds changes; the state file is its own")
             return result
         self._recovered = True
@@ -128,11 +132,11 @@ class NativeBackend:
         if not found:
             return result
         result.take(previous.restore_all())
-        for kind, held in self._held():
-            section = previous.extras.get(kind) or {}
+        for held in self._held():
+            section = previous.extras.get(held.kind) or {}
             if section:
                 held.adopt_state(section)
-                result.take_counts(kind, held.restore_all())
+                result.take_counts(held.kind, held.restore_all())
         result.notes.append(f"recovered from {previous.path}: {result.summary()}")
         previous.delete()
         return result
@@ -151,8 +155,8 @@ class NativeBackend:
         out = [Drift(kind, f"tid {rec.tid} ({rec.comm})", list(found) if isinstance(found, tuple) else found,
                      tid=rec.tid, pid=rec.pid)
                for rec in self.ledger.records.values() for kind, found in sorted(rec.drifted.items())]
-        for kind, held in self._held():
-            out.extend(Drift(kind, where, found) for where, found in held.drift_report())
+        for held in self._held():
+            out.extend(Drift(held.kind, where, found) for where, found in held.drift_report())
         return out
 
     @property
@@ -176,8 +180,8 @@ class NativeBackend:
 
     def _save(self, result: ApplyResult) -> None:
         """Write the state file: the threads' records and each held setting's section."""
-        for kind, held in self._held():
-            self.ledger.extras[kind] = held.state()
+        for held in self._held():
+            self.ledger.extras[held.kind] = held.state()
         try:
             self.ledger.save()
         except OSError as exc:

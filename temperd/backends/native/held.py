@@ -13,7 +13,8 @@ nice) and reads and writes it. HeldSettings holds such values for temperd:
   undoes it.
 
 The per-thread settings (affinity, policy, nice, slice) follow the same rules through the
-restore ledger (restore_ledger.py), which batches one thread's settings into one syscall.
+restore ledger (restore_ledger.py), which reads and writes a thread's policy, nice and slice
+together (one sched_getattr, one sched_setattr).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class HostSettingResult:
 class Setting(Generic[K, V]):
     """One kind of host setting: how to read and write the value behind a key."""
 
-    kind = "setting"  # the name results count it under (pmqos, cpu_weight, autogroup)
+    kind = "setting"  # what results count it as, and its state-file section: pmqos, cpu_weight, autogroup
 
     def read(self, key: K) -> Optional[V]:
         """The current value; None when the setting is gone. Raises OSError or Refused when it
@@ -189,7 +190,8 @@ class HeldSettings(Generic[K, V]):
         except (OSError, Refused) as exc:
             if not _gone(exc):
                 result.failed += 1
-                result.errors.append(f"{self.setting.where(key)}: restoring {self.setting.shown(original)}: {_why(exc)}")
+                result.errors.append(f"{self.setting.where(key)}: restoring {self.setting.shown(original)}: "
+                                     f"{_why(exc)}")
             return
         result.restored += 1
 

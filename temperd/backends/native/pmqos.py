@@ -10,9 +10,9 @@ Originals are kept as the raw text read, and written back verbatim.
 
 A layer's bound applies to the CPUs the layer owns. Open layers own no CPUs, and bounding every
 CPU of the host would keep all of them polling when idle (on a VM: CPU time taken from the host
-for nothing), so the daemon does not apply idle_resume_us for them; a NativeBackend made with
-pmqos_open_layers=True (tools, tests) bounds every online CPU instead. temperd.toml has no key
-for it.
+for nothing), so the daemon does not apply idle_resume_us for them. NativeBackend's
+pmqos_open_layers=True, which the daemon never passes (temperd.toml has no such key), bounds
+every online CPU for them instead.
 """
 
 from __future__ import annotations
