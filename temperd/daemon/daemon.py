@@ -91,32 +91,29 @@ class Daemon:
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        view = self._first_view()
-        self.view = view
-        self.generation = 1
-        self.last_reload = ReloadResult(not view.problems, 1, time.time(), "start",
-                                        [str(p) for p in view.problems], summary_of(view))
-        os.makedirs(self.config.state_dir, mode=0o755, exist_ok=True)
-        self._instance_lock = InstanceLock(self.config.state_dir)
-        try:
-            self._instance_lock.acquire()
-        except AlreadyRunning as exc:
-            raise StartupError(f"error: {exc}") from None
-        _cleanup_stale_traces()
-        self._start_backend(view)
-        self.matcher = make_matcher(view)
-        if not self.inventory.start():
-            log.warning("process events unavailable (%s): scanning /proc every %.0f s instead",
-                        self.inventory.unavailable_reason, self.config.scan_interval(False))
-        self.sampler = Sampler(view.shape, self.metrics)
-        self._record_reload(self.last_reload)
-        self.replan("start")
-        self.services.start(self.config, self.config_dir, ControlCommands(self).handlers(), self.metrics_text,
-                            self.observe_json, self.request)
-        self.state = "running"
-        self.notifier.notify("READY=1")
-        self._notify_status()
-        log.info("temperd %s running: %s", __version__, self.status_line())
+        """Everything up to serving, under the lock: the services started last may call in at once."""
+        with self.lock:
+            view = self._first_view()
+            self.view = view
+            self.generation = 1
+            self.last_reload = ReloadResult(not view.problems, 1, time.time(), "start",
+                                            [str(p) for p in view.problems], summary_of(view))
+            self._lock_instance()
+            _cleanup_stale_traces()
+            self._start_backend(view)
+            self.matcher = make_matcher(view)
+            if not self.inventory.start():
+                log.warning("process events unavailable (%s): scanning /proc every %.0f s instead",
+                            self.inventory.unavailable_reason, self.config.scan_interval(False))
+            self.sampler = Sampler(view.shape, self.metrics)
+            self._record_reload(self.last_reload)
+            self.replan("start")
+            self.services.start(self.config, self.config_dir, ControlCommands(self).handlers(), self.metrics_text,
+                                self.observe_json, self.request)
+            self.state = "running"
+            self.notifier.notify("READY=1")
+            self._notify_status()
+            log.info("temperd %s running: %s", __version__, self.status_line())
 
     def _first_view(self) -> HostView:
         try:
@@ -128,6 +125,14 @@ class Daemon:
         for problem in view.problems:
             log.error("profile not loaded: %s", problem)
         return view
+
+    def _lock_instance(self) -> None:
+        os.makedirs(self.config.state_dir, mode=0o755, exist_ok=True)
+        self._instance_lock = InstanceLock(self.config.state_dir)
+        try:
+            self._instance_lock.acquire()
+        except AlreadyRunning as exc:
+            raise StartupError(f"error: {exc}") from None
 
     def _start_backend(self, view: HostView) -> None:
         self.backend_choice, self.backend = make_backend(view.config, self.sysfs_root, view.shape)
@@ -150,7 +155,8 @@ class Daemon:
         signal.signal(signal.SIGINT, lambda *_: self.request(STOP, "SIGINT"))
 
     def stop(self) -> None:
-        self.state = "stopping"
+        with self.lock:
+            self.state = "stopping"
         self.notifier.notify("STOPPING=1")
         self.services.stop()
         with self.lock:

@@ -1,1 +1,8 @@
-"""observe"""
+"""What the scheduler does with the plan, and how it is shown.
+
+- observer: a sample of per-thread schedstat, per-layer use, PSI and temperd's own cost
+- linter: the placement invariants checked against a sample (LintReport)
+- sampler: one observation sample: observer, linter, then the metrics
+- metrics: Prometheus metrics, one group per source, each fed that source's typed status
+- http: GET /metrics and /observe
+"""
