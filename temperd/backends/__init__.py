@@ -1,9 +1,10 @@
 """Backends that carry out a LayerPlan, all behind one interface (Backend).
 
-Threads: the daemon calls a backend only while it holds its one lock, from the main loop, from
-the control socket's thread (`temperctl reload` reloads and replans there) and from an HTTP
-thread (/observe reads status()). A backend may run threads of its own (the scx supervisor
-does); those never call into the daemon beyond asking the main loop for a replan.
+Threads: the daemon calls a backend only while it holds its one lock, but not always from one
+thread: from its main loop, from the control socket's thread (`temperctl reload` reloads,
+replans and applies there; `temperctl status` reads status()) and from an HTTP thread
+(/observe). A backend may run threads of its own (the scx supervisor does); those never call
+into the daemon beyond asking its main loop for a replan.
 """
 
 from __future__ import annotations

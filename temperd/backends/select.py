@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Tuple
+from typing import Tuple
+
+from temperd.backends import Backend
 
 log = logging.getLogger("temperd.backend")
 
@@ -29,7 +31,7 @@ def choose(requested: str, scx_available: bool, scx_reason: str) -> BackendChoic
     return BackendChoice(requested, "native", f"auto: {scx_reason}; native backend")
 
 
-def make_backend(config, sysfs_root: str = "/sys", shape=None) -> Tuple[BackendChoice, Any]:
+def make_backend(config, sysfs_root: str = "/sys", shape=None) -> Tuple[BackendChoice, Backend]:
     from temperd.backends.native.backend import NativeBackend
 
     found = scx_availability(sysfs_root, config.scx.binary) if config.backend != "native" else None
