@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 if TYPE_CHECKING:
     from temperd.daemon.daemon import Daemon
 
-WATCHDOG_DEFAULT_S = 10.0  # keep-alive period where the unit sets no WatchdogSec (a no-op then)
+WATCHDOG_DEFAULT_S = 10.0  # where the unit sets no WatchdogSec (systemd then ignores the pings)
 
 STOP = "stop"
 RELOAD = "reload"
