@@ -263,12 +263,7 @@ class Daemon:
 
     def backend_status(self) -> BackendStatus:
         with self.lock:
-            if self.backend is None:
-                return BackendStatus(carried_by="-")
-            status = self.backend.status()
-            if isinstance(status, dict):  # NativeBackend.status() reports plain data: {"carried_by": "native"}
-                status = BackendStatus(carried_by=status["carried_by"], drift=self.backend.drift_counts)
-            return status
+            return self.backend.status() if self.backend is not None else BackendStatus(carried_by="-")
 
     def carried_by(self) -> str:
         """The backend that carries the plan now: the chosen one, or native while scx has fallen back."""
