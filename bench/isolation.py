@@ -70,6 +70,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import common as C  # bench/common.py; also puts the checkout and tests/ on sys.path
 
 import servers as S  # noqa: E402  (tests/servers.py: real servers on loopback)
+from temperd.backends.native.sched import POLICY_NAMES  # noqa: E402
 from temperd.plan import CONFINED  # noqa: E402
 
 STOCK, TEMPERD, TEMPERD_BG = "stock", "temperd", "temperd+bg"
@@ -468,10 +469,6 @@ def _measure(settings: Settings, server, run: Run, clients: int) -> None:
         run.error = str(exc)
         return
     run.rps, run.p50_ms, run.p99_ms = m.rps, m.p50_ms, m.p99_ms
-
-
-POLICY_NAMES = {os.SCHED_OTHER: "other", os.SCHED_BATCH: "batch", os.SCHED_IDLE: "idle",
-                os.SCHED_FIFO: "fifo", os.SCHED_RR: "rr"}
 
 
 def _policy(pid: int) -> Optional[int]:
