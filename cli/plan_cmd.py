@@ -12,6 +12,8 @@ from temperd.backends.scx.render import RenderError, render_plan
 from temperd.config.daemon_config import DEFAULT_CONFIG_DIR
 from temperd.decide.hostview import HostView, decide, load_host_view, make_matcher
 from temperd.config.errors import ConfigError
+from temperd.daemon.control import DaemonUnavailable, request
+from temperd.decide.explain import NoSuchTask, explain
 from temperd.sources.inventory import Inventory
 from temperd.decide.matcher import MatchResult
 from temperd.plan import LayerPlan
@@ -125,40 +127,52 @@ def plan_command(dry_run: bool, backend: str, config_dir: str, sysfs_root: str, 
 
 @click.command("explain")
 @click.argument("task_id", type=int)
+@click.option("--dry-run", is_flag=True, help="Compute here (as root) from --config instead of asking temperd.")
 @config_option
+@socket_option
 @json_option
-def explain_command(task_id: int, config_dir: str, as_json: bool) -> None:
-    """Why is process or thread TASK_ID treated as it is? (computed here, as root)"""
-    view, inventory, match, layer_plan = compute(config_dir, "/sys")
-    proc = inventory.processes.get(task_id)
-    tid: Optional[int] = None
-    if proc is None:
-        thread = inventory.thread(task_id)
-        if thread is None:
-            raise click.ClickException(f"no process or thread {task_id}")
-        proc, tid = inventory.processes.get(thread.pid), task_id
-    workload = match.workload_of(proc.pid)
-    threads = [t for t in (workload.threads if workload else ()) if t.pid == proc.pid and (tid is None or t.tid == tid)]
-    layers = {m: l for l in layer_plan.layers for m in l.selector.tids}
+def explain_command(task_id: int, dry_run: bool, config_dir: str, socket_path: str, as_json: bool) -> None:
+    """Why is process or thread TASK_ID treated as it is?
+
+    The running temperd answers from the plan it applies; where none runs (or with --dry-run)
+    the answer is computed here, as root, from --config."""
+    data = None if dry_run else ask_explain(socket_path, task_id)
+    if data is None:
+        view, inventory, match, layer_plan = compute(config_dir, "/sys")
+        try:
+            data = explain(task_id, inventory, match, layer_plan, make_matcher(view))
+        except NoSuchTask as exc:
+            raise click.ClickException(str(exc))
     if as_json:
-        print_json({
-            "pid": proc.pid, "tid": tid, "process": proc.name,
-            "workload": dataclasses.asdict(workload) if workload else None,
-            "why_not": None if workload else make_matcher(view).explain_unmatched(proc),
-            "threads": [{**dataclasses.asdict(t), "layer": layers[t.tid].name if t.tid in layers else None}
-                        for t in threads],
-        })
-        return
-    click.echo(f"process {proc.pid} ({proc.name}), unit {proc.unit or '-'}, cgroup {proc.cgroup or '-'}")
+        print_json(data)
+    else:
+        print_explanation(data)
+
+
+def ask_explain(socket_path: str, task_id: int) -> Optional[dict]:
+    """The running temperd's answer; None when no temperd listens on the socket."""
+    try:
+        reply = request(socket_path, "explain", id=task_id)
+    except DaemonUnavailable:
+        return None
+    if not reply.get("ok"):
+        raise click.ClickException(reply.get("error", "request failed"))
+    return reply["explain"]
+
+
+def print_explanation(data: dict) -> None:
+    """An explanation as text, from its JSON form (the daemon's reply or computed here)."""
+    click.echo(f"process {data['pid']} ({data['process']}), unit {data['unit'] or '-'}, cgroup {data['cgroup'] or '-'}")
+    workload = data["workload"]
     if workload is None:
-        click.echo(f"not treated: {make_matcher(view).explain_unmatched(proc)}")
+        click.echo(f"not treated: {data['why_not']}")
         return
-    click.echo(f"workload {workload.key}: profile {workload.profile_id or '-'}, tier {workload.tier}")
-    click.echo(f"  why: {workload.reason}")
-    click.echo(f"  budget: {workload.budget_reason}")
+    click.echo(f"workload {workload['key']}: profile {workload['profile_id'] or '-'}, tier {workload['tier']}")
+    click.echo(f"  why: {workload['reason']}")
+    click.echo(f"  budget: {workload['budget_reason']}")
     rows = []
-    for t in threads:
-        layer = layers.get(t.tid)
-        rows.append((t.tid, t.comm, t.group or "-", f"{layer.name} ({layer.kind}, CPUs {format_cpulist(layer.cpus) or 'shared'})"
-                     if layer else "-", t.reason))
+    for t in data["threads"]:
+        layer = data["layers"].get(t["layer"]) if t["layer"] else None
+        rows.append((t["tid"], t["comm"], t["group"] or "-", f"{t['layer']} ({layer['kind']}, CPUs "
+                     f"{format_cpulist(layer['cpus']) or 'shared'})" if layer else "-", t["reason"]))
     print_table(("TID", "NAME", "GROUP", "LAYER", "WHY"), rows)

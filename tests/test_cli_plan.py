@@ -64,15 +64,15 @@ def test_explain_thread_and_unmatched_process(tmp_path, spawn):
     child = spawn("tmpd-cli3")
     child.wait_ready()
     hot = int(child.command("thread hot-1"))
-    out = run("explain", str(hot), "--config", config_dir(tmp_path)).output
+    out = run("explain", "--dry-run", str(hot), "--config", config_dir(tmp_path)).output
     assert f"process {child.pid} (tmpd-cli3)" in out
     assert "profile cli-demo: process name 'tmpd-cli3' matches 'tmpd-cli*'" in out
     assert "thread name 'hot-1' matches 'hot-*' of group hot" in out and "Confined" in out
     other = spawn("unrelated")
     other.wait_ready()
-    data = json.loads(run("explain", str(other.pid), "--config", str(tmp_path), "--json").output)
+    data = json.loads(run("explain", "--dry-run", str(other.pid), "--config", str(tmp_path), "--json").output)
     assert data["workload"]["profile_id"] is None and data["workload"]["tier"] == "background"
-    missing = run("explain", "999999999", "--config", str(tmp_path))
+    missing = run("explain", "--dry-run", "999999999", "--config", str(tmp_path))
     assert missing.exit_code == 1 and "no process or thread 999999999" in missing.output
 
 

@@ -1,6 +1,6 @@
 """Which profile applies for each id: builtins, files from profiles.d, and the host's machine shape.
 
-Rules (DESIGN.md): a file profile overrides the builtin with the same id; among candidates for
+Rules (temper-profile(5)): a file profile overrides the builtin with the same id; among candidates for
 one id the most specific machine_shape that matches this host wins; a profile whose shape does
 not match is not applied. Every decision carries a reason a person can read.
 """

@@ -7,7 +7,6 @@
 - services: the threads that serve and watch (control socket, HTTP, config and hotplug watchers)
 - control: the control socket (server and temperctl's client)
 - control_commands: the commands served on it (status, reload, plan, explain, trace)
-- explain: why a task is treated as it is
 - trace_commands: the trace command (a capture into temperd's own directory)
 - status_report: `temperctl status`, the one-line status, /observe
 - notify: sd_notify

@@ -8,7 +8,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Dict
 
 from temperd.daemon.control import ControlError, Handler, Progress
-from temperd.daemon.explain import NoSuchTask, explain
+from temperd.decide.explain import NoSuchTask, explain
 from temperd.daemon.trace_commands import trace_handler
 
 if TYPE_CHECKING:

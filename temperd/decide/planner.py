@@ -1,6 +1,6 @@
 """The planner: (machine shape, tiers, matched workloads, profiles) -> LayerPlan. Pure and deterministic.
 
-Sizing rules (seeds/002):
+Sizing rules (temper-profile(5), "cpu_fraction"):
 - an exclusive group gets ceil(workload CPU budget x cpu_fraction) whole physical cores; its
   members run on one CPU of each core and the SMT siblings are left idle, so two hot threads
   never share a core;
