@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
+from temperd.backends.native.sched import POLICY_BY_NAME
 from temperd.observe.observer import BUSY_RATIO, Observation
 from temperd.plan import CONFINED, LayerPlan
 
@@ -26,7 +27,6 @@ OPEN_RESERVE = "open_reserve"
 LAYER_MISMATCH = "layer_mismatch"
 INVARIANTS = (SMT_COLLISION, PROTECTED_FALLBACK, OPEN_RESERVE, LAYER_MISMATCH)
 
-POLICY_IDS = {"other": 0, "batch": 3, "idle": 5}
 
 
 @dataclass(frozen=True)
@@ -116,8 +116,8 @@ def _siblings(shape, cpu: int) -> Tuple[int, ...]:
 def _treatment_mismatch(layer, t) -> Optional[str]:
     if layer.kind == CONFINED and not set(t.affinity) <= set(layer.cpus):
         return f"may run on CPUs {list(t.affinity)}, the layer owns {list(layer.cpus)}"
-    wanted_policy = POLICY_IDS.get(layer.policy, 0)
-    if t.policy != wanted_policy and t.policy in POLICY_IDS.values():
+    wanted_policy = POLICY_BY_NAME.get(layer.policy, 0)
+    if t.policy != wanted_policy and t.policy in POLICY_BY_NAME.values():
         return f"policy {t.policy}, the layer implies {wanted_policy} ({layer.policy})"
     if layer.nice is not None and layer.policy != "idle" and t.nice != layer.nice:
         return f"nice {t.nice}, the layer implies {layer.nice}"
