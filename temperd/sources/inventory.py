@@ -21,11 +21,11 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from temperd.sources import procfs
 from temperd.sources.facts import ProcessFacts, ThreadFacts
+from temperd.sources.process_store import ZOMBIE_STATES, InventorySnapshot, ProcessRecord, ProcessStore, thread_facts
 from temperd.sources.proc_connector import Batch, ConnectorUnavailable, ProcConnector, ProcEvent
 
 log = logging.getLogger("temperd.sources.inventory")
@@ -44,8 +44,6 @@ UPDATE = "update"
 CHANGE_KINDS = (NEW_PROCESS, NEW_THREAD, EXEC, RENAME, EXIT, REUSED, UPDATE)
 _WHOLE_PROCESS = frozenset((NEW_PROCESS, REUSED, EXEC))
 
-_ZOMBIE_STATES = ("Z", "X", "x")
-
 # A child forked without exec (PostgreSQL backends, prefork workers) sets its process title just
 # after the fork event; no event says so, so its command line is read again after these delays.
 TITLE_RECHECKS_S = (0.05, 1.0)
@@ -59,21 +57,6 @@ class Change:
     tid: Optional[int] = None  # None: the change concerns the whole process
     comm: Optional[str] = None  # new_thread, rename: the thread's name
     old_comm: Optional[str] = None  # rename: the name before
-
-
-@dataclass(frozen=True)
-class InventorySnapshot:
-    """An immutable view for the matcher and planner."""
-
-    processes: Mapping[int, ProcessFacts]
-    threads: Mapping[int, ThreadFacts]
-    generation: int
-
-    def process(self, pid: int) -> Optional[ProcessFacts]:
-        return self.processes.get(pid)
-
-    def thread(self, tid: int) -> Optional[ThreadFacts]:
-        return self.threads.get(tid)
 
 
 @dataclass(frozen=True)
@@ -110,96 +93,6 @@ class InventoryStats:
     max_event_lag_s: float
 
 
-class _Proc:
-    """The mutable record behind a ProcessFacts."""
-
-    __slots__ = (
-        "pid", "start_time", "name", "exe", "cmdline", "cgroup", "cgroup_systemd",
-        "unit", "is_kernel_thread", "ppid", "threads", "frozen", "uid", "execs",
-    )
-
-    def __init__(self, pid: int, stat: procfs.TaskStat):
-        self.pid = pid
-        self.start_time = stat.start_time
-        self.name = stat.comm
-        self.ppid = stat.ppid
-        self.is_kernel_thread = procfs.is_kernel_thread(pid, stat)
-        self.exe: Optional[str] = None
-        self.cmdline: Tuple[str, ...] = ()
-        self.cgroup: Optional[str] = None
-        self.cgroup_systemd: Optional[str] = None
-        self.unit: Optional[str] = None
-        self.uid: Optional[int] = None
-        self.execs = 0
-        self.threads: Dict[int, ThreadFacts] = {}
-        self.frozen: Optional[ProcessFacts] = None
-
-    def live_tid(self) -> Optional[int]:
-        """The thread to read process facts through: None (the process) unless the leader is gone."""
-        if self.pid in self.threads or not self.threads:
-            return None
-        return next(iter(self.threads))
-
-    def read_static(self) -> None:
-        """exe, cmdline and cgroup: read when the process appears, execs or a scan rechecks."""
-        pid = self.pid
-        if not self.is_kernel_thread:
-            via = self.live_tid()
-            self.exe = procfs.read_exe(pid, via)
-            self.cmdline = procfs.read_cmdline(pid, via) or ()
-        self.uid = procfs.read_uid(pid, self.live_tid())
-        self.set_cgroup(procfs.read_cgroup(pid))
-
-    def set_cgroup(self, paths: Optional[procfs.CgroupPaths]) -> None:
-        if paths is None:
-            return
-        self.cgroup = paths.unified
-        self.cgroup_systemd = paths.systemd
-        self.unit = paths.unit
-
-    def freeze(self) -> ProcessFacts:
-        if self.frozen is None:
-            self.frozen = ProcessFacts(
-                pid=self.pid,
-                start_time=self.start_time,
-                name=self.name,
-                exe=self.exe,
-                cmdline=self.cmdline,
-                cgroup=self.cgroup,
-                cgroup_systemd=self.cgroup_systemd,
-                unit=self.unit,
-                is_kernel_thread=self.is_kernel_thread,
-                ppid=self.ppid,
-                threads=MappingProxyType(dict(self.threads)),
-                uid=self.uid,
-                execs=self.execs,
-            )
-        return self.frozen
-
-
-def _thread_facts(pid: int, tid: int, stat: procfs.TaskStat, runtime_ns: Optional[int],
-                 affinity: Optional[FrozenSet[int]] = None) -> Optional[ThreadFacts]:
-    """A live thread's record; None for a zombie or a thread gone before its affinity was read."""
-    if stat.state in _ZOMBIE_STATES:
-        return None
-    if affinity is None:
-        affinity = procfs.read_affinity(tid, pid)
-        if affinity is None:
-            return None
-    return ThreadFacts(
-        tid=tid,
-        pid=pid,
-        start_time=stat.start_time,
-        comm=stat.comm,
-        affinity=affinity,
-        policy=stat.policy,
-        nice=stat.nice,
-        last_cpu=stat.last_cpu,
-        is_kernel_thread=procfs.is_kernel_thread(pid, stat),
-        runtime_ns=runtime_ns,
-    )
-
-
 Listener = Callable[[List[Change]], None]
 
 
@@ -210,8 +103,7 @@ class Inventory:
 
     def __init__(self, rcvbuf_bytes: int = 4 << 20, resync_min_interval_s: float = 1.0,
                  ack_timeout_s: float = 1.0, title_rechecks_s: Tuple[float, ...] = TITLE_RECHECKS_S):
-        self._procs: Dict[int, _Proc] = {}
-        self._tid_pid: Dict[int, int] = {}
+        self._store = ProcessStore()
         self._listeners: List[Listener] = []
         self._connector: Optional[ProcConnector] = None
         self._rcvbuf_bytes = rcvbuf_bytes
@@ -222,8 +114,6 @@ class Inventory:
         self._resync_pending = False
         self._last_reconcile_at = float("-inf")
         self._notice_logged = False
-        self._generation = 0
-        self._snapshot: Optional[InventorySnapshot] = None
         self._events_received = 0
         self._events_lost = 0
         self._vanished = 0
@@ -312,31 +202,16 @@ class Inventory:
 
     @property
     def processes(self) -> Mapping[int, ProcessFacts]:
-        return self.snapshot().processes
+        return self._store.snapshot().processes
 
     def process(self, pid: int) -> Optional[ProcessFacts]:
-        proc = self._procs.get(pid)
-        return proc.freeze() if proc is not None else None
+        return self._store.process(pid)
 
     def thread(self, tid: int) -> Optional[ThreadFacts]:
-        pid = self._tid_pid.get(tid)
-        if pid is None:
-            return None
-        return self._procs[pid].threads.get(tid)
+        return self._store.thread(tid)
 
     def snapshot(self) -> InventorySnapshot:
-        snap = self._snapshot
-        if snap is not None and snap.generation == self._generation:
-            return snap
-        processes = {}
-        threads: Dict[int, ThreadFacts] = {}
-        for pid, proc in self._procs.items():
-            info = proc.freeze()
-            processes[pid] = info
-            threads.update(info.threads)
-        snap = InventorySnapshot(MappingProxyType(processes), MappingProxyType(threads), self._generation)
-        self._snapshot = snap
-        return snap
+        return self._store.snapshot()
 
     @property
     def stats(self) -> InventoryStats:
@@ -348,66 +223,11 @@ class Inventory:
             reconciles=self._reconciles,
             last_reconcile_duration_s=self._last_duration_s,
             last_reconcile_cpu_s=self._last_cpu_s,
-            processes=len(self._procs),
-            threads=len(self._tid_pid),
+            processes=len(self._store.procs),
+            threads=len(self._store.tid_pid),
             last_event_lag_s=self._last_lag_s,
             max_event_lag_s=self._max_lag_s,
         )
-
-    # -- store primitives -------------------------------------------------------------------
-
-    def _touch(self, proc: _Proc) -> None:
-        proc.frozen = None
-        self._generation += 1
-
-    def _put_thread(self, proc: _Proc, info: ThreadFacts) -> None:
-        proc.threads[info.tid] = info
-        self._tid_pid[info.tid] = proc.pid
-        if info.tid == proc.pid:
-            proc.name = info.comm
-
-    def _drop_thread(self, proc: _Proc, tid: int) -> None:
-        proc.threads.pop(tid, None)
-        if self._tid_pid.get(tid) == proc.pid:
-            del self._tid_pid[tid]
-
-    def _remove_process(self, pid: int) -> None:
-        proc = self._procs.pop(pid, None)
-        if proc is None:
-            return
-        for tid in proc.threads:
-            if self._tid_pid.get(tid) == pid:
-                del self._tid_pid[tid]
-        self._generation += 1
-
-    def _install(self, proc: _Proc) -> None:
-        old = self._procs.get(proc.pid)
-        if old is not None:
-            self._remove_process(proc.pid)
-        self._procs[proc.pid] = proc
-        for tid in proc.threads:
-            self._tid_pid[tid] = proc.pid
-        self._generation += 1
-
-    def _read_process(self, pid: int,
-                      stats: Optional[Dict[int, procfs.TaskStat]] = None) -> Optional[_Proc]:
-        """A whole process from /proc; None if it is gone or only a zombie is left."""
-        if stats is None:
-            stats = procfs.read_thread_stats(pid)
-            if stats is None:
-                return None
-        leader = stats.get(pid)
-        if leader is None:
-            return None
-        proc = _Proc(pid, leader)
-        for tid, stat in stats.items():
-            info = _thread_facts(pid, tid, stat, None)
-            if info is not None:
-                proc.threads[tid] = info
-        if not proc.threads:
-            return None
-        proc.read_static()
-        return proc
 
     # -- events -----------------------------------------------------------------------------
 
@@ -454,7 +274,7 @@ class Inventory:
             self._on_exit(event.pid, event.tid, changes)
 
     def _on_task_appeared(self, pid: int, tid: int, changes: List[Change]) -> None:
-        proc = self._procs.get(pid)
+        proc = self._store.procs.get(pid)
         if proc is None or tid == pid:
             self._on_process_appeared(pid, changes)
             return
@@ -465,16 +285,16 @@ class Inventory:
         old = proc.threads.get(tid)
         if old is not None and old.start_time == stat.start_time:
             return
-        info = _thread_facts(pid, tid, stat, None)
+        info = thread_facts(pid, tid, stat, None)
         if info is None:
             self._vanished += 1
             return
-        self._put_thread(proc, info)
-        self._touch(proc)
+        self._store.put_thread(proc, info)
+        self._store.touch(proc)
         changes.append(Change(REUSED if old is not None else NEW_THREAD, pid, tid, comm=info.comm))
 
     def _on_process_appeared(self, pid: int, changes: List[Change]) -> None:
-        old = self._procs.get(pid)
+        old = self._store.procs.get(pid)
         if old is not None:
             leader = procfs.read_task_stat(pid, pid)
             if leader is None:
@@ -482,16 +302,16 @@ class Inventory:
                 return
             if old.start_time == leader.start_time:
                 return  # already known (a scan saw it first)
-        proc = self._read_process(pid)
+        proc = self._store.read_process(pid)
         if proc is None:
             self._vanished += 1
             return
-        self._install(proc)
+        self._store.install(proc)
         changes.append(Change(REUSED if old is not None else NEW_PROCESS, pid))
 
     def _on_exec(self, pid: int, changes: List[Change]) -> None:
-        old = self._procs.get(pid)
-        proc = self._read_process(pid)
+        old = self._store.procs.get(pid)
+        proc = self._store.read_process(pid)
         if proc is None:
             self._vanished += 1
             return
@@ -502,36 +322,36 @@ class Inventory:
         else:
             kind = EXEC
             proc.execs = old.execs + 1
-        self._install(proc)
+        self._store.install(proc)
         changes.append(Change(kind, pid))
 
     def _on_comm(self, pid: int, tid: int, comm: str, changes: List[Change]) -> None:
-        proc = self._procs.get(pid)
+        proc = self._store.procs.get(pid)
         old = proc.threads.get(tid) if proc is not None else None
         if old is None:
             self._on_task_appeared(pid, tid, changes)
             return
         if old.comm == comm:
             return
-        self._put_thread(proc, _replace(old, comm=comm))
-        self._touch(proc)
+        self._store.put_thread(proc, _replace(old, comm=comm))
+        self._store.touch(proc)
         changes.append(Change(RENAME, pid, tid, comm=comm, old_comm=old.comm))
 
     def _on_exit(self, pid: int, tid: int, changes: List[Change]) -> None:
-        proc = self._procs.get(pid)
+        proc = self._store.procs.get(pid)
         if proc is None or tid not in proc.threads:
             return
-        self._drop_thread(proc, tid)
+        self._store.drop_thread(proc, tid)
         if proc.threads:
             # Another thread lives on (a leader that called pthread_exit, or exit_group under way).
-            self._touch(proc)
+            self._store.touch(proc)
             changes.append(Change(EXIT, pid, tid))
         else:
-            self._remove_process(pid)
+            self._store.remove_process(pid)
             changes.append(Change(EXIT, pid))
 
     def _schedule_title_rechecks(self, pid: int) -> None:
-        proc = self._procs.get(pid)
+        proc = self._store.procs.get(pid)
         if proc is None or proc.is_kernel_thread or len(self._rechecks) >= MAX_PENDING_RECHECKS:
             return
         now = time.monotonic()
@@ -542,13 +362,13 @@ class Inventory:
         now = time.monotonic()
         while self._rechecks and self._rechecks[0][0] <= now:
             _due, pid, start_time = heapq.heappop(self._rechecks)
-            proc = self._procs.get(pid)
+            proc = self._store.procs.get(pid)
             if proc is None or proc.start_time != start_time:
                 continue
             cmdline = procfs.read_cmdline(pid, proc.live_tid())
             if cmdline and cmdline != proc.cmdline:
                 proc.cmdline = cmdline
-                self._touch(proc)
+                self._store.touch(proc)
                 changes.append(Change(UPDATE, pid))
 
     # -- scanning ---------------------------------------------------------------------------
@@ -569,18 +389,18 @@ class Inventory:
             leader = stats.get(pid)
             if leader is None:
                 continue
-            old = self._procs.get(pid)
+            old = self._store.procs.get(pid)
             if old is None or old.start_time != leader.start_time:
-                proc = self._read_process(pid, stats)
+                proc = self._store.read_process(pid, stats)
                 if proc is None:
                     continue
-                self._install(proc)
+                self._store.install(proc)
                 changes.append(Change(REUSED if old is not None else NEW_PROCESS, pid))
             elif not self._rescan_process(old, leader, stats, changes):
                 continue
             seen.add(pid)
-        for pid in [pid for pid in self._procs if pid not in seen]:
-            self._remove_process(pid)
+        for pid in [pid for pid in self._store.procs if pid not in seen]:
+            self._store.remove_process(pid)
             changes.append(Change(EXIT, pid))
         self._resync_pending = False
         self._last_reconcile_at = time.monotonic()
@@ -589,8 +409,8 @@ class Inventory:
         self._last_cpu_s = time.thread_time() - cpu0
         summary = ReconcileSummary(
             changes=tuple(changes),
-            processes=len(self._procs),
-            threads=len(self._tid_pid),
+            processes=len(self._store.procs),
+            threads=len(self._store.tid_pid),
             duration_s=self._last_duration_s,
             cpu_s=self._last_cpu_s,
         )
@@ -598,7 +418,7 @@ class Inventory:
             self._notify(changes)
         return summary
 
-    def _rescan_process(self, proc: _Proc, leader: procfs.TaskStat, stats: Dict[int, procfs.TaskStat],
+    def _rescan_process(self, proc: ProcessRecord, leader: procfs.TaskStat, stats: Dict[int, procfs.TaskStat],
                         changes: List[Change]) -> bool:
         """Bring a known process up to date; False if it turned out to be gone (or a zombie)."""
         pid = proc.pid
@@ -609,8 +429,8 @@ class Inventory:
             dirty = True
         if not proc.is_kernel_thread:
             via = None
-            if leader.state in _ZOMBIE_STATES:
-                via = next((tid for tid, st in stats.items() if st.state not in _ZOMBIE_STATES), None)
+            if leader.state in ZOMBIE_STATES:
+                via = next((tid for tid, st in stats.items() if st.state not in ZOMBIE_STATES), None)
             # None or empty means unreadable right now (an exiting process): keep the old.
             exe = procfs.read_exe(pid, via) or proc.exe
             cmdline = procfs.read_cmdline(pid, via) or proc.cmdline
@@ -635,7 +455,7 @@ class Inventory:
         thread_changes: List[Change] = []
         live = set()
         for tid, stat in stats.items():
-            if stat.state in _ZOMBIE_STATES:
+            if stat.state in ZOMBIE_STATES:
                 continue
             affinity = procfs.read_affinity(tid, pid)
             if affinity is None:
@@ -655,17 +475,17 @@ class Inventory:
                 if old.comm != stat.comm:
                     thread_changes.append(Change(RENAME, pid, tid, comm=stat.comm, old_comm=old.comm))
                 runtime = old.runtime_ns
-            self._put_thread(proc, _thread_facts(pid, tid, stat, runtime, affinity))
+            self._store.put_thread(proc, thread_facts(pid, tid, stat, runtime, affinity))
             dirty = True
         if len(live) != len(threads):
             for tid in [tid for tid in threads if tid not in live]:
-                self._drop_thread(proc, tid)
+                self._store.drop_thread(proc, tid)
                 thread_changes.append(Change(EXIT, pid, tid))
                 dirty = True
         if not threads:
             return False
         if dirty:
-            self._touch(proc)
+            self._store.touch(proc)
         if whole is not None:
             changes.append(Change(whole, pid))
         else:
@@ -677,7 +497,7 @@ class Inventory:
     def refresh_runtime(self, pids: Iterable[int]) -> None:
         """Read the CPU time of every thread of these processes (for "N busiest" selection)."""
         for pid in pids:
-            proc = self._procs.get(pid)
+            proc = self._store.procs.get(pid)
             if proc is None:
                 continue
             changed = False
@@ -690,7 +510,7 @@ class Inventory:
                     proc.threads[tid] = _replace(info, runtime_ns=runtime)
                     changed = True
             if changed:
-                self._touch(proc)
+                self._store.touch(proc)
 
     def _notify(self, changes: List[Change]) -> None:
         if not changes:

@@ -1,0 +1,209 @@
+"""The inventory's store: every known process with its threads, and the immutable snapshots
+the matcher and planner read. It knows how to read one whole process from /proc; when to read
+(events, scans, rechecks) is the inventory's business."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Dict, FrozenSet, Mapping, Optional, Tuple
+
+from temperd.sources import procfs
+from temperd.sources.facts import ProcessFacts, ThreadFacts
+
+ZOMBIE_STATES = ("Z", "X", "x")
+
+
+@dataclass(frozen=True)
+class InventorySnapshot:
+    """An immutable view for the matcher and planner."""
+
+    processes: Mapping[int, ProcessFacts]
+    threads: Mapping[int, ThreadFacts]
+    generation: int
+
+    def process(self, pid: int) -> Optional[ProcessFacts]:
+        return self.processes.get(pid)
+
+    def thread(self, tid: int) -> Optional[ThreadFacts]:
+        return self.threads.get(tid)
+
+
+class ProcessStore:
+    """Processes by pid, and which process each thread id belongs to. Every change bumps
+    `generation`, so a snapshot is rebuilt only after something changed."""
+
+    def __init__(self) -> None:
+        self.procs: Dict[int, "ProcessRecord"] = {}
+        self.tid_pid: Dict[int, int] = {}
+        self.generation = 0
+        self._cached: Optional[InventorySnapshot] = None
+
+    def process(self, pid: int) -> Optional[ProcessFacts]:
+        proc = self.procs.get(pid)
+        return proc.freeze() if proc is not None else None
+
+    def thread(self, tid: int) -> Optional[ThreadFacts]:
+        pid = self.tid_pid.get(tid)
+        if pid is None:
+            return None
+        return self.procs[pid].threads.get(tid)
+
+    def snapshot(self) -> InventorySnapshot:
+        snap = self._cached
+        if snap is not None and snap.generation == self.generation:
+            return snap
+        processes = {}
+        threads: Dict[int, ThreadFacts] = {}
+        for pid, proc in self.procs.items():
+            info = proc.freeze()
+            processes[pid] = info
+            threads.update(info.threads)
+        snap = InventorySnapshot(MappingProxyType(processes), MappingProxyType(threads), self.generation)
+        self._cached = snap
+        return snap
+
+    # -- changes ------------------------------------------------------------------------------
+
+    def touch(self, proc: ProcessRecord) -> None:
+        proc.frozen = None
+        self.generation += 1
+
+    def put_thread(self, proc: ProcessRecord, info: ThreadFacts) -> None:
+        proc.threads[info.tid] = info
+        self.tid_pid[info.tid] = proc.pid
+        if info.tid == proc.pid:
+            proc.name = info.comm
+
+    def drop_thread(self, proc: ProcessRecord, tid: int) -> None:
+        proc.threads.pop(tid, None)
+        if self.tid_pid.get(tid) == proc.pid:
+            del self.tid_pid[tid]
+
+    def remove_process(self, pid: int) -> None:
+        proc = self.procs.pop(pid, None)
+        if proc is None:
+            return
+        for tid in proc.threads:
+            if self.tid_pid.get(tid) == pid:
+                del self.tid_pid[tid]
+        self.generation += 1
+
+    def install(self, proc: ProcessRecord) -> None:
+        old = self.procs.get(proc.pid)
+        if old is not None:
+            self.remove_process(proc.pid)
+        self.procs[proc.pid] = proc
+        for tid in proc.threads:
+            self.tid_pid[tid] = proc.pid
+        self.generation += 1
+
+    def read_process(self, pid: int,
+                      stats: Optional[Dict[int, procfs.TaskStat]] = None) -> Optional[ProcessRecord]:
+        """A whole process from /proc; None if it is gone or only a zombie is left."""
+        if stats is None:
+            stats = procfs.read_thread_stats(pid)
+            if stats is None:
+                return None
+        leader = stats.get(pid)
+        if leader is None:
+            return None
+        proc = ProcessRecord(pid, leader)
+        for tid, stat in stats.items():
+            info = thread_facts(pid, tid, stat, None)
+            if info is not None:
+                proc.threads[tid] = info
+        if not proc.threads:
+            return None
+        proc.read_static()
+        return proc
+
+
+class ProcessRecord:
+    """The mutable record behind a ProcessFacts (frozen on demand, cached until it changes)."""
+
+    __slots__ = (
+        "pid", "start_time", "name", "exe", "cmdline", "cgroup", "cgroup_systemd",
+        "unit", "is_kernel_thread", "ppid", "threads", "frozen", "uid", "execs",
+    )
+
+    def __init__(self, pid: int, stat: procfs.TaskStat):
+        self.pid = pid
+        self.start_time = stat.start_time
+        self.name = stat.comm
+        self.ppid = stat.ppid
+        self.is_kernel_thread = procfs.is_kernel_thread(pid, stat)
+        self.exe: Optional[str] = None
+        self.cmdline: Tuple[str, ...] = ()
+        self.cgroup: Optional[str] = None
+        self.cgroup_systemd: Optional[str] = None
+        self.unit: Optional[str] = None
+        self.uid: Optional[int] = None
+        self.execs = 0
+        self.threads: Dict[int, ThreadFacts] = {}
+        self.frozen: Optional[ProcessFacts] = None
+
+    def live_tid(self) -> Optional[int]:
+        """The thread to read process facts through: None (the process) unless the leader is gone."""
+        if self.pid in self.threads or not self.threads:
+            return None
+        return next(iter(self.threads))
+
+    def read_static(self) -> None:
+        """exe, cmdline and cgroup: read when the process appears, execs or a scan rechecks."""
+        pid = self.pid
+        if not self.is_kernel_thread:
+            via = self.live_tid()
+            self.exe = procfs.read_exe(pid, via)
+            self.cmdline = procfs.read_cmdline(pid, via) or ()
+        self.uid = procfs.read_uid(pid, self.live_tid())
+        self.set_cgroup(procfs.read_cgroup(pid))
+
+    def set_cgroup(self, paths: Optional[procfs.CgroupPaths]) -> None:
+        if paths is None:
+            return
+        self.cgroup = paths.unified
+        self.cgroup_systemd = paths.systemd
+        self.unit = paths.unit
+
+    def freeze(self) -> ProcessFacts:
+        if self.frozen is None:
+            self.frozen = ProcessFacts(
+                pid=self.pid,
+                start_time=self.start_time,
+                name=self.name,
+                exe=self.exe,
+                cmdline=self.cmdline,
+                cgroup=self.cgroup,
+                cgroup_systemd=self.cgroup_systemd,
+                unit=self.unit,
+                is_kernel_thread=self.is_kernel_thread,
+                ppid=self.ppid,
+                threads=MappingProxyType(dict(self.threads)),
+                uid=self.uid,
+                execs=self.execs,
+            )
+        return self.frozen
+
+
+def thread_facts(pid: int, tid: int, stat: procfs.TaskStat, runtime_ns: Optional[int],
+                 affinity: Optional[FrozenSet[int]] = None) -> Optional[ThreadFacts]:
+    """A live thread's record; None for a zombie or a thread gone before its affinity was read."""
+    if stat.state in ZOMBIE_STATES:
+        return None
+    if affinity is None:
+        affinity = procfs.read_affinity(tid, pid)
+        if affinity is None:
+            return None
+    return ThreadFacts(
+        tid=tid,
+        pid=pid,
+        start_time=stat.start_time,
+        comm=stat.comm,
+        affinity=affinity,
+        policy=stat.policy,
+        nice=stat.nice,
+        last_cpu=stat.last_cpu,
+        is_kernel_thread=procfs.is_kernel_thread(pid, stat),
+        runtime_ns=runtime_ns,
+    )
