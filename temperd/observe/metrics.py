@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Dict, Hashable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.metrics_core import Metric
 
 from temperd.observe.linter import LintReport
 from temperd.observe.observer import Observation
@@ -205,4 +206,27 @@ class Metrics:
         self.scx = ScxMetrics(r)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(_WithoutCreated(self.registry))
+
+
+class _WithoutCreated:
+    """The registry as exposed: without prometheus-client's `_created` samples, which would double
+    every counter (and histogram) for a creation time nobody here queries. Filtered at
+    exposition rather than with PROMETHEUS_DISABLE_CREATED_SERIES, which the library reads once
+    at import and older versions do not know."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self.registry.collect():
+            kept = [s for s in family.samples if not s.name.endswith("_created")]
+            if len(kept) != len(family.samples):
+                family = _copy_family(family, kept)
+            yield family
+
+
+def _copy_family(family: Metric, samples) -> Metric:
+    out = Metric(family.name, family.documentation, family.type, family.unit)
+    out.samples = samples
+    return out
