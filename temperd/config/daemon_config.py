@@ -80,6 +80,17 @@ TRUST_SPEC = TableSpec("trust", "trust", {
                    pattern=r"[a-z_][a-z0-9_.-]*[$]?", pattern_doc="a group name"),
 })
 
+# The placement linter's runqueue_latency invariant: a protected (exclusive or latency) layer's
+# scheduling delay p99 over one observation window above this bound is a violation.
+DEFAULT_RUNQUEUE_LATENCY_P99_MS = 10.0
+
+LINT_SPEC = TableSpec("lint", "lint", {
+    "runqueue_latency_p99_ms": Spec("float", "Bound on a protected layer's scheduling-delay p99 (wakeup to run) "
+                                    "over one observation window, in milliseconds; above it the linter reports "
+                                    "runqueue_latency.", minimum=0.001, maximum=60000.0,
+                                    default=DEFAULT_RUNQUEUE_LATENCY_P99_MS),
+})
+
 CONFIG_SPEC = TableSpec(
     "temperd configuration",
     "temperd's own settings: /etc/temper/temperd.toml.",
@@ -104,6 +115,7 @@ CONFIG_SPEC = TableSpec(
                     table=SCX_SPEC),
         "trust": Spec("table", "Whose processes a match may raise: a process owned by anyone else only ever "
                       "yields or goes to the background tier.", default={}, table=TRUST_SPEC),
+        "lint": Spec("table", "The placement linter's bounds.", default={}, table=LINT_SPEC),
         "binding": Spec("tables", BINDING_SPEC.doc, default=[], table=BINDING_SPEC),
     },
 )
@@ -151,6 +163,7 @@ class DaemonConfig:
     trust_groups: Tuple[str, ...] = tuple(TRUST_SPEC.default_of("groups"))
     bindings: Tuple[Binding, ...] = ()
     scx: ScxSettings = field(default_factory=lambda: ScxSettings())
+    lint_runqueue_latency_p99_ms: float = LINT_SPEC.default_of("runqueue_latency_p99_ms")
 
     def scan_interval(self, events_active: bool) -> float:
         """Seconds until the next full /proc scan."""
@@ -196,6 +209,7 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
         trust_groups=tuple(trust["groups"]),
         bindings=tuple(bindings),
         scx=ScxSettings(**{**scx, "args": tuple(scx["args"])}),
+        lint_runqueue_latency_p99_ms=values["lint"]["runqueue_latency_p99_ms"],
     )
 
 

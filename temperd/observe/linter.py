@@ -5,7 +5,10 @@
 - protected_fallback: a protected member last ran outside its layer's CPUs;
 - open_reserve: a busy thread that is not a member ran on CPUs an exclusive layer owns (or on
   the idle siblings it keeps), eating into the reserve promised to that layer;
-- layer_mismatch: a member's treatment (affinity, policy, nice) differs from what its layer implies.
+- layer_mismatch: a member's treatment (affinity, policy, nice) differs from what its layer implies;
+- runqueue_latency: a protected layer's (exclusive or latency treatment) scheduling-delay p99 over
+  the window exceeds the bound of temperd.toml's [lint] runqueue_latency_p99_ms (the delay from
+  the bcc program where it loads, else schedstat means: the Observation's LatencyReport).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from temperd.backends.native.sched import POLICY_BY_NAME
 from temperd.observe.observer import BUSY_RATIO, Observation
-from temperd.plan import CONFINED, LayerPlan
+from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, LayerPlan
 
 log = logging.getLogger("temperd.lint")
 
@@ -25,7 +28,10 @@ SMT_COLLISION = "smt_collision"
 PROTECTED_FALLBACK = "protected_fallback"
 OPEN_RESERVE = "open_reserve"
 LAYER_MISMATCH = "layer_mismatch"
-INVARIANTS = (SMT_COLLISION, PROTECTED_FALLBACK, OPEN_RESERVE, LAYER_MISMATCH)
+RUNQUEUE_LATENCY = "runqueue_latency"
+INVARIANTS = (SMT_COLLISION, PROTECTED_FALLBACK, OPEN_RESERVE, LAYER_MISMATCH, RUNQUEUE_LATENCY)
+# A window with fewer wakeups than this says too little about a tail to call it a violation.
+LATENCY_MIN_WAKEUPS = 20
 
 
 
@@ -56,7 +62,8 @@ class LintReport:
 
 
 def lint(plan: LayerPlan, observation: Observation, shape, match=None, *, check_treatment: bool = True,
-         confined_cpus: Optional[Mapping[str, FrozenSet[int]]] = None) -> List[Violation]:
+         confined_cpus: Optional[Mapping[str, FrozenSet[int]]] = None,
+         latency_bound_s: Optional[float] = None) -> List[Violation]:
     """check_treatment: the native backend sets affinity/policy/nice itself, so they can be read back;
     under scx_layered they are the kernel defaults and only placement is checked.
 
@@ -103,6 +110,28 @@ def lint(plan: LayerPlan, observation: Observation, shape, match=None, *, check_
             problem = _treatment_mismatch(layer, t)
             if problem:
                 out.append(Violation(LAYER_MISMATCH, layer.name, t.tid, f"{t.comm} ({t.tid}) of {layer.name}: {problem}"))
+    if latency_bound_s is not None:
+        out.extend(_latency_violations(plan, observation, latency_bound_s))
+    return out
+
+
+def _latency_violations(plan: LayerPlan, observation: Observation, bound_s: float) -> List[Violation]:
+    """One violation per protected layer whose window p99 exceeds the bound (tid 0: the layer's)."""
+    report = observation.latency
+    if report is None:
+        return []
+    out = []
+    for layer in plan.layers:
+        if layer.treatment not in (EXCLUSIVE, LATENCY):
+            continue
+        seen = report.layer(layer.name)
+        if seen is None or seen.p99_s is None or seen.window_count < LATENCY_MIN_WAKEUPS:
+            continue
+        if seen.p99_s > bound_s:
+            out.append(Violation(RUNQUEUE_LATENCY, layer.name, 0,
+                                 f"{layer.name}: scheduling delay p99 {seen.p99_s * 1e3:.3f} ms over "
+                                 f"{seen.window_count} wakeups ({report.source}) exceeds the bound "
+                                 f"{bound_s * 1e3:g} ms"))
     return out
 
 

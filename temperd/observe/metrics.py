@@ -8,13 +8,15 @@ Observation and the LintReport. `temperctl status` and /observe read the same ob
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Hashable, Iterable
+from typing import TYPE_CHECKING, Dict, Hashable, Iterable, List, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from temperd.observe.linter import LintReport
 from temperd.observe.observer import Observation
+from temperd.sources.runqlat import BOUNDS_S, LatencyReport, metric_layer_name
 
 if TYPE_CHECKING:
     from temperd.backends.native.backend import ApplyResult
@@ -179,6 +181,63 @@ class ObservationMetrics:
             self.layer_members.labels(layer.name).set(layer.members)
 
 
+class LatencyMetrics:
+    """Scheduling delay per layer, from the Observation's LatencyReport (sources.runqlat): a
+    histogram whose buckets, count and sum are the source's running totals, so it is exposed
+    by a collector of its own rather than observed value by value. Labels: the layer without a
+    pid (metric_layer_name; layers that share one are added up) and the source (bpf or schedstat)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.report: Optional[LatencyReport] = None
+        r.register(self)
+
+    def update(self, report: Optional[LatencyReport]) -> None:
+        self.report = report
+
+    def describe(self):  # the registry asks for names before the first report exists
+        return [HistogramMetricFamily("temperd_layer_runqueue_latency_seconds", ""),
+                CounterMetricFamily("temperd_layer_offcpu", ""),
+                GaugeMetricFamily("temperd_telemetry_source", "")]
+
+    def collect(self):
+        report = self.report
+        hist = HistogramMetricFamily("temperd_layer_runqueue_latency_seconds",
+                                     "Scheduling delay of layer members, wakeup (or preemption) to running, in "
+                                     "seconds: per event from the bcc program (source bpf), or per-thread window "
+                                     "means from schedstat (source schedstat: count and sum exact, the tail "
+                                     "under-stated).", labels=["layer", "source"])
+        offcpu = CounterMetricFamily("temperd_layer_offcpu", "Times layer members left the CPU, by reason "
+                                     "(preempted, voluntary, uninterruptible); bcc program only.",
+                                     labels=["layer", "reason"])
+        source = GaugeMetricFamily("temperd_telemetry_source", "Where the scheduling delay comes from (value 1): "
+                                   "bpf, or schedstat where bcc cannot load.", labels=["source"])
+        if report is not None:
+            source.add_metric([report.source], 1)
+            merged: Dict[str, List] = {}
+            offs: Dict[tuple, int] = {}
+            for item in report.layers:
+                name = metric_layer_name(item.layer)
+                entry = merged.setdefault(name, [[0] * len(BOUNDS_S), 0, 0.0])
+                for k, (_, cumulative) in enumerate(item.buckets()):
+                    entry[0][k] += cumulative
+                entry[1] += item.count
+                entry[2] += item.sum_s
+                for reason, n in item.offcpu.items():
+                    offs[(name, reason)] = offs.get((name, reason), 0) + n
+            for name, (buckets, count, total) in sorted(merged.items()):
+                hist.add_metric([name, report.source],
+                                [(_le(bound), n) for bound, n in zip(BOUNDS_S, buckets)] + [("+Inf", count)], total)
+            for (name, reason), n in sorted(offs.items()):
+                offcpu.add_metric([name, reason], n)
+        yield hist
+        yield offcpu
+        yield source
+
+
+def _le(bound: float) -> str:
+    return repr(round(bound, 9))
+
+
 class LintMetrics:
     """Placement-linter violations by invariant (every invariant, 0 where none): from the LintReport."""
 
@@ -204,6 +263,7 @@ class Metrics:
         self.observation = ObservationMetrics(r)
         self.lint = LintMetrics(r)
         self.scx = ScxMetrics(r)
+        self.latency = LatencyMetrics(r)
 
     def exposition(self) -> bytes:
         return generate_latest(_WithoutCreated(self.registry))

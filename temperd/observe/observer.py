@@ -1,5 +1,6 @@
 """What the scheduler actually does: per-layer CPU use, runqueue wait, placement of busy threads,
-PSI, and the observation's own cost.
+PSI, scheduling delay per layer (the Telemetry of sources.runqlat: bpf where it loads, else fed
+by the schedstat read here), and the observation's own cost.
 
 Budget: temperd's always-on cost should stay near 0.13 % of one core, so a sample reads the
 plan's member threads (schedstat + stat) and each process's utime+stime — not every thread on
@@ -14,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Mapping, Optional, Set, Tuple
 
 from temperd.sources import procfs
+from temperd.sources.runqlat import LatencyReport, Telemetry, read_schedstat3
 from temperd.plan import LayerPlan
 
 TOP_PROCESSES = 3  # unmanaged processes whose threads are looked at each sample
@@ -68,6 +70,7 @@ class Observation:
     psi: Optional[dict]
     overhead: Overhead
     unmanaged_busy: List[dict] = field(default_factory=list)
+    latency: Optional[LatencyReport] = None  # scheduling delay per layer (sources.runqlat)
 
     def member(self, tid: int) -> Optional[ThreadSample]:
         for thread in self.threads:
@@ -89,6 +92,7 @@ class Observation:
             "top_threads": [asdict(t) for t in top],
             "psi": self.psi,
             "overhead": asdict(self.overhead),
+            "latency": self.latency.as_json() if self.latency is not None else None,
         }
 
 
@@ -108,8 +112,9 @@ def read_psi(path: str = "/proc/pressure/cpu") -> Optional[dict]:
 
 
 class Observer:
-    def __init__(self, shape, psi_path: str = "/proc/pressure/cpu"):
+    def __init__(self, shape, psi_path: str = "/proc/pressure/cpu", telemetry: Optional[Telemetry] = None):
         self.shape = shape
+        self.telemetry = telemetry
         self.psi_path = psi_path
         self._runtime: Dict[Tuple[int, int], Tuple[int, int]] = {}  # (pid, tid) -> (run ns, wait ns)
         self._proc_ticks: Dict[int, int] = {}
@@ -130,6 +135,8 @@ class Observer:
     def sample(self, plan: LayerPlan, processes: Mapping[int, object], match, now: Optional[float] = None) -> Observation:
         cpu_start = time.thread_time()
         wall = time.monotonic()
+        if self.telemetry is not None:
+            self.telemetry.start()  # once: bpf where it loads, else the schedstat read below feeds it
         window = (wall - self._last_at) if self._last_at is not None else 0.0
         members: Dict[int, Tuple[str, object]] = {}
         for layer in plan.layers:
@@ -167,18 +174,21 @@ class Observer:
         samples: List[ThreadSample] = []
         runtime_now = {}
         for pid, tid in sorted(watched):
-            sched = procfs.read_schedstat(pid, tid)
+            sched3 = read_schedstat3(pid, tid)
             stat = procfs.read_task_stat(pid, tid)
-            if sched is None or stat is None:
+            if sched3 is None or stat is None:
                 continue
+            sched = sched3[:2]
             runtime_now[(pid, tid)] = sched
+            layer_name = members.get(tid, (None,))[0]
+            if layer_name is not None and self.telemetry is not None:
+                self.telemetry.add_schedstat(layer_name, pid, tid, sched3[1], sched3[2])
             before = self._runtime.get((pid, tid))
             util = wait = 0.0
             if before is not None and window > 0:
                 util = max(0, sched[0] - before[0]) / 1e9 / window
                 wait = max(0, sched[1] - before[1]) / 1e9 / window
             affinity = procfs.read_affinity(tid, pid) or frozenset()
-            layer_name = members.get(tid, (None,))[0]
             workload, group = groups.get(tid, (None, None))
             samples.append(ThreadSample(tid, pid, stat.comm, stat.last_cpu, round(util, 4), round(wait, 4),
                                         stat.policy, stat.nice, tuple(sorted(affinity)), layer_name, workload, group))
@@ -190,6 +200,7 @@ class Observer:
             mine = [s for s in samples if s.layer == layer.name]
             layers.append(LayerStats(layer.name, layer.kind, layer.treatment, tuple(layer.cpus), len(layer.selector.tids),
                                      round(sum(s.util for s in mine), 4), round(sum(s.wait for s in mine), 4)))
+        latency = self.telemetry.end_window(plan) if self.telemetry is not None else None
         self._last_at = wall
         sample_cpu = time.thread_time() - cpu_start
         self._observe_cpu += sample_cpu
@@ -202,7 +213,7 @@ class Observer:
         )
         self._last_self_cpu = self_cpu
         return Observation(now if now is not None else time.time(), self._shape_json(), layers, samples,
-                           read_psi(self.psi_path), overhead, unmanaged)
+                           read_psi(self.psi_path), overhead, unmanaged, latency)
 
     def _placements(self, samples: List[ThreadSample]) -> List[ThreadSample]:
         """Core of each thread's CPU, and whether a busy thread ran last on its SMT sibling."""

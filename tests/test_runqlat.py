@@ -1,0 +1,147 @@
+"""Scheduling delay per layer (temperd/sources/runqlat.py): the schedstat fallback on real threads,
+the reason bcc is not used, the histogram on /metrics, and the linter's runqueue_latency."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from temperd.observe.linter import RUNQUEUE_LATENCY, LintReport, lint
+from temperd.observe.metrics import Metrics
+from temperd.observe.observer import Observation, Observer, Overhead
+from temperd.plan import EXCLUSIVE, LATENCY, OPEN, YIELD, Layer, LayerPlan, MemberSelector
+from temperd.decide.matcher import MatchResult
+from temperd.sources import runqlat as R
+from temperd.sources.inventory import Inventory
+from temperd.sources.shape import read_shape
+
+
+def test_slots_match_bcc_log2():
+    assert [R.slot_of(us) for us in (0, 0.5, 1, 2, 3, 4, 7, 8, 1000)] == [0, 0, 1, 2, 2, 3, 3, 4, 10]
+    assert R.slot_of(10 ** 12) == R.SLOTS - 1
+    assert R.BOUNDS_S[0] == 1e-6 and R.BOUNDS_S[10] == 1024e-6
+
+
+def test_layer_label_has_no_pid():
+    assert R.metric_layer_name("memcached-pid4242.workers") == "memcached.workers"
+    assert R.metric_layer_name("memcached.service.workers") == "memcached.service.workers"
+    assert R.metric_layer_name("redis-pid12.tier") == "redis.tier"
+
+
+def test_quantiles():
+    assert R.weighted_quantile([(1.0, 98), (5.0, 1), (9.0, 1)], 0.5) == 1.0
+    assert R.weighted_quantile([(1.0, 98), (5.0, 1), (9.0, 1)], 0.99) == 5.0
+    assert R.weighted_quantile([], 0.5) is None
+    slots = [0] * R.SLOTS
+    slots[4] = 100  # 8..16 us
+    assert 8e-6 <= R.bucket_quantile(slots, 0.5) <= 16e-6
+    assert R.bucket_quantile([0] * R.SLOTS, 0.5) is None
+
+
+def test_schedstat_windows_count_exactly():
+    source = R.SchedstatLatency()
+    source.add_schedstat("a.workers", 1, 10, wait_ns=1_000_000, slices=100)  # first sight: a baseline
+    (first,) = source.end_window(["a.workers"])
+    assert first.count == 0 and first.p99_s is None
+    source.add_schedstat("a.workers", 1, 10, wait_ns=1_000_000 + 50 * 20_000, slices=150)  # 50 runs, 20 us each
+    source.add_schedstat("a.workers", 1, 11, wait_ns=0, slices=0)
+    (second,) = source.end_window(["a.workers"])
+    assert second.count == 50 and second.window_count == 50
+    assert second.sum_s == pytest.approx(50 * 20e-6)
+    assert second.p50_s == pytest.approx(20e-6) and second.max_s == pytest.approx(20e-6)
+    assert dict(second.buckets())[32e-6] == 50 and dict(second.buckets())[16e-6] == 0
+    assert source.end_window([]) == ()  # a layer that left the plan is forgotten
+
+
+def test_no_headers_is_said_once_with_the_release(tmp_path, caplog):
+    reason = R.bcc_unavailable("9.9.9-test", modules_root=str(tmp_path), sys_kernel=str(tmp_path))
+    assert reason in ("bcc: no headers for 9.9.9-test", "bcc: python3-bpfcc not installed")
+    (tmp_path / "9.9.9-test" / "build").mkdir(parents=True)
+    if reason.startswith("bcc: no headers"):
+        assert R.bcc_unavailable("9.9.9-test", modules_root=str(tmp_path), sys_kernel=str(tmp_path)) is None
+    telemetry = R.Telemetry(want_bpf=False)
+    with caplog.at_level("INFO", logger="temperd.telemetry"):
+        telemetry.start()
+        telemetry.start()
+    assert [r.getMessage() for r in caplog.records] == [
+        "telemetry: schedstat (bpf off): scheduling delay per layer as schedstat means"]
+    assert telemetry.describe() == "schedstat (bpf off)"
+
+
+def test_this_host_says_why_bcc_is_not_used():
+    """This CI host has no kernel headers: the telemetry line names the release."""
+    telemetry = R.Telemetry()
+    telemetry.start()
+    if telemetry.source == R.BPF:
+        pytest.skip("bcc loads here")
+    assert telemetry.describe().startswith("schedstat (bcc: ")
+    if R.bcc_unavailable() and "headers" in R.bcc_unavailable():
+        assert os.uname().release in telemetry.describe()
+
+
+WAKER = "import time\nwhile True:\n    time.sleep(0.001)\n"  # hundreds of wakeups per second
+
+
+def test_observer_fills_the_histogram_from_schedstat_of_real_threads():
+    child = subprocess.Popen([sys.executable, "-c", WAKER])
+    try:
+        time.sleep(0.2)
+        pid = child.pid
+        plan = LayerPlan(layers=(Layer(name="test-pid%d.wakers" % pid, kind=OPEN, treatment=LATENCY, tier="critical",
+                                       workload="test", group="wakers", selector=MemberSelector(tids=(pid,))),),
+                         reserve_cpus=(0,))
+        inventory = Inventory()
+        inventory.reconcile()
+        telemetry = R.Telemetry(want_bpf=False)
+        observer = Observer(read_shape(), telemetry=telemetry)
+        observer.sample(plan, inventory.processes, MatchResult())
+        time.sleep(0.5)
+        obs = observer.sample(plan, inventory.processes, MatchResult())
+    finally:
+        child.kill()
+        child.wait()
+    (seen,) = obs.latency.layers
+    assert obs.latency.source == R.SCHEDSTAT and seen.count > 50 and seen.window_count == seen.count, seen
+    assert seen.p50_s is not None and seen.p99_s >= seen.p50_s and seen.max_s >= seen.p99_s
+    assert obs.to_json()["latency"]["layers"][0]["layer"] == plan.layers[0].name
+    metrics = Metrics()
+    metrics.latency.update(obs.latency)
+    text = metrics.exposition().decode()
+    assert 'temperd_layer_runqueue_latency_seconds_count{layer="test.wakers",source="schedstat"}' in text
+    assert 'temperd_telemetry_source{source="schedstat"} 1.0' in text
+    assert "pid" not in "".join(l for l in text.splitlines() if l.startswith("temperd_layer_runqueue"))
+    promtool = shutil.which("promtool")
+    if promtool:
+        out = subprocess.run([promtool, "check", "metrics"], input=text.encode(), capture_output=True, timeout=30)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _observation(latency):
+    return Observation(0.0, {}, [], [], None, Overhead(0, 0, 0, 0), [], latency)
+
+
+def _layer_latency(name, p99_s, n=100):
+    return R.LayerLatency(name, R.SCHEDSTAT, window_count=n, count=n, p50_s=p99_s / 2, p99_s=p99_s, max_s=p99_s)
+
+
+def test_linter_runqueue_latency_only_for_protected_layers_above_the_bound():
+    sel = MemberSelector(tids=())
+    plan = LayerPlan(layers=(
+        Layer(name="w.fast", kind=OPEN, treatment=LATENCY, tier="critical", workload="w", group="fast", selector=sel),
+        Layer(name="w.excl", kind=OPEN, treatment=EXCLUSIVE, tier="critical", workload="w", group="excl", selector=sel),
+        Layer(name="w.bg", kind=OPEN, treatment=YIELD, tier="critical", workload="w", group="bg", selector=sel),
+        Layer(name="w.few", kind=OPEN, treatment=LATENCY, tier="critical", workload="w", group="few", selector=sel),
+    ), reserve_cpus=(0,))
+    report = R.LatencyReport(R.SCHEDSTAT, "test", (
+        _layer_latency("w.fast", 0.020), _layer_latency("w.excl", 0.001), _layer_latency("w.bg", 0.5),
+        _layer_latency("w.few", 0.5, n=3)))
+    found = lint(plan, _observation(report), read_shape(), latency_bound_s=0.010)
+    assert [(v.invariant, v.layer) for v in found] == [(RUNQUEUE_LATENCY, "w.fast")]
+    assert "p99 20.000 ms" in found[0].message and "bound 10 ms" in found[0].message
+    assert lint(plan, _observation(report), read_shape()) == []  # no bound: not checked
+    assert LintReport(tuple(found)).counts()[RUNQUEUE_LATENCY] == 1
+    text = Metrics().exposition().decode()
+    assert 'temperd_lint_violations{invariant="runqueue_latency"} 0.0' in text
