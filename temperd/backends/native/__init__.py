@@ -3,6 +3,7 @@
 backend.py         NativeBackend: one apply, stop or recover over the parts below
 membership.py      which layer each thread belongs to; which threads are kernel threads
 treatment.py       per-thread affinity, policy, nice and slice under the plan
+inheritance.py     treatment a new thread or process inherited from its creator, and the way back
 restore_ledger.py  each thread's originals and temperd's changes; the state file
 held.py            held host settings: original first, drift, restore, adopt
 autogroup.py       the nice of whole sessions (autogroups)

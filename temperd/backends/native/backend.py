@@ -10,7 +10,9 @@
 Every original is recorded before the first change: the threads' in the restore ledger
 (restore_ledger.py), the host settings' by held.py, all in one state file. Threads that leave a
 layer get their originals back, stop() restores everything, and recover() undoes what a killed
-predecessor left behind.
+predecessor left behind. Threads and processes created by a treated thread inherit its treatment;
+temperd gives them their creator's original wherever no layer wants the setting, including the
+ones it never saw while running (inheritance.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from temperd.backends.native import sched
 from temperd.backends.native.autogroup import AUTOGROUP, Autogroups, autogroup_enabled
 from temperd.backends.native.cgroup_weight import CPU_WEIGHT, CgroupWeights
 from temperd.backends.native.held import HeldSettings
+from temperd.backends.native.inheritance import restore_inherited
 from temperd.backends.native.membership import ThreadKey, ThreadRef, scan_threads
 from temperd.backends.native.pmqos import PMQOS, PmQos, resume_bounds
 from temperd.backends.native.restore_ledger import LedgerError, RestoreLedger
@@ -70,10 +73,11 @@ class NativeBackend:
         self.treatment.set_plan(plan, plan != self.plan, result)
         self.plan = plan
         threads = list(threads)
-        self._universe = {(t.tid, t.start_time): t for t in threads}
+        seen, self._universe = self._universe, {(t.tid, t.start_time): t for t in threads}
+        new = {key for key in self._universe if key not in seen}
         self.treatment.is_kernel_thread.keep_only(self._universe)
         save = functools.partial(self._save, result)  # the state file, before each round of writes
-        self.treatment.treat(threads, result, save)
+        self.treatment.treat(threads, result, save, new)
         self.treatment.restore_departed(self._universe, result)
         self._apply_autogroups(result)
         bounds, notes = resume_bounds(plan, sched.online_cpus(), self.pmqos_open_layers)
@@ -89,17 +93,27 @@ class NativeBackend:
             return result
         threads = list(threads)
         self.treatment.membership.forget_processes()
+        new = set()
         for thread in threads:
-            self._universe[(thread.tid, thread.start_time)] = thread
-        self.treatment.treat(threads, result, functools.partial(self._save, result))
+            key = (thread.tid, thread.start_time)
+            if key not in self._universe:
+                new.add(key)
+            self._universe[key] = thread
+        self.treatment.treat(threads, result, functools.partial(self._save, result), new)
         if self.autogroup and any(t.tid == t.pid for t in threads):  # a new process may change a session's mix
             self._apply_autogroups(result)
         return self._finish(result)
 
     def stop(self) -> ApplyResult:
-        """Restore everything temperd changed and remove the state file."""
+        """Restore everything temperd changed and remove the state file.
+
+        Threads keep being created while their creators are restored: threads that inherited
+        temperd's treatment and were never handed to this backend are found and restored after
+        their creators (inheritance.restore_inherited)."""
         result = ApplyResult()
+        creators = self.ledger.copy()
         result.take(self.ledger.restore_all())
+        result.take(restore_inherited(self.ledger, creators, self._universe))
         drifted = sum(len(rec.drifted) for rec in self.ledger.records.values())
         for held in self._held():
             drifted += len(held.drifted)
@@ -108,20 +122,26 @@ class NativeBackend:
             result.take_counts(held.kind, part)
         if drifted:
             result.notes.append(f"{drifted} setting(s) changed by someone else after temperd set them were left as found")
-        self.ledger.records.clear()
+        self.ledger.clear()
         self._universe.clear()
         self.treatment.clear()
         self.plan = None
         return self._finish(result)
 
     def recover(self) -> ApplyResult:
-        """At start: undo what a previous run left in the state file (threads still alive: same tid and start time)."""
+        """At start: undo what a previous run left in the state file (threads still alive: same tid
+        and start time, and the threads and processes they created since, which inherited
+        temperd's treatment), and remove the temp files of state-file writes it never finished."""
         result = ApplyResult()
         if self.ledger.records or any(held.written for held in self._held()):
             result.notes.append("recover: this backend already holds changes; the state file is its own")
             return result
         self._recovered = True
         previous = RestoreLedger(self.ledger.state_dir, os.path.basename(self.ledger.path))
+        removed = previous.remove_stale_temp_files()
+        if removed:
+            result.notes.append(f"removed {len(removed)} unfinished state-file write(s) of an earlier run: "
+                                + ", ".join(removed))
         try:
             found = previous.load()
         except LedgerError as exc:
@@ -131,7 +151,9 @@ class NativeBackend:
             return result
         if not found:
             return result
+        creators = previous.copy()
         result.take(previous.restore_all())
+        result.take(restore_inherited(previous, creators))
         for held in self._held():
             section = previous.extras.get(held.kind) or {}
             if section:

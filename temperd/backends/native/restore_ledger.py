@@ -5,7 +5,8 @@ thread's values. The original affinity/policy/nice/slice is recorded once, befor
 change; `applied` holds what temperd set. The ledger is written atomically to a JSON state file
 after each round of changes, so a temperd that was killed can be undone by the next start. The
 state file also carries the sections of the host settings temperd holds (held.py: PM QoS
-bounds, cgroup weights, autogroup nices) in `extras`.
+bounds, cgroup weights, autogroup nices) in `extras`. A write that a kill cut short leaves a temp
+file beside the state file; the next start removes it.
 
 Drift: when a re-read value differs from what temperd set, someone else changed it. The ledger
 marks that setting as theirs (temperd stops enforcing it: no fight loop) and does not restore
@@ -17,12 +18,13 @@ sched_getattr reads a thread's policy, nice and slice, and one sched_setattr wri
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from temperd.backends.native import sched
 from temperd.files import write_atomically
@@ -37,6 +39,12 @@ _SCHED_KINDS = (POLICY, NICE, SLICE)
 
 STATE_FILE = "native-state.json"
 STATE_VERSION = 1
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def boot_ticks() -> int:
+    """Now, in the clock of a thread's start time in /proc (clock ticks after boot)."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * CLOCK_TICKS)
 
 
 class LedgerError(Exception):
@@ -95,6 +103,9 @@ class ThreadRecord:
     original: Original
     applied: Dict[str, Any] = field(default_factory=dict)  # kind -> value temperd set
     drifted: Dict[str, Any] = field(default_factory=dict)  # kind -> value someone else set instead
+    # Since when (clock ticks after boot) the thread may carry temperd's treatment: when it was
+    # recorded, or its start for a thread that inherited it; threads it made before did not.
+    since: int = 0  # 0: unknown (a state file of an earlier version): the thread's start
 
     @property
     def key(self) -> Tuple[int, int]:
@@ -108,6 +119,7 @@ class ThreadRecord:
                          "slice_ns": self.original.slice_ns},
             "applied": {k: list(v) if k == AFFINITY else v for k, v in self.applied.items()},
             "drifted": {k: list(v) if k == AFFINITY else v for k, v in self.drifted.items()},
+            "since": self.since,
         }
 
     @classmethod
@@ -127,7 +139,8 @@ class ThreadRecord:
                    original=Original(affinity=tuple(int(c) for c in orig["affinity"]), policy=int(orig["policy"]),
                                      priority=int(orig.get("priority", 0)), nice=int(orig["nice"]),
                                      slice_ns=int(orig.get("slice_ns", 0))),
-                   applied=values(data.get("applied", {})), drifted=values(data.get("drifted", {})))
+                   applied=values(data.get("applied", {})), drifted=values(data.get("drifted", {})),
+                   since=int(data.get("since", 0)))
 
 
 @dataclass
@@ -154,7 +167,8 @@ class RestoreLedger:
     def __init__(self, state_dir: str, filename: str = STATE_FILE):
         self.state_dir = state_dir
         self.path = os.path.join(state_dir, filename)
-        self.records: Dict[Tuple[int, int], ThreadRecord] = {}
+        self.records: Dict[Tuple[int, int], ThreadRecord] = {}  # add with record() or add()
+        self._by_pid: Dict[int, Dict[Tuple[int, int], ThreadRecord]] = {}
         self.extras: Dict[str, Any] = {}  # the held host settings' sections (PM QoS, cgroup weights, autogroups)
 
     # ---- records ------------------------------------------------------------------------------
@@ -162,19 +176,45 @@ class RestoreLedger:
     def get(self, tid: int, start_time: int) -> Optional[ThreadRecord]:
         return self.records.get((tid, start_time))
 
-    def record(self, tid: int, pid: int, start_time: int, comm: str, original: Original) -> ThreadRecord:
-        """The thread's record, created with `original` if this is the first change to it."""
+    def record(self, tid: int, pid: int, start_time: int, comm: str, original: Original,
+               since: Optional[int] = None) -> ThreadRecord:
+        """The thread's record, created with `original` if this is the first change to it (since:
+        from when it may carry temperd's treatment; now by default)."""
         rec = self.records.get((tid, start_time))
         if rec is None:
-            rec = ThreadRecord(tid, pid, start_time, comm, original)
-            self.records[rec.key] = rec
+            rec = ThreadRecord(tid, pid, start_time, comm, original, since=boot_ticks() if since is None else since)
+            self.add(rec)
         return rec
 
+    def add(self, rec: ThreadRecord) -> None:
+        self.records[rec.key] = rec
+        self._by_pid.setdefault(rec.pid, {})[rec.key] = rec
+
     def by_pid(self, pid: int) -> List[ThreadRecord]:
-        return [rec for rec in self.records.values() if rec.pid == pid]
+        return [rec for rec in self._by_pid.get(pid, {}).values() if self.records.get(rec.key) is rec]
+
+    def pids(self) -> Set[int]:
+        """The processes with threads in the ledger."""
+        return set(self._by_pid)
 
     def forget(self, rec: ThreadRecord) -> None:
         self.records.pop(rec.key, None)
+        same = self._by_pid.get(rec.pid)
+        if same is not None:
+            same.pop(rec.key, None)
+            if not same:
+                del self._by_pid[rec.pid]
+
+    def clear(self) -> None:
+        self.records.clear()
+        self._by_pid.clear()
+
+    def copy(self) -> "RestoreLedger":
+        """The records as they are now (not saved anywhere): who had what written, after they are restored."""
+        out = RestoreLedger(self.state_dir, os.path.basename(self.path))
+        for rec in self.records.values():
+            out.add(copy.deepcopy(rec))
+        return out
 
     # ---- drift --------------------------------------------------------------------------------
 
@@ -302,6 +342,29 @@ class RestoreLedger:
             if exc.errno != errno.ENOENT:
                 raise
 
+    def remove_stale_temp_files(self) -> List[str]:
+        """Remove the temp files of state-file writes that a killed run never finished: the
+        `.native-state.json.tmp-XXXX` of write_atomically, and `native-state.json.tmp.PID` of older
+        versions. Only one run uses a state directory at a time, so none of them is being written.
+        Returns the names removed."""
+        name = os.path.basename(self.path)
+        prefixes = (f".{name}.tmp-", f"{name}.tmp.")
+        try:
+            entries = os.listdir(self.state_dir)
+        except OSError:
+            return []
+        removed = []
+        for entry in sorted(entries):
+            if not entry.startswith(prefixes):
+                continue
+            try:
+                os.unlink(os.path.join(self.state_dir, entry))
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    continue
+            removed.append(entry)
+        return removed
+
     def load(self) -> bool:
         """Read a state file left by an earlier run into this ledger; False when there is none."""
         try:
@@ -316,8 +379,7 @@ class RestoreLedger:
             raise LedgerError(f"{self.path}: version: expected {STATE_VERSION}, found {found!r}")
         try:
             for item in data.get("threads", []):
-                rec = ThreadRecord.from_json(item)
-                self.records[rec.key] = rec
+                self.add(ThreadRecord.from_json(item))
         except (KeyError, TypeError, ValueError) as exc:
             raise LedgerError(f"{self.path}: threads: malformed entry: {exc}") from None
         for name, value in data.items():

@@ -10,6 +10,8 @@ plan, carried out, and undone through the restore ledger.
   on EEVDF kernels that honour it).
 - Yield layers: SCHED_IDLE (policy "idle") or SCHED_BATCH + nice (policy "batch").
 - Real-time threads keep their policy; SCHED_DEADLINE threads cannot leave their CPUs.
+- A thread new to temperd that inherited temperd's treatment from its creator (inheritance.py)
+  is held like a treated one: the inherited settings no layer wants for it are given back.
 
 With autogroup on, nice and the yield policies rank threads only within one session; see
 autogroup.py for what temperd does about that.
@@ -23,12 +25,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from temperd.backends.native import sched
+from temperd.backends.native.inheritance import Parents, uninherited
 from temperd.backends.native.membership import KernelThreads, Membership, ThreadKey
 from temperd.backends.native.restore_ledger import (AFFINITY, NICE, POLICY, SLICE, THREAD_KINDS, Original,
                                                     RestoreLedger, ThreadRecord, thread_values)
 from temperd.backends.native.result import ApplyResult
 from temperd.plan import CONFINED, GROUPED, Layer, LayerPlan
-from temperd.sources import procfs
 from temperd.sources.shape import format_cpulist
 
 log = logging.getLogger(__name__)
@@ -115,31 +117,6 @@ def within_limits(thread: Any, kthread: bool, want: Wanted, policy_now: int, exc
     return want
 
 
-def uninherited(ledger: RestoreLedger, thread: Any, original: Original, current: Dict[str, Any],
-                online: FrozenSet[int]) -> Original:
-    """A new thread or process starts with its creator's settings, which may be temperd's treatment:
-    where a setting equals what temperd set on a thread of the same process (or of the parent
-    process), the creator's original is the new thread's original."""
-    candidates = [r for r in ledger.by_pid(thread.pid) if r.tid != thread.tid]
-    if not candidates:
-        process = procfs.read_thread_stat(thread.pid)
-        if process:
-            candidates = ledger.by_pid(process.ppid)
-    if not candidates:
-        return original
-    candidates.sort(key=lambda r: (r.tid != r.pid, r.tid))
-    values = {AFFINITY: original.affinity, POLICY: (original.policy, original.priority),
-              NICE: original.nice, SLICE: original.slice_ns}
-    for kind in THREAD_KINDS:
-        for cand in candidates:
-            if kind in cand.applied and ledger.matches(cand, kind, current[kind], online):
-                values[kind] = ((cand.original.policy, cand.original.priority) if kind == POLICY
-                                else cand.original.value(kind))
-                break
-    return Original(affinity=tuple(values[AFFINITY]), policy=values[POLICY][0], priority=values[POLICY][1],
-                    nice=values[NICE], slice_ns=values[SLICE])
-
-
 class ThreadTreatment:
     """Treats threads under one plan; every original goes into the ledger before the first change."""
 
@@ -151,6 +128,12 @@ class ThreadTreatment:
         self._refused: Set[ThreadKey] = set()  # kernel threads that refused an affinity change
         self._failed: Set[Tuple[ThreadKey, str]] = set()  # (thread, kind) refused under this plan
         self._stuck: Stuck = {}
+        # For one treat(): the threads new to temperd, the processes temperd holds threads of, the
+        # settings recorded as intents and not written yet (thread -> kinds), parent pids.
+        self._new: Optional[Container[ThreadKey]] = None
+        self._held_pids: Set[int] = set()
+        self._intents: Dict[ThreadKey, Set[str]] = {}
+        self._parents = Parents()
 
     def set_plan(self, plan: LayerPlan, changed: bool, result: ApplyResult) -> None:
         if changed:
@@ -178,13 +161,21 @@ class ThreadTreatment:
         self._refused.clear()
         self._failed.clear()
 
-    def treat(self, threads: Iterable, result: ApplyResult, before_write: Callable[[], None]) -> None:
+    def treat(self, threads: Iterable, result: ApplyResult, before_write: Callable[[], None],
+              new: Optional[Container[ThreadKey]] = None) -> None:
         """Two passes: record originals and intents (before_write saves them), then change. A kill
-        between the passes leaves a state file that undoes whatever was already changed."""
+        between the passes leaves a state file that undoes whatever was already changed.
+
+        new: the threads temperd has not looked at before (None: all of them); only those can
+        have inherited temperd's treatment unseen."""
         online = sched.online_cpus()
         changes: List[Change] = []
         stuck: Stuck = {}
         self._stuck = stuck
+        self._new = new
+        self._held_pids = self.ledger.pids()
+        self._intents = {}
+        self._parents = Parents()
         for thread in threads:
             try:
                 change = self._plan_thread(thread, online, result, stuck)
@@ -223,7 +214,7 @@ class ThreadTreatment:
         key = (thread.tid, thread.start_time)
         rec = self.ledger.get(*key)
         layer = self.layer_for(thread)
-        if rec is None and layer is None and not self.exclusive:
+        if rec is None and layer is None and not self.exclusive and not self._may_have_inherited(thread):
             return None  # nothing to do, nothing to undo: no syscall
         kthread = self.is_kernel_thread(thread)
         if kthread and layer is None and key in self._refused:
@@ -233,21 +224,38 @@ class ThreadTreatment:
             return None
         affinity, state = sched.get_affinity(thread.tid), sched.get_sched(thread.tid)
         current = thread_values(affinity, state)
+        inherited: Dict[str, Any] = {}
         if rec is not None:
             original = rec.original
         else:
             original = Original.of(affinity, state)
-            if not kthread:
+            if not kthread and self._is_new(key):
                 # Kernel threads are not created with their creator's settings (kthreadd's included).
-                original = uninherited(self.ledger, thread, original, current, online)
+                original, inherited = uninherited(self.ledger, thread, original, current, online, self._parents,
+                                                  self._intents)
         want = wanted_settings(layer, frozenset(original.affinity), state.policy, self.exclusive)
         want = within_limits(thread, kthread, want, state.policy, self.exclusive, result, stuck)
         if rec is None:
-            if not any(want.value(k) is not None for k in THREAD_KINDS):
+            if not inherited and not any(want.value(k) is not None for k in THREAD_KINDS):
                 return None
-            rec = self.ledger.record(thread.tid, thread.pid, thread.start_time, thread.comm, original)
+            rec = self.ledger.record(thread.tid, thread.pid, thread.start_time, thread.comm, original,
+                                     since=thread.start_time if inherited else None)
+            rec.applied.update(inherited)  # temperd's treatment, come by inheritance: held (and undone) as such
+            self._held_pids.add(thread.pid)
         rec.comm = thread.comm
         return self._changes(rec, want, current, online, result)
+
+    def _is_new(self, key: ThreadKey) -> bool:
+        return self._new is None or key in self._new
+
+    def _may_have_inherited(self, thread: Any) -> bool:
+        """Whether a thread new to temperd may carry treatment from a creator temperd held: one
+        in its own process or in its parent process (kernel threads never do)."""
+        if not self._held_pids or not self._is_new((thread.tid, thread.start_time)):
+            return False
+        if thread.pid not in self._held_pids and self._parents(thread.pid) not in self._held_pids:
+            return False
+        return not self.is_kernel_thread(thread)
 
     def _changes(self, rec: ThreadRecord, want: Wanted, current: Dict[str, Any], online: FrozenSet[int],
                  result: ApplyResult) -> Optional[Change]:
@@ -275,6 +283,8 @@ class ThreadTreatment:
                 sets[kind] = value
         for kind, value in sets.items():
             rec.applied[kind] = tuple(sorted(value)) if kind == AFFINITY else value  # intent, before the change
+        if sets:
+            self._intents.setdefault(rec.key, set()).update(sets)
         if not sets and not restores:
             if not rec.applied and not rec.drifted:
                 self.ledger.forget(rec)

@@ -1,0 +1,169 @@
+"""Treatment a thread inherited from its creator, and the way back from it.
+
+A new thread starts with its creator's affinity, policy, nice and slice, and a forked process's
+first thread with those of the thread that forked it. When temperd had treated the creator, the
+new thread carries temperd's treatment, whatever layer it belongs to. The rules:
+
+- the creator is a thread of the same process, else of the parent process, on which temperd
+  had written the very value the new thread has now (`uninherited`);
+- the new thread's original of such a setting is the creator's original, and the inherited
+  value counts as written by temperd: the thread gets the creator's original back where no
+  layer wants that setting for it, when it leaves its layer, and at stop;
+- stop and recovery restore the creators first, then sweep the creators' processes and their
+  descendants for threads made in the meantime (or while no temperd ran) that inherited
+  temperd's treatment, and restore those, until a sweep finds none (`restore_inherited`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
+
+from temperd.backends.native import sched
+from temperd.backends.native.membership import ThreadKey, scan_threads
+from temperd.backends.native.restore_ledger import (AFFINITY, NICE, POLICY, SLICE, THREAD_KINDS, Original,
+                                                    RestoreLedger, RestoreOutcome, ThreadRecord, effective_slice,
+                                                    thread_values)
+from temperd.sources import procfs
+
+MAX_SWEEPS = 20  # sweeps for threads that inherited temperd's treatment, at stop and at recovery
+
+ParentOf = Callable[[int], Optional[int]]
+
+
+class Parents:
+    """The parent process of a process, read from /proc once per pid (one pass: pids get reused)."""
+
+    def __init__(self) -> None:
+        self._known: Dict[int, Optional[int]] = {}
+
+    def __call__(self, pid: int) -> Optional[int]:
+        if pid not in self._known:
+            stat = procfs.read_thread_stat(pid)
+            self._known[pid] = stat.ppid if stat else None
+        return self._known[pid]
+
+
+def _is_original(kind: str, original: Original, current: Any, online: FrozenSet[int]) -> bool:
+    """Whether `current` is the original value itself (nothing to give back)."""
+    if kind == AFFINITY:
+        return frozenset(current) == frozenset(original.affinity) & online
+    if kind == SLICE:
+        return current == effective_slice(original.slice_ns)
+    return current == original.value(kind)
+
+
+def _creator(ledger: RestoreLedger, candidates: List[ThreadRecord], kind: str, current: Any,
+             online: FrozenSet[int], unwritten: Mapping[ThreadKey, Container[str]]) -> Optional[ThreadRecord]:
+    for cand in candidates:
+        if (kind in cand.applied and kind not in unwritten.get(cand.key, ())
+                and ledger.matches(cand, kind, current, online)):
+            return cand
+    return None
+
+
+def _candidates(ledger: RestoreLedger, pid: int, thread: Any) -> List[ThreadRecord]:
+    """Threads of process `pid` that carried temperd's treatment when `thread` started, leader first."""
+    out = [r for r in ledger.by_pid(pid) if r.tid != thread.tid and (r.since or r.start_time) <= thread.start_time]
+    out.sort(key=lambda r: (r.tid != r.pid, r.tid))
+    return out
+
+
+def uninherited(ledger: RestoreLedger, thread: Any, original: Original, current: Dict[str, Any],
+                online: FrozenSet[int], parent_of: Optional[ParentOf] = None,
+                unwritten: Optional[Mapping[ThreadKey, Container[str]]] = None) -> Tuple[Original, Dict[str, Any]]:
+    """A new thread or process starts with its creator's settings, which may be temperd's treatment:
+    where a setting equals what temperd wrote on a thread of the same process (else of the parent
+    process), the creator's original is the new thread's original.
+
+    Returns the original and the settings inherited from temperd's treatment (kind -> the value
+    temperd wrote on the creator), which the caller records as written by temperd. `unwritten`:
+    the settings of records that are intents not yet carried out (nobody inherited those)."""
+    unwritten = unwritten if unwritten is not None else {}
+    same = _candidates(ledger, thread.pid, thread)
+    parent: Optional[List[ThreadRecord]] = None
+    values = {AFFINITY: original.affinity, POLICY: (original.policy, original.priority), NICE: original.nice,
+              SLICE: original.slice_ns}
+    inherited: Dict[str, Any] = {}
+    for kind in THREAD_KINDS:
+        cand = _creator(ledger, same, kind, current[kind], online, unwritten)
+        if cand is None:
+            if parent is None:
+                ppid = (parent_of or Parents())(thread.pid)
+                parent = _candidates(ledger, ppid, thread) if ppid else []
+            cand = _creator(ledger, parent, kind, current[kind], online, unwritten)
+        if cand is None:
+            continue
+        values[kind] = ((cand.original.policy, cand.original.priority) if kind == POLICY
+                        else cand.original.value(kind))
+        if not _is_original(kind, cand.original, current[kind], online):
+            inherited[kind] = cand.applied[kind]
+    return (Original(affinity=tuple(values[AFFINITY]), policy=values[POLICY][0], priority=values[POLICY][1],
+                     nice=values[NICE], slice_ns=values[SLICE]),
+            inherited)
+
+
+def family(roots: Iterable[int]) -> List[int]:
+    """The live user-space processes among `roots` and all their descendants, parents before children."""
+    children: Dict[int, List[int]] = {}
+    alive: Set[int] = set()
+    for pid in procfs.list_pids():
+        stat = procfs.read_thread_stat(pid)
+        if stat is None or stat.state in ("Z", "X", "x") or procfs.is_kernel_thread(pid, stat):
+            continue
+        alive.add(pid)
+        children.setdefault(stat.ppid, []).append(pid)
+    order = [pid for pid in sorted(set(roots)) if pid in alive]
+    seen = set(order)
+    i = 0
+    while i < len(order):
+        for child in sorted(children.get(order[i], ())):
+            if child not in seen:
+                seen.add(child)
+                order.append(child)
+        i += 1
+    return order
+
+
+def restore_inherited(ledger: RestoreLedger, creators: RestoreLedger, known: Iterable[ThreadKey] = (),
+                      max_sweeps: int = MAX_SWEEPS) -> RestoreOutcome:
+    """After the creators were restored: give back the creators' originals to threads that
+    inherited temperd's treatment and that `ledger` does not hold (made after the last pass over
+    new threads, or while no temperd ran). `creators` is a copy of the ledger from before its
+    restore (what temperd had written, on whom); each thread found is recorded in `ledger`, added
+    to `creators` (its own new threads inherited the same) and restored. Sweeps the creators'
+    processes and their descendants until a sweep finds no such thread, at most max_sweeps times.
+    `known`: threads already looked at for inheritance (the backend's), passed over."""
+    out = RestoreOutcome()
+    if not creators.records:
+        return out
+    online = sched.online_cpus()
+    looked_at: Set[ThreadKey] = set(creators.records) | set(known)  # a thread inherits once, at creation
+    for _ in range(max_sweeps):
+        found = 0
+        parents = Parents()
+        for pid in family(creators.pids()):
+            for thread in scan_threads([pid]):
+                key = (thread.tid, thread.start_time)
+                if key in looked_at or ledger.get(*key) is not None:
+                    continue
+                looked_at.add(key)
+                try:
+                    affinity, state = sched.get_affinity(thread.tid), sched.get_sched(thread.tid)
+                except OSError as exc:
+                    if not sched.is_gone(exc):
+                        raise
+                    continue
+                original, inherited = uninherited(creators, thread, Original.of(affinity, state),
+                                                  thread_values(affinity, state), online, parents)
+                if not inherited:
+                    continue
+                found += 1
+                rec = ledger.record(thread.tid, thread.pid, thread.start_time, thread.comm, original,
+                                    since=thread.start_time)
+                rec.applied.update(inherited)
+                creators.add(ThreadRecord(rec.tid, rec.pid, rec.start_time, rec.comm, original, dict(inherited),
+                                          since=thread.start_time))
+                out.merge(ledger.restore(rec, online=online))
+        if not found:
+            break
+    return out
