@@ -198,6 +198,39 @@ def test_debian_files_name_existing_sources():
     assert "units/temperd.service" in (DEBIAN / "rules").read_text()
 
 
+# ---- shipped data: the bcc program, Prometheus rules and dashboard ---------------------------------
+
+SHARE = "usr/share/temperd"
+
+
+def _shipped_data() -> list:
+    """Every file of monitoring/ and the bcc programs of bpf/, relative to the tree."""
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "monitoring").rglob("*") if p.is_file())
+    files += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "bpf").glob("*.bpf.c"))
+    assert "monitoring/alerts.yaml" in files and "bpf/runqlat.bpf.c" in files
+    return files
+
+
+def test_both_packages_ship_monitoring_and_bpf_under_usr_share_temperd():
+    install = {}
+    for line in (DEBIAN / "temperd.install").read_text().splitlines():
+        source, dest = line.split()
+        install[source] = dest.rstrip("/")
+    spec = SPEC.read_text()
+    listed = re.search(r"for file in (.*?); do\n\s+install -D -m 0644 monitoring/\$file "
+                       r"%\{buildroot\}%\{_datadir\}/temperd/monitoring/\$file", spec)
+    assert listed, "temperd.spec installs no monitoring/ files"
+    rpm_monitoring = listed.group(1).split()
+    for path in _shipped_data():
+        top, _, rest = path.partition("/")
+        assert install.get(path) == os.path.dirname(f"{SHARE}/{path}"), f"debian/temperd.install: {path}"
+        if top == "monitoring":
+            assert rest in rpm_monitoring, f"temperd.spec: {path}"
+        else:
+            assert f"install -D -m 0644 {path} %{{buildroot}}%{{_datadir}}/temperd/{path}" in spec, f"temperd.spec: {path}"
+    assert "%{_datadir}/temperd/" in spec.split("%files", 1)[1]
+
+
 # ---- default configuration -------------------------------------------------------------------------
 
 
@@ -309,10 +342,14 @@ def test_build_packages(tmp_path):
                  "./usr/bin/temperd", "./usr/bin/temperctl", "temperd/builtin_profiles/memcached.toml",
                  "./usr/share/temperd/scx-privileges.conf"):
         assert path in contents, path
+    for path in _shipped_data():
+        assert f"./{SHARE}/{path}" in contents, path
     conffiles = subprocess.run(["dpkg-deb", "-f", str(deb), "Depends"], capture_output=True, text=True, check=True).stdout
     assert "python3-sdnotify" in conffiles
     listing = subprocess.run(["rpm", "-qlp", str(rpm)], capture_output=True, text=True, check=True).stdout
     assert "/usr/lib/systemd/system/temperd.service" in listing and "/etc/temper/temperd.toml" in listing
     assert "/usr/share/temperd/scx-privileges.conf" in listing
+    for path in _shipped_data():
+        assert f"/{SHARE}/{path}" in listing, path
     config = subprocess.run(["rpm", "-qp", "--configfiles", str(rpm)], capture_output=True, text=True, check=True).stdout
     assert config.split() == ["/etc/temper/temperd.toml"]

@@ -166,6 +166,10 @@ class ObservationMetrics:
         self.observe_cpu = Gauge("temperd_observe_cpu_seconds", "CPU time of the last observation sample.", registry=r)
         self.layer_util = Gauge("temperd_layer_cpu_usage_ratio", "Members' CPU use per layer, in CPUs.", ["layer"], registry=r)
         self.layer_members = Gauge("temperd_layer_members", "Member threads per layer.", ["layer"], registry=r)
+        self.layer_cpus = Gauge("temperd_layer_cpus", "CPUs a layer owns (Confined, Grouped); 0 for Open layers.",
+                                ["layer"], registry=r)
+        self.layer_info = Gauge("temperd_layer_info", "Each layer of the plan (value 1) with its kind, treatment and tier.",
+                                ["layer", "kind", "treatment", "tier"], registry=r)
 
     def update(self, observation: Observation) -> None:
         for kind in ("some", "full"):
@@ -174,11 +178,25 @@ class ObservationMetrics:
                 self.psi.labels(kind).set(avg10 / 100.0)
         self.own_cpu.set(observation.overhead.daemon_cpu_ratio)
         self.observe_cpu.set(observation.overhead.sample_cpu_s)
-        self.layer_util.clear()
-        self.layer_members.clear()
+        # Labelled by the layer's name without a pid (metric_layer_name); layers that share one add up.
+        util: Dict[str, float] = {}
+        members: Dict[str, int] = {}
+        cpus: Dict[str, int] = {}
+        info = set()
         for layer in observation.layers:
-            self.layer_util.labels(layer.name).set(layer.util)
-            self.layer_members.labels(layer.name).set(layer.members)
+            name = metric_layer_name(layer.name)
+            util[name] = util.get(name, 0.0) + layer.util
+            members[name] = members.get(name, 0) + layer.members
+            cpus[name] = cpus.get(name, 0) + len(layer.cpus)
+            info.add((name, layer.kind, layer.treatment, layer.tier))
+        for gauge in (self.layer_util, self.layer_members, self.layer_cpus, self.layer_info):
+            gauge.clear()
+        for name in util:
+            self.layer_util.labels(name).set(round(util[name], 4))
+            self.layer_members.labels(name).set(members[name])
+            self.layer_cpus.labels(name).set(cpus[name])
+        for labels in info:
+            self.layer_info.labels(*labels).set(1)
 
 
 class LatencyMetrics:
