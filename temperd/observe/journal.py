@@ -1,0 +1,194 @@
+"""What temperd did and why, for the journal at INFO: a workload matched (which rule, profile,
+tier), its treatment applied (per group: threads, treatment, CPUs), a workload left (and what was
+restored), settings someone else changed that temperd stopped fighting, and what a plan change
+changed. One line per workload and event, never one per thread; threads that simply ended are
+not news. Lines about the same workload and event are rate-limited (a workload whose threads
+come and go does not fill the journal), and all lines together are capped per minute.
+
+The daemon calls `Journal.applied(match, plan, result, trigger)` after every apply (whole or new
+threads only) and `Journal.reloaded(...)` after a reload; both log and return their lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from temperd.plan import CONFINED, EXCLUSIVE, YIELD, Layer, LayerPlan
+
+log = logging.getLogger("temperd")
+
+SAME_EVENT_INTERVAL_S = 60.0  # a repeated event of one workload at most once a minute
+LINES_PER_MINUTE = 30  # all journal lines together; the rest is counted and said once
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """A workload as last reported: what the journal compares the next plan with."""
+
+    profile: Optional[str]
+    tier: str
+    source: str
+    treatment: Tuple[Tuple[str, str], ...]  # (group, "treatment on CPUs ...") per group layer
+
+
+def describe_layer(layer: Layer) -> str:
+    """A group layer's treatment in words: "exclusive, CPUs 2-3", "latency, nice -7, slice 500 us"."""
+    parts = [layer.treatment]
+    if layer.treatment == YIELD:
+        parts = [f"yield ({layer.policy}" + (f", nice {layer.nice})" if layer.nice is not None and layer.policy != "idle" else ")")]
+    elif layer.nice is not None:
+        parts.append(f"nice {layer.nice}")
+    if layer.slice_us:
+        parts.append(f"slice {layer.slice_us} us")
+    if layer.cpus:
+        parts.append(f"{'CPUs' if layer.kind == CONFINED else 'sharing CPUs'} {_cpus(layer.cpus)}")
+        if layer.kind != CONFINED and layer.treatment == EXCLUSIVE:
+            parts.append("demoted: not enough whole cores")
+    return ", ".join(parts)
+
+
+def _cpus(cpus: Sequence[int]) -> str:
+    """2,3,4,7 -> 2-4,7"""
+    out: List[str] = []
+    ordered = sorted(cpus)
+    start = prev = None
+    for cpu in ordered + [None]:
+        if start is not None and (cpu is None or cpu != prev + 1):
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if cpu is not None and start is None:
+            start = cpu
+        prev = cpu
+    return ",".join(out)
+
+
+def _treatment(workload, plan: LayerPlan) -> Tuple[Tuple[str, str], ...]:
+    counts: Dict[str, int] = {}
+    for thread in workload.threads:
+        if thread.group:
+            counts[thread.group] = counts.get(thread.group, 0) + 1
+    out = []
+    for layer in plan.layers:
+        if layer.workload != workload.key:
+            continue
+        group = layer.group or "all threads"
+        n = counts.get(layer.group, len(layer.selector.tids)) if layer.group else len(layer.selector.tids)
+        out.append((group, f"{n} thread{'s' if n != 1 else ''} {describe_layer(layer)}"))
+    return tuple(out)
+
+
+def _counts(table: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(table.items()) if n)
+
+
+class Journal:
+    def __init__(self, logger: logging.Logger = log, clock=time.monotonic,
+                 same_event_interval_s: float = SAME_EVENT_INTERVAL_S, lines_per_minute: int = LINES_PER_MINUTE):
+        self.logger = logger
+        self.clock = clock
+        self.same_event_interval_s = same_event_interval_s
+        self.lines_per_minute = lines_per_minute
+        self._seen: Dict[str, _Seen] = {}
+        self._last: Dict[Tuple[str, str], float] = {}
+        self._minute_start = -1e18
+        self._minute_lines = 0
+        self._suppressed = 0
+        self._layers: Dict[str, Tuple] = {}
+
+    # ---- the events -----------------------------------------------------------------------------
+
+    def applied(self, match, plan: LayerPlan, result=None, trigger: str = "") -> List[str]:
+        """After an apply: workloads matched, treated (or treated differently), left; drift."""
+        lines: List[Tuple[Tuple[str, str], str]] = []
+        current = {w.key: w for w in match.workloads}
+        for key, workload in current.items():
+            seen = _Seen(workload.profile_id, workload.tier, workload.source, _treatment(workload, plan))
+            before = self._seen.get(key)
+            if before is None:
+                pids = len(workload.pids)
+                lines.append(((key, "matched"),
+                              f"workload {key} matched: profile {workload.profile_id or 'none'}, tier {workload.tier}, "
+                              f"by {workload.source} ({workload.reason}); {pids} process{'es' if pids != 1 else ''}, "
+                              f"{len(workload.threads)} threads"))
+            if seen.treatment and (before is None or before.treatment != seen.treatment):
+                groups = "; ".join(f"{group}: {text}" for group, text in seen.treatment)
+                verb = "treated" if before is None or not before.treatment else "treatment changed"
+                lines.append(((key, "treated"), f"workload {key} {verb}: {groups}"))
+            elif before is not None and (before.tier, before.profile) != (seen.tier, seen.profile):
+                lines.append(((key, "retiered"), f"workload {key} now profile {seen.profile or 'none'}, tier {seen.tier} "
+                                                 f"(was {before.profile or 'none'}, {before.tier})"))
+            self._seen[key] = seen
+        restored = dict(getattr(result, "restored", None) or {})
+        for key in [k for k in self._seen if k not in current]:
+            del self._seen[key]
+            what = f"{_counts(restored)} setting(s) restored" if restored else "nothing left to restore"
+            lines.append(((key, "left"), f"workload {key} left (its processes ended or no longer match): {what}"))
+        drift = dict(getattr(result, "drift", None) or {})
+        if drift:
+            lines.append((("", "drift"), f"{_counts(drift)} setting(s) temperd made were changed by someone else: "
+                                          "left as found, temperd no longer sets them"))
+        change = self._plan_change(plan)
+        if change:
+            lines.append((("", "plan"), f"plan changed ({trigger or 'replan'}): {change}"))
+        return self._emit(lines)
+
+    def reloaded(self, ok: bool, generation: int, trigger: str, summary: str = "",
+                 problems: Sequence[str] = ()) -> List[str]:
+        """A reload and its result, one line (the problems themselves are logged as errors)."""
+        if ok:
+            text = f"reload ({trigger}) adopted: generation {generation}" + (f", {summary}" if summary else "")
+        else:
+            text = (f"reload ({trigger}) refused: {len(problems)} problem(s), generation {generation} keeps running"
+                    + (f"; first: {problems[0]}" if problems else ""))
+        return self._emit([(("", f"reload-{generation}-{ok}"), text)], limited=False)
+
+    def stopped(self, result=None) -> List[str]:
+        restored = dict(getattr(result, "restored", None) or {})
+        text = "stopped: " + (f"{_counts(restored)} setting(s) restored" if restored else "every changed thread restored")
+        return self._emit([(("", "stopped"), text)], limited=False)
+
+    # ---- helpers --------------------------------------------------------------------------------
+
+    def _plan_change(self, plan: LayerPlan) -> str:
+        """Layers added, removed, or with other CPUs; "" where the layer set is the same."""
+        now = {layer.name: (layer.kind, layer.treatment, tuple(layer.cpus)) for layer in plan.layers}
+        before, self._layers = self._layers, now
+        added = sorted(set(now) - set(before))
+        removed = sorted(set(before) - set(now))
+        moved = [f"{name} CPUs {_cpus(before[name][2]) or 'none'} -> {_cpus(now[name][2]) or 'none'}"
+                 for name in sorted(set(now) & set(before)) if before[name][2] != now[name][2]]
+        parts = []
+        if added:
+            parts.append("added " + ", ".join(added))
+        if removed:
+            parts.append("removed " + ", ".join(removed))
+        parts.extend(moved)
+        if parts:
+            parts.append(f"{len(now)} layers, reserve CPUs {_cpus(plan.reserve_cpus) or 'none'}")
+        return "; ".join(parts)
+
+    def _emit(self, lines, limited: bool = True) -> List[str]:
+        now = self.clock()
+        out = []
+        if now - self._minute_start >= 60.0:
+            if self._suppressed:
+                self.logger.info("journal: %d more line(s) in the last minute were left out", self._suppressed)
+            self._minute_start, self._minute_lines, self._suppressed = now, 0, 0
+        for key, text in lines:
+            if limited and key[1] in ("treated", "drift", "plan", "retiered"):
+                if now - self._last.get(key, -1e18) < self.same_event_interval_s:
+                    continue
+            if limited and self._minute_lines >= self.lines_per_minute:
+                self._suppressed += 1
+                continue
+            self._last[key] = now
+            self._minute_lines += 1
+            self.logger.info("%s", text)
+            out.append(text)
+        return out
+
+
+__all__ = ["Journal", "describe_layer"]

@@ -1,0 +1,148 @@
+"""The journal's lines (temperd/observe/journal.py): one per workload and event, rate-limited,
+never one per thread; and, where the daemon calls it, a real memcached's start -> matched ->
+treated -> stopped -> left cycle in the daemon's log without tracebacks or per-thread noise."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+
+import pytest
+
+from temperd.decide.matcher import MatchResult, ThreadMatch, Workload
+from temperd.observe.journal import Journal, describe_layer
+from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, YIELD, Layer, LayerPlan, MemberSelector
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+class Result:
+    def __init__(self, restored=None, drift=None):
+        self.restored = restored or {}
+        self.drift = drift or {}
+        self.applied = {}
+        self.failed = {}
+
+
+def workload(key="memcached.service", threads=4):
+    members = [ThreadMatch(100 + i, 100, "mc-worker", "workers", "name") for i in range(threads)]
+    members.append(ThreadMatch(100, 100, "memcached", "dispatch", "name"))
+    return Workload(key=key, profile_id="memcached", tier="critical", budget=None, budget_reason="", source="binding",
+                    reason="unit memcached.service", unit="memcached.service", cgroup=None, pids=(100,),
+                    threads=tuple(members))
+
+
+def plan_for(w, cpus=(1,)):
+    workers = tuple(t.tid for t in w.threads if t.group == "workers")
+    return LayerPlan(layers=(
+        Layer(name=f"{w.key}.workers", kind=CONFINED, treatment=EXCLUSIVE, tier=w.tier, workload=w.key, group="workers",
+              selector=MemberSelector(tids=workers), cpus=cpus),
+        Layer(name=f"{w.key}.dispatch", kind=OPEN, treatment=LATENCY, tier=w.tier, workload=w.key, group="dispatch",
+              selector=MemberSelector(tids=(100,)), nice=-7),
+    ), reserve_cpus=(0,))
+
+
+def test_describe_layer():
+    sel = MemberSelector()
+    assert describe_layer(Layer("a", CONFINED, EXCLUSIVE, "critical", "w", "g", sel, cpus=(2, 3, 4, 7))) == \
+        "exclusive, CPUs 2-4,7"
+    assert describe_layer(Layer("a", OPEN, LATENCY, "critical", "w", "g", sel, nice=-7, slice_us=500)) == \
+        "latency, nice -7, slice 500 us"
+    assert describe_layer(Layer("a", OPEN, YIELD, "critical", "w", "g", sel, policy="batch", nice=15)) == \
+        "yield (batch, nice 15)"
+
+
+def test_matched_treated_changed_left(caplog):
+    clock = Clock()
+    journal = Journal(clock=clock)
+    w = workload()
+    with caplog.at_level(logging.INFO, logger="temperd"):
+        first = journal.applied(MatchResult([w]), plan_for(w), Result(), "start")
+        again = journal.applied(MatchResult([w]), plan_for(w), Result(), "events")  # new threads only: nothing new
+        clock.now += 120
+        moved = journal.applied(MatchResult([w]), plan_for(w, cpus=(1, 2)), Result(), "reload")
+        left = journal.applied(MatchResult([]), LayerPlan(layers=(), reserve_cpus=(0,)),
+                               Result(restored={"affinity": 4, "nice": 1}), "events")
+    assert first[0] == ("workload memcached.service matched: profile memcached, tier critical, by binding "
+                        "(unit memcached.service); 1 process, 5 threads")
+    assert first[1] == ("workload memcached.service treated: workers: 4 threads exclusive, CPUs 1; "
+                        "dispatch: 1 thread latency, nice -7")
+    assert first[2].startswith("plan changed (start): added memcached.service.dispatch, memcached.service.workers")
+    assert again == []
+    assert moved[0] == ("workload memcached.service treatment changed: workers: 4 threads exclusive, CPUs 1-2; "
+                        "dispatch: 1 thread latency, nice -7")
+    assert "memcached.service.workers CPUs 1 -> 1-2" in moved[1]
+    assert left[0] == ("workload memcached.service left (its processes ended or no longer match): "
+                       "4 affinity, 1 nice setting(s) restored")
+    assert [r.getMessage() for r in caplog.records] == first + moved + left
+
+
+def test_never_a_line_per_thread_and_rate_limited():
+    clock = Clock()
+    journal = Journal(clock=clock, lines_per_minute=5)
+    lines = []
+    for n in range(1, 200):  # threads come and go every call
+        w = workload(threads=n)
+        lines += journal.applied(MatchResult([w]), plan_for(w), Result(drift={"nice": 1} if n % 2 else {}), "events")
+        clock.now += 0.1
+    assert len(lines) <= 5, lines
+    assert sum("drift" in line or "someone else" in line for line in lines) == 1
+
+
+def test_reload_and_stop_lines():
+    journal = Journal()
+    assert journal.reloaded(True, 3, "SIGHUP", "2 profiles") == ["reload (SIGHUP) adopted: generation 3, 2 profiles"]
+    assert journal.reloaded(False, 3, "file change", problems=["broken.toml: line 3: treatment missing"]) == [
+        "reload (file change) refused: 1 problem(s), generation 3 keeps running; first: broken.toml: line 3: "
+        "treatment missing"]
+    assert journal.stopped() == ["stopped: every changed thread restored"]
+
+
+def _daemon_journals() -> bool:
+    from temperd.daemon import daemon
+
+    return "Journal" in inspect.getsource(daemon)
+
+
+@pytest.mark.servers
+@pytest.mark.slow
+def test_daemon_log_tells_a_memcached_cycle(tmp_path):
+    """memcached started -> matched -> treated -> stopped -> left; then temperd stops and restores."""
+    if not _daemon_journals():
+        pytest.skip("the daemon does not call temperd.observe.journal yet (issue 15: the daemon's edit)")
+    from test_daemon_e2e import PROFILE, Temperd, memcached, task_stat, threads_by_name
+    from thread_children import wait_for
+
+    daemon = Temperd(tmp_path)
+    daemon.profiles.joinpath("memcached.toml").write_text(PROFILE.format(nice=-7))
+    daemon.start()
+    try:
+        with memcached() as server:
+            lru = threads_by_name(server.pid)["mc-lrumaint"][0]
+            wait_for(lambda: task_stat(server.pid, lru)["nice"] == 15, 20, "memcached treated")
+            wait_for(lambda: "treated:" in daemon.logtext(), 10, "the treated line")
+        wait_for(lambda: " left " in daemon.logtext(), 15, "the left line")
+    finally:
+        code = daemon.stop()
+    log = daemon.logtext()
+    assert code == 0, log
+    lines = log.splitlines()
+
+    def one(pattern):
+        found = [line for line in lines if re.search(pattern, line)]
+        assert len(found) == 1, (pattern, found, log)
+        return found[0]
+
+    one(r"workload memcached\S* matched: profile memcached")
+    one(r"workload memcached\S* treated: workers: \d+ threads? exclusive")
+    one(r"workload memcached\S* left ")
+    one(r"stopped: ")
+    assert "Traceback" not in log and "No such process" not in log, log
+    assert not [line for line in lines if re.search(r"\btid\b|thread \d+", line)], log
