@@ -5,6 +5,9 @@ kernel with sched_ext (CONFIG_SCHED_CLASS_EXT), which this host does not have. T
 takes the config the way scx_layered does, serves its stats protocol, exits 0 on SIGTERM and
 crashes when told. sched_ext's sysfs files are a fake tree the stand-in updates while attached.
 The native fallback is real: thread settings are read back from /proc.
+The real scx_layered 1.1.2 runs where it can: tests/test_scx_real_binary.py (its config
+checks, on this host through trixie's glibc) and the VM test's scx_* steps (loaded for real);
+what it did there that the stand-in does differently is in the stand-in's docstring.
 """
 
 import dataclasses

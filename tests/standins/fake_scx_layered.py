@@ -13,6 +13,22 @@ stand-in behaves like it as far as a supervisor can see (reference: scx_layered 
   with `{"errno":0,"args":{"resp":SysStats}}`, counters as deltas since the previous request
   on the same connection; `stats_meta`; unknown requests get errno 22 (EINVAL);
 - SIGTERM, SIGINT and SIGHUP: prints `EXIT: unregistered from user space` on stderr, exit 0.
+- log lines on stdout in the real one's format (tracing's: `<UTC time>  INFO ThreadId(01)
+  scx_layered: <source file>:<line>: <message>`), colourless as the real one is under NO_COLOR
+  (temperd's supervisor sets it: the real one writes ANSI colours even into a file).
+
+What the real scx_layered 1.1.2 did in the VM test (Debian trixie guest, kernel 7.3.4, software
+emulation, 4 vCPUs), where this stand-in differs:
+- start-up: 12-15 s from exec to `Layered Scheduler Attached` (BPF load and verification), and
+  the stats socket appears only then; the stand-in attaches at once unless FAKE_SCX_ATTACH_DELAY
+  says otherwise (the supervisor allows 90 s);
+- `systemctl stop temperd` signals every process of the unit: the real one got SIGTERM before
+  temperd's own stop and exited 0 as above (the supervisor counts that as a stop from outside,
+  not a crash); `kill -9` leaves no EXIT line ("killed by signal 9") and the kernel unloads it;
+- LayerStats `tasks` counts the threads that have run since the attach (a thread sleeping on a
+  condition is matched to its layer when it next wakes); the stand-in's counts are made up;
+- a config error exits 1 with `Error: ...` (a panic, e.g. a wrong template type, exits 101); a
+  bad flag exits 2.
 
 Test controls (environment):
   FAKE_SCX_STATS_SOCKET  socket path (default /var/run/scx/root/stats, like the real one)
@@ -41,6 +57,13 @@ VALUE_OPTIONS = {"-s", "--slice-us", "-i", "--interval", "--log-level", "--task-
                  "--run-id", "--stats", "--monitor", "-e", "--example", "--layer-refresh-ms-avgruntime"}
 FLAG_OPTIONS = {"--allow-partial-core", "--enable-gpu-support", "--disable-antistall", "--run-example",
                 "--print-and-exit", "-v", "-V", "--version", "--monitor-disable", "-t", "--disable-topology"}
+
+
+def log_line(level, where, message):
+    """One line as the real scx_layered logs it (tracing's format, no colours)."""
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+    print(f"{stamp}  {level} ThreadId(01) scx_layered: {where}: {message}", flush=True)
 
 
 def fail(message, code=1):
@@ -221,6 +244,7 @@ def main():
         print("specs=" + json.dumps(layers, indent=2))
         return 0
     sysfs = FakeSysfs(os.environ.get("FAKE_SCX_SYSFS"))
+    log_line("INFO", "scheds/rust/scx_layered/src/main.rs:2794", "Running scx_layered (build ID: 1.1.2 stand-in)")
     if sysfs.state() != "disabled":
         fail("another sched_ext scheduler is already running")
     stop = threading.Event()
@@ -236,7 +260,8 @@ def main():
     sysfs.set("enabled", OPS_NAME)
     record("attach", argv=sys.argv[1:], specs=layers)
     server = StatsServer(os.environ.get("FAKE_SCX_STATS_SOCKET", DEFAULT_SOCKET), layers)
-    print("Layered Scheduler Attached. Run `scx_layered --monitor` for metrics.", flush=True)
+    log_line("INFO", "scheds/rust/scx_layered/src/main.rs:3107",
+             "Layered Scheduler Attached. Run `scx_layered --monitor` for metrics.")
     crash_after = os.environ.get("FAKE_SCX_CRASH_AFTER")
     crashed = not stop.wait(float(crash_after)) if crash_after else not stop.wait()
     server.close()

@@ -12,7 +12,9 @@
   restart leaves the host on the kernel's default scheduler for a moment. Changes are batched
   (batch_s after the first one) and restarts rate-limited (min_interval_s apart); restarts,
   coalesced changes and the time spent on the default scheduler are counted.
-- Exits: an exit temperd did not ask for is a crash; the next start waits a doubling backoff.
+- Exits: an exit temperd did not ask for is a crash (unless it is the clean exit of a
+  scx_layered told to stop by someone else, e.g. systemd's SIGTERM to the whole unit); the next
+  start waits a doubling backoff.
   crash_limit crashes within crash_window_s put the supervisor into safe mode: it stops
   starting scx_layered and reports why, so the daemon can carry the plan out natively.
 """
@@ -67,7 +69,9 @@ class RestartPolicy:
     crash_window_s: float = _CONFIGURED.crash_window_s  # ... within this window: safe mode
     crash_backoff_s: float = 2.0  # wait before starting again after a crash, doubled per crash in the window
     max_backoff_s: float = 60.0
-    attach_timeout_s: float = 20.0  # BPF load + verification can take seconds on big hosts
+    # Start to stats socket: BPF load + verification takes seconds on big hosts, and the real
+    # scx_layered 1.1.2 took about 30 s under software emulation (the VM test's guest).
+    attach_timeout_s: float = 90.0
     busy_grace_s: float = 5.0  # sched_ext still "disabling" after our own exit: wait this long
     stop_timeout_s: float = 10.0  # SIGTERM, then SIGKILL
     stats_interval_s: float = 1.0
@@ -110,6 +114,7 @@ class SupervisorStatus:
     restarts: int  # for plan changes
     crash_restarts: int
     crashes: int  # exits temperd did not ask for
+    outside_stops: int  # clean exits on a signal temperd did not send (systemctl stop, kill): not crashes
     coalesced_changes: int
     refusals: int  # starts refused: another sched_ext scheduler was loaded
     stats_reads: int
@@ -141,8 +146,12 @@ class SupervisorStatus:
         }
 
 
-COUNTERS = ("starts", "restarts", "crash_restarts", "crashes", "coalesced_changes", "refusals", "stats_reads",
-            "stats_errors", "safe_mode_entries")
+COUNTERS = ("starts", "restarts", "crash_restarts", "crashes", "outside_stops", "coalesced_changes", "refusals",
+            "stats_reads", "stats_errors", "safe_mode_entries")
+# Exit statuses of a scx_layered that was told to stop: it catches SIGTERM, SIGINT and SIGHUP,
+# detaches and exits 0 ("EXIT: unregistered from user space"); negative: killed by that signal
+# before it installed its handler.
+STOPPED_BY_SIGNAL = (0, -signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP)
 
 
 class ScxConfigError(ValueError):
@@ -478,7 +487,8 @@ class ScxSupervisor:
         os.makedirs(self.state_dir, exist_ok=True)
         write_atomically(self.config_path, text)
         argv = [self.binary, *self.args, f"f:{self.config_path}"]
-        env = None if self.env is None else {**os.environ, **self.env}
+        # scx_layered colours its log lines (ANSI escapes) even into a file, unless NO_COLOR is set.
+        env = {**os.environ, "NO_COLOR": "1", **(self.env or {})}
         with open(self.log_path, "wb") as output:
             try:
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
@@ -556,6 +566,7 @@ class ScxSupervisor:
     def _on_exit(self, code: int, requested: bool, reason: Optional[str] = None) -> None:
         self._client.close()
         now = self.clock()
+        signalled_by_us = reason is not None  # _terminate with a reason: we stopped one that failed to attach
         reason = reason or _exit_reason(self.log_path, code)
         record = ExitRecord(code, requested, reason, time.time())
         with self._lock:
@@ -567,6 +578,18 @@ class ScxSupervisor:
             self._state = IDLE
         if requested:
             log.info("scx_layered stopped: %s", reason)
+            return
+        if code in STOPPED_BY_SIGNAL and not signalled_by_us:
+            # Stopped from outside, not crashed: `systemctl stop temperd` signals every process of
+            # the unit at once (KillMode=control-group), so scx_layered may be gone before temperd's
+            # own stop reaches the supervisor; or an administrator stopped it. Not a crash (no safe
+            # mode for a clean stop): it is started again after the first backoff, unless temperd
+            # is stopping meanwhile.
+            log.warning("scx_layered was stopped from outside temperd: %s", reason)
+            with self._lock:
+                self.counters["outside_stops"] += 1
+                self._next_start_at = now + self.policy.crash_backoff_s
+                self._state = BACKOFF
             return
         log.warning("scx_layered exited unexpectedly: %s", reason)
         self._keep_crash_log()
