@@ -67,8 +67,8 @@ def test_no_headers_is_said_once_with_the_release(tmp_path, caplog):
         telemetry.start()
         telemetry.start()
     assert [r.getMessage() for r in caplog.records] == [
-        "telemetry: schedstat (bpf off): scheduling delay per layer as schedstat means"]
-    assert telemetry.describe() == "schedstat (bpf off)"
+        "telemetry: schedstat (bpf off: TEMPERD_BPF=0): scheduling delay per layer as schedstat means"]
+    assert telemetry.describe() == "schedstat (bpf off: TEMPERD_BPF=0)"
 
 
 def test_this_host_says_why_bcc_is_not_used():

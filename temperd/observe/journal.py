@@ -132,7 +132,8 @@ class Journal:
                                           "left as found, temperd no longer sets them"))
         change = self._plan_change(plan)
         if change:
-            lines.append((("", "plan"), f"plan changed ({trigger or 'replan'}): {change}"))
+            # keyed by what changed: a different change is news at once, the same one again is not
+            lines.append(((change, "plan"), f"plan changed ({trigger or 'replan'}): {change}"))
         return self._emit(lines)
 
     def reloaded(self, ok: bool, generation: int, trigger: str, summary: str = "",

@@ -382,12 +382,17 @@ class BpfLatency:
         self._bpf.cleanup()
 
 
+# TEMPERD_BPF=0 in temperd's environment keeps the bcc program unloaded (measurements of its cost:
+# bench/overhead.py --bpf off).
+BPF_ENV = "TEMPERD_BPF"
+
+
 class Telemetry:
     """The scheduling-delay source temperd uses: bpf where it loads, else schedstat; `reason`
     says why not bpf (logged once, at start)."""
 
-    def __init__(self, want_bpf: bool = True) -> None:
-        self.want_bpf = want_bpf
+    def __init__(self, want_bpf: Optional[bool] = None) -> None:
+        self.want_bpf = want_bpf if want_bpf is not None else os.environ.get(BPF_ENV, "1") != "0"
         self.impl = None
         self.reason: Optional[str] = None
         self.report = LatencyReport(SCHEDSTAT, "not started")
@@ -399,7 +404,7 @@ class Telemetry:
     def start(self) -> None:
         if self.impl is not None:
             return
-        self.reason = bcc_unavailable() if self.want_bpf else "bpf off"
+        self.reason = bcc_unavailable() if self.want_bpf else f"bpf off: {BPF_ENV}=0"
         path = program_path() if self.reason is None else None
         if self.reason is None and path is None:
             self.reason = f"bcc: {PROGRAM} not found"
