@@ -23,6 +23,8 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 KILLS = 12
 SEED = int(os.environ.get("TMPD_KILL_SEED", "20261123"))
 
+# One thread in the exclusive group: a group of two would get no CPU of its own on a 2-CPU host
+# (a Grouped layer, which moves nothing), and the forker's children are to inherit a real pinning.
 PROFILE = """schema_version = 1
 id = "tmpd-kill9"
 description = "test: every kind of treatment"
@@ -30,7 +32,7 @@ description = "test: every kind of treatment"
 process_names = ["tmpd-kill9"]
 [[thread_groups]]
 name = "hot"
-thread_names = ["kw-*"]
+thread_names = ["kw-fork"]
 treatment = "exclusive"
 [[thread_groups]]
 name = "wake"
