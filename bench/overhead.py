@@ -20,7 +20,16 @@ dir, state dir and control socket.
 - +2000 threads: a helper process (bench/reconcile.py's holder) keeps 2 000 named sleeping
   threads alive from before temperd starts until it stops.
 
-Goal: <= 0.13 % of one core.
+- in the window: tasks created on the host (/proc/loadavg's last pid), process events temperd
+  received, plans applied and full scans, so that an expensive window says what temperd did in
+  it; and the scheduling-delay source (/observe's latency: bpf, or schedstat and why).
+- --churn RATE: a further scenario with RATE short-lived foreign processes forked per second (a
+  busy host's cron jobs, health checks, test runs): temperd's cost per process event.
+- --bpf on|off|both: the bcc telemetry (bpf/runqlat.bpf.c) where it loads, kept off
+  (TEMPERD_BPF=0), or both as arms of one run. In a TCG-emulated VM only the ratio of the two
+  means anything; absolute figures there are not a host's.
+
+Goal: <= 0.13 % of one core, for the median and for the worst window.
 
 --profile cprofile runs temperd under cProfile (bench-only wrapper: the daemon's main thread,
 which does every periodic job) and prints the functions by cumulative time with calls per second;
@@ -31,12 +40,14 @@ Profiling inflates the CPU numbers; use it to see where the time goes, not how m
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pstats
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -46,6 +57,22 @@ from reconcile import HOLDER  # noqa: E402  (bench/reconcile.py: 2 000 named sle
 import servers as S  # noqa: E402
 
 GOAL_PCT = 0.13
+
+# Foreign process churn (--churn RATE): forks RATE short-lived processes a second, as a busy
+# host's cron jobs, health checks and test runs do. Each one is a process event temperd receives.
+CHURNER = r"""
+import os, sys, time
+rate = float(sys.argv[1])
+period = 1.0 / rate
+next_at = time.monotonic()
+while True:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    next_at += period
+    time.sleep(max(0.0, next_at - time.monotonic()))
+"""
 
 # Runs temperd's click entry point under cProfile and writes the stats when it returns (SIGTERM
 # makes the daemon stop, restore and return normally).
@@ -73,6 +100,12 @@ class Result:
     reconciles: int
     observe_sample_cpu_ms: float
     events: int
+    # What happened inside the window (the attribution of an expensive one):
+    window_events: int = 0  # process events temperd received
+    window_replans: int = 0  # plans applied (whole or new threads only)
+    window_reconciles: int = 0  # full /proc scans
+    window_forks: int = 0  # processes and threads created on the host (from /proc/loadavg's last pid)
+    telemetry: str = ""  # the scheduling-delay source (temperctl status' telemetry, or /observe's latency)
 
 
 def host_threads() -> int:
@@ -86,18 +119,46 @@ def host_threads() -> int:
     return total
 
 
+def last_pid() -> int:
+    """The most recently created pid or tid on the host (/proc/loadavg's last field)."""
+    with open("/proc/loadavg") as handle:
+        return int(handle.read().split()[-1])
+
+
+def forks_between(first: int, last: int) -> int:
+    if last >= first:
+        return last - first
+    with open("/proc/sys/kernel/pid_max") as handle:  # wrapped around
+        return int(handle.read()) - first + last
+
+
+def telemetry_of(port: int) -> str:
+    """The scheduling-delay source, as /observe says it: "bpf" or "schedstat (why)"."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/observe", timeout=10) as reply:
+            latency = json.load(reply).get("latency") or {}
+    except (OSError, ValueError):
+        return "?"
+    return latency.get("source", "?") + (f" ({latency['reason']})" if latency.get("reason") else "")
+
+
 def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, command: Optional[Sequence[str]] = None,
             py_spy: Optional[str] = None, py_spy_out: Optional[str] = None,
-            reconcile_interval_s: Optional[float] = None) -> Result:
+            reconcile_interval_s: Optional[float] = None, churn: float = 0.0, bpf: str = "on") -> Result:
     holder = None
+    churner = None
     if extra_threads:
         holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(extra_threads)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         if holder.stdout.readline().strip() != "ready":
             raise SystemExit("the thread holder did not start")
+    if churn:
+        churner = subprocess.Popen([sys.executable, "-c", CHURNER, str(churn)])
     try:
         settings = f"reconcile_interval_s = {reconcile_interval_s}\n" if reconcile_interval_s else ""
-        with C.running_temperd(http_port=S.free_port(), command=command, settings=settings) as daemon:
+        env = {"TEMPERD_BPF": "0" if bpf == "off" else "1"}  # temperd/sources/runqlat.py
+        port = S.free_port()
+        with C.running_temperd(http_port=port, command=command, settings=settings, env=env) as daemon:
             startup_ticks = daemon.cpu_ticks()
             threads = host_threads()
             status = daemon.status()
@@ -109,23 +170,35 @@ def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, 
                                         "--duration", str(int(seconds)), "--format", "raw", "--threads",
                                         "--nonblocking", "--output", py_spy_out],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            before = daemon.status()
+            pid0 = last_pid()
             ticks0, ns0, t0 = daemon.cpu_ticks(), C.thread_runtime_ns(daemon.pid), time.monotonic()
             time.sleep(seconds)
             ticks1, ns1, t1 = daemon.cpu_ticks(), C.thread_runtime_ns(daemon.pid), time.monotonic()
+            pid1 = last_pid()
             if spy is not None:
                 spy.wait(timeout=seconds + 30)
             status = daemon.status()
+            status["telemetry"] = telemetry_of(port)
     finally:
+        if churner is not None:
+            churner.kill()
+            churner.wait(timeout=20)
         if holder is not None:
             holder.stdin.close()
             holder.wait(timeout=20)
     wall = t1 - t0
     overhead = status.get("overhead") or {}
     inventory = status.get("inventory") or {}
+    inventory0 = before.get("inventory") or {}
     return Result(scenario, threads, startup_ticks / C.TICK_HZ, first_reconcile,
                   100.0 * (ticks1 - ticks0) / C.TICK_HZ / wall, 100.0 * (ns1 - ns0) / 1e9 / wall, wall,
                   inventory.get("reconciles", 0), 1000.0 * (overhead.get("sample_cpu_s") or 0.0),
-                  inventory.get("events_received", 0))
+                  inventory.get("events_received", 0),
+                  inventory.get("events_received", 0) - inventory0.get("events_received", 0),
+                  status.get("replans", 0) - before.get("replans", 0),
+                  inventory.get("reconciles", 0) - inventory0.get("reconciles", 0),
+                  forks_between(pid0, pid1), str(status.get("telemetry") or ""))
 
 
 def print_cprofile(path: str, seconds: float, top: int = 25) -> None:
@@ -166,6 +239,13 @@ def main() -> int:
     parser.add_argument("--reconcile-intervals", default="120",
                         help="comma-separated reconcile_interval_s values, each an arm of the same run (default 120, "
                              "temperd's default), e.g. 30,120")
+    parser.add_argument("--churn", type=float, default=0.0,
+                        help="also measure with this many short-lived foreign processes forked per second (default: off)")
+    parser.add_argument("--bpf", choices=("on", "off", "both"), default="on",
+                        help="the bcc telemetry: on (where it loads; else the schedstat fallback), off (TEMPERD_BPF=0), "
+                             "or both, each an arm of the same run (its relative cost; in a TCG VM only the ratio means "
+                             "anything)")
+    parser.add_argument("--only-churn", action="store_true", help="measure the --churn scenario only")
     parser.add_argument("--profile", choices=("cprofile", "py-spy"), help="profile temperd while measuring")
     parser.add_argument("--py-spy", dest="py_spy", default="py-spy", help="py-spy binary for --profile py-spy")
     args = parser.parse_args()
@@ -178,27 +258,38 @@ def main() -> int:
     print(f"host before the run: idle {quiet.idle_pct:.0f} %, steal {quiet.steal_pct:.1f} %, other processes "
           f"{quiet.foreign_core_pct:.1f} % of a core")
     intervals = [float(v) for v in args.reconcile_intervals.split(",") if v.strip()]
-    scenarios = [(f"{name}, scan {interval:g} s" if len(intervals) > 1 else name, extra, interval)
-                 for interval in intervals for name, extra in (("idle host", 0), (f"+{args.threads} threads", args.threads))]
+    arms = [("idle host", 0, 0.0), (f"+{args.threads} threads", args.threads, 0.0)]
+    if args.churn:
+        arms = ([] if args.only_churn else arms) + [(f"+{args.churn:g} forks/s", 0, args.churn)]
+    modes = ("on", "off") if args.bpf == "both" else (args.bpf,)
+    scenarios = [(f"{name}, scan {interval:g} s" if len(intervals) > 1 else name, extra, interval, churn)
+                 for interval in intervals for name, extra, churn in arms]
+    if len(modes) > 1:
+        scenarios = [(f"{label}, bpf {mode}", extra, interval, churn) for label, extra, interval, churn in scenarios
+                     for mode in modes]
     results: List[Result] = []
     tmp = tempfile.mkdtemp(prefix="overhead-")
     monitors = []
     for rep in range(args.reps):
-        for label, extra, interval in scenarios:
+        for label, extra, interval, churn in scenarios:
             command: Optional[List[str]] = None
-            prof = os.path.join(tmp, f"{rep}-{extra}-{interval:g}.prof")
+            prof = os.path.join(tmp, f"{rep}-{len(results)}.prof")
             if args.profile == "cprofile":
                 command = [sys.executable, "-c", CPROFILE_WRAPPER, prof]
             monitor = C.HostMonitor()
             monitor.start()
             result = measure(label, args.seconds, args.settle, extra, command,
-                             args.py_spy if args.profile == "py-spy" else None, prof + ".spy", interval)
+                             args.py_spy if args.profile == "py-spy" else None, prof + ".spy", interval, churn,
+                             "off" if label.endswith("bpf off") or args.bpf == "off" else "on")
             window = monitor.stop()
             monitors.append(window)
             results.append(result)
             print(f"  {label:<28} start-up {result.startup_cpu_s:.2f} s CPU, steady {result.steady_core_pct:.3f} % "
                   f"of a core ({result.steady_core_pct_ns:.3f} % by schedstat); host idle {window.idle_pct:.0f} %, "
                   f"other processes {window.foreign_core_pct:.1f} % of a core", flush=True)
+            print(f"  {'':<28} in the window: {result.window_forks} tasks created on the host, "
+                  f"{result.window_events} process events, {result.window_replans} plans applied, "
+                  f"{result.window_reconciles} full scans; telemetry {result.telemetry}", flush=True)
             if args.profile == "cprofile":
                 print_cprofile(prof, args.seconds)
             elif args.profile == "py-spy" and os.path.exists(prof + ".spy"):
@@ -211,7 +302,7 @@ def main() -> int:
     print(head)
     print("-" * len(head))
     verdicts = []
-    for label, _, _ in scenarios:
+    for label, _, _, _ in scenarios:
         rows = [r for r in results if r.scenario == label]
         steady = C.median([r.steady_core_pct for r in rows])
         verdicts.append((label, steady))
@@ -224,7 +315,10 @@ def main() -> int:
           "observe ms: CPU of the last observation sample)")
     print()
     for label, steady in verdicts:
-        print(f"{'PASS' if steady <= GOAL_PCT else 'MISS'}  {label}: {steady:.3f} % of one core (goal <= {GOAL_PCT} %)")
+        worst = max(r.steady_core_pct for r in results if r.scenario == label)
+        ok = steady <= GOAL_PCT and worst <= GOAL_PCT
+        print(f"{'PASS' if ok else 'MISS'}  {label}: median {steady:.3f} %, worst window {worst:.3f} % of one core "
+              f"(goal <= {GOAL_PCT} % for both)")
     if args.profile:
         print("\n(profiled: the numbers above include the profiler's own cost)")
     return 0
