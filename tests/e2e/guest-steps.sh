@@ -351,6 +351,257 @@ step_scx_refusal() {
     check "scx_layered was never started" standin_never_started
 }
 
+# ---- the scx backend on the real scx_layered ---------------------------------------------------------
+# The real scx_layered 1.1.2 (run-vm-test.sh copies it into the share when it has one) installed
+# as a distribution would, /usr/bin/scx_layered; temperd with backend = "scx" and the scx-privileges
+# drop-in; memcached under its builtin profile. Attaching takes about 30 s under emulation.
+SCX_LOG=/run/temper/scx_layered.log
+scx_loaded() { [ "$(cat /sys/kernel/sched_ext/state)" = enabled ] && [[ "$(cat /sys/kernel/sched_ext/root/ops 2>/dev/null)" == layered* ]]; }
+scx_unloaded() { [ "$(cat /sys/kernel/sched_ext/state)" = disabled ] && [ ! -e /sys/kernel/sched_ext/root/ops ]; }
+scx_sv() { status_json | $HELPER json "d['backend']['scx_layered']$1"; }
+scx_running() {  # scx_layered attached and its stats read through temperd's supervisor
+  status_is 'd["backend"]["carried_by"] == "scx" and d["backend"]["scx_layered"]["state"] == "running" and d["backend"]["scx_layered"]["stats_reads"] > 0' &&
+    scx_loaded
+}
+scx_show() {
+  echo "sched_ext: state $(cat /sys/kernel/sched_ext/state), ops $(cat /sys/kernel/sched_ext/root/ops 2>/dev/null || echo -)"
+  status_json | $HELPER json '{k: v for k, v in d["backend"]["scx_layered"].items() if k in ("state", "pid", "starts", "restarts", "crashes", "crash_restarts", "coalesced_changes", "safe_mode", "last_exit", "default_scheduler_gap_s", "stats_reads", "stats_error")}'
+}
+# the memcached layers of the plan: name, kind, members, planned CPUs; and what scx_layered's stats say of each
+scx_layer_table() {
+  status_json >"$W/st.json" && python3 - "$W/st.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+stats = d["backend"]["scx_stats"]["layers"]
+for l in d["layers"]:
+    s = stats.get(l["name"], {})
+    print(f"{l['name']:34} {l['kind']:8} members {l['members']:3} planned cpus {l['cpus']} | scx_layered: "
+          f"tasks {s.get('tasks')}, cur_nr_cpus {s.get('cur_nr_cpus')}, util {s.get('util')}")
+PY
+}
+# scx_confined_sized: every Confined layer of the running config runs on the CPU count it was rendered with
+scx_confined_sized() {
+  status_json >"$W/st.json" && python3 - "$W/st.json" /run/temper/scx_layered.json <<'PY'
+import json, sys
+st, cfg = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+stats = st["backend"]["scx_stats"]["layers"]
+confined = [(l["name"], l["kind"]["Confined"]["cpus_range"]) for l in cfg if "Confined" in l["kind"]]
+bad = [(n, r, stats.get(n, {}).get("cur_nr_cpus")) for n, r in confined if stats.get(n, {}).get("cur_nr_cpus") != r[0]]
+print("Confined layers (name, cpus_range):", confined, "| not at that size (name, range, cur_nr_cpus):", bad)
+sys.exit(1 if bad or not confined else 0)
+PY
+}
+# memcached_load SECONDS: get/set traffic on 4 connections, so that the mc-worker threads run
+memcached_load() {
+  python3 - "$1" <<'PY'
+import socket, sys, threading, time
+end = time.time() + float(sys.argv[1])
+def client(n):
+    s = socket.create_connection(("127.0.0.1", 11211))
+    s.settimeout(5)
+    value = b"x" * 512
+    i = 0
+    while time.time() < end:
+        key = b"k%d_%d" % (n, i % 200)
+        s.sendall(b"set %s 0 0 %d\r\n%s\r\nget %s\r\n" % (key, len(value), value, key))
+        buf = b""
+        while not buf.endswith(b"END\r\n"):
+            buf += s.recv(65536)
+        i += 1
+    print(f"client {n}: {i} set+get")
+threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+PY
+}
+export SCX_LOG
+export -f scx_loaded scx_unloaded scx_sv scx_running scx_show scx_layer_table scx_confined_sized memcached_load
+
+step_scx_load() {
+  if [ ! -f "$H/scx_layered" ]; then
+    echo "no real scx_layered in the share (run-vm-test.sh --scx-layered FILE): the scx_* steps skip"
+    return 4
+  fi
+  [ -f "$W/temperd.toml.orig" ] || cp /etc/temper/temperd.toml "$W/temperd.toml.orig"
+  systemctl stop temperd.service
+  install -m 0755 "$H/scx_layered" /usr/bin/scx_layered
+  scx_layered --version 2>&1 | head -n 1
+  rm -f /usr/local/bin/scx_layered /etc/temper/profiles.d/*.toml  # the builtin memcached profile, not the VM test's
+  cp "$W/temperd.toml.orig" /etc/temper/temperd.toml
+  sed -i 's/^#backend = "auto"$/backend = "scx"/' /etc/temper/temperd.toml
+  # Two crashes are the crash limit here (the issue's kill -9 twice); restarts for plan changes 10 s apart.
+  printf '\n[scx]\ncrash_limit = 2\nmin_restart_interval_s = 10.0\n' >>/etc/temper/temperd.toml
+  # A budget of one CPU: the workers group gets one whole core of the two (a Confined layer,
+  # protected, with the sibling kept idle); without it the budget is the whole host.
+  printf '\n[[binding]]\nunit = "memcached.service"\ntier = "critical"\nprofile = "memcached"\ncpus = 1.0\n' >>/etc/temper/temperd.toml
+  grep -nE '^(backend|\[scx\]|crash_limit|min_restart|unit|cpus)' /etc/temper/temperd.toml
+  install -D -m 0644 /usr/share/temperd/scx-privileges.conf /etc/systemd/system/temperd.service.d/scx.conf
+  systemctl daemon-reload
+  check "sched_ext disabled before temperd starts" scx_unloaded || return 1
+  local t0=$SECONDS
+  systemctl start temperd.service || return 1
+  wait_for 60 "temperd active" systemctl is-active --quiet temperd.service || return 1
+  wait_for 150 "scx_layered attached: sched_ext enabled, root/ops layered*, stats read by temperd" scx_running
+  local rc=$?
+  echo "from systemctl start to attached and read: $((SECONDS - t0)) s"
+  scx_show
+  echo "--- $SCX_LOG:"; tail -n 25 "$SCX_LOG" | cut -c1-220
+  dmesg | grep -i sched_ext | tail -n 3
+  [ $rc = 0 ] || return 1
+  temperctl status | sed -n '1,6p'
+  check "backend scx active, scx_layered pid is a child of temperd" \
+    test "$(ps -o ppid= -p "$(scx_sv '["pid"]')" | tr -d ' ')" = "$(temperd_pid)" &&
+    check "scx_layered logged 'Layered Scheduler Attached'" grep -q 'Layered Scheduler Attached' "$SCX_LOG" &&
+    check "memcached matched by its builtin profile" \
+      status_is 'any(w["key"] == "memcached.service" and w["profile"] == "memcached" and "workers" in w["groups"] for w in d["workloads"])'
+}
+
+step_scx_layers_populated() {
+  local cfg=/run/temper/scx_layered.json
+  wait_for 60 "scx_layered's stats (read by temperd) list every layer of the plan" \
+    status_is 'set(l["name"] for l in d["layers"]) <= set(d["backend"]["scx_stats"]["layers"])' || return 1
+  memcached_load 8 >/dev/null &
+  sleep 6
+  scx_layer_table
+  echo "--- the config temperd rendered ($cfg), memcached layers:"
+  $HELPER json '[(l["name"], l["kind"]) for l in d if l["name"].startswith("memcached")]' <"$cfg"
+  wait
+  # Each memcached layer holds (at least) the threads the plan put in it, and a Confined layer
+  # runs on exactly the CPU count the plan sized it to (its CPUs plus the idle SMT siblings).
+  # scx_layered puts a thread in its layer when it next runs after the attach: threads the load
+  # woke (mc-worker, the dispatcher) are all counted, maintenance threads that sleep on a
+  # condition until something needs them may not be yet.
+  check "workers and dispatch layers: scx_layered's task count >= the plan's members" \
+    status_is 'all(d["backend"]["scx_stats"]["layers"][l["name"]].get("tasks", 0) >= l["members"] > 0 for l in d["layers"] if l["name"] in ("memcached.service.workers", "memcached.service.dispatch"))' &&
+    check "every memcached layer holds tasks" \
+    status_is 'all(d["backend"]["scx_stats"]["layers"][l["name"]].get("tasks", 0) >= 1 for l in d["layers"] if l["name"].startswith("memcached"))' &&
+    check "Confined layers: scx_layered's cur_nr_cpus = the rendered cpus_range" scx_confined_sized &&
+    check "the memcached workers layer is Confined" $HELPER json 'any(l["name"].endswith(".workers") and "Confined" in l["kind"] for l in d)' <"$cfg"
+}
+
+step_scx_placement() {
+  local pid
+  pid="$(memcached_pid)"
+  memcached_load 20 &
+  sleep 12
+  # scx_layered's own CPU masks (LayerStats cpus), as temperd reads them for the linter
+  status_json >"$W/st.json"
+  curl_observe() { python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:9477/observe", timeout=20).read().decode())'; }
+  curl_observe >"$W/observe.json" || return 1
+  python3 - "$pid" "$W/st.json" "$W/observe.json" <<'PY'
+import json, os, sys
+pid, st, ob = sys.argv[1], json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
+print("observe backend carried_by:", ob["backend"]["carried_by"], "| scx stats layers in /observe:",
+      sorted(ob["backend"]["scx_stats"]["layers"]))
+print("lint (status):", st["lint"], "| lint (/observe):", ob["lint"])
+PY
+  wait
+  # The workers layer's CPUs as scx_layered reports them, and where each mc-worker last ran.
+  python3 - "$pid" <<'PY' || return 1
+import json, os, socket, sys
+pid = sys.argv[1]
+# One request on a connection of our own: scx_layered's stats socket, as temperd's supervisor reads it.
+s = socket.socket(socket.AF_UNIX); s.connect("/var/run/scx/root/stats"); s.settimeout(10)
+s.sendall(b'{"req":"stats","args":{"target":"top"}}\n')
+reply = json.loads(s.makefile().readline())
+layers = reply["args"]["resp"]["layers"]
+name = next(n for n in layers if n.startswith("memcached") and n.endswith(".workers"))
+mask = {64 * i + b for i, w in enumerate(layers[name]["cpus"]) for b in range(64) if w >> b & 1}
+print(f"{name}: scx_layered's CPU mask {sorted(mask)}, cur_nr_cpus {layers[name]['cur_nr_cpus']}")
+ran = {}
+for tid in os.listdir(f"/proc/{pid}/task"):
+    comm = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
+    cpu = int(open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()[36])
+    if comm.startswith("mc-worker"):
+        ran[tid] = cpu
+print("mc-worker threads last ran on:", ran)
+sys.exit(0 if mask and ran and all(c in mask for c in ran.values()) else 1)
+PY
+  echo "ok: every mc-worker ran on its layer's CPUs"
+  check "the linter (against scx_layered's CPU masks) reports no violation" status_is 'd["lint"]["total"] == 0' &&
+    check "temperctl status and /observe show scx_layered's layers" \
+      sh -c "temperctl status | grep -q 'scx_layered running' && $HELPER json 'd[\"backend\"][\"scx_stats\"][\"layers\"]' <'$W/observe.json' >/dev/null"
+  temperctl status | grep -iA3 'scx' | head -n 12
+}
+
+step_scx_restart_on_change() {
+  local pid0 restarts0 starts0 gen
+  pid0="$(scx_sv '["pid"]')" restarts0="$(scx_sv '["restarts"]')" starts0="$(scx_sv '["starts"]')" gen="$(generation)"
+  # A profile edit: the builtin memcached profile with its dispatch group yielding instead (two
+  # writes a second apart, so that the restart has something to batch).
+  local builtin
+  builtin="$(dpkg -L temperd | grep 'profiles/memcached.toml$' | head -n 1)"
+  echo "builtin profile: $builtin"
+  [ -n "$builtin" ] || return 1
+  sed 's/^description = .*/description = "VM test: edited builtin"/' "$builtin" >/etc/temper/profiles.d/memcached.toml
+  sleep 1
+  sed -i '/^name = "dispatch"/,/^treatment/ s/^treatment = "latency"/treatment = "yield"/' /etc/temper/profiles.d/memcached.toml
+  grep -n -A4 'name = "dispatch"' /etc/temper/profiles.d/memcached.toml
+  wait_for 60 "a new plan (generation after $gen)" status_is "d['generation'] > $gen" || return 1
+  wait_for 150 "scx_layered restarted with the new config and attached" \
+    bash -c "status_json | $HELPER json \"d['backend']['scx_layered']['restarts'] > $restarts0 and d['backend']['scx_layered']['pid'] not in (None, $pid0) and d['backend']['scx_layered']['state'] == 'running'\" >/dev/null && scx_loaded" || { scx_show; return 1; }
+  sleep 5
+  scx_show
+  check "restarted once (batched): restarts $restarts0 -> $((restarts0 + 1)), starts $starts0 -> $((starts0 + 1))" \
+    status_is "d['backend']['scx_layered']['restarts'] == $restarts0 + 1 and d['backend']['scx_layered']['starts'] == $starts0 + 1" &&
+    check "the running config has the dispatch layer Open (yield)" \
+      $HELPER json 'any(l["name"].endswith(".dispatch") and "Open" in l["kind"] and l["kind"]["Open"].get("weight", 100) < 100 for l in d)' </run/temper/scx_layered.json
+}
+
+step_scx_safe_mode() {
+  local pid1 pid2 crashes0
+  crashes0="$(scx_sv '["crashes"]')"
+  pid1="$(scx_sv '["pid"]')"
+  kill -9 "$pid1"
+  echo "kill -9 scx_layered (pid $pid1)"
+  wait_for 150 "scx_layered started again after the crash and attached" \
+    bash -c "status_json | $HELPER json \"d['backend']['scx_layered']['pid'] not in (None, $pid1) and d['backend']['scx_layered']['state'] == 'running'\" >/dev/null" || { scx_show; return 1; }
+  pid2="$(scx_sv '["pid"]')"
+  kill -9 "$pid2"
+  echo "kill -9 scx_layered again (pid $pid2): the crash limit (2)"
+  wait_for 60 "safe mode: the native backend carries the plan" \
+    status_is 'd["backend"]["safe_mode"] and d["backend"]["carried_by"] == "native"' || { scx_show; return 1; }
+  scx_show
+  status_json | $HELPER json 'd["backend"]["safe_mode_reason"]'
+  local cpus pid
+  pid="$(memcached_pid)"
+  cpus="$(status_json | $HELPER json '",".join(str(c) for c in [l for l in d["layers"] if l["name"].endswith(".workers")][0]["cpus"])')"
+  wait_for 60 "native: mc-worker threads pinned to the workers layer's CPUs ($cpus)" $HELPER expect "$pid" 'mc-worker' "affinity=$cpus" || return 1
+  check "sched_ext disabled (no scx_layered left)" scx_unloaded &&
+    check "no scx_layered process" sh -c '! pgrep -x scx_layered' &&
+    check "crashes counted: $crashes0 -> $((crashes0 + 2))" status_is "d['backend']['scx_layered']['crashes'] == $crashes0 + 2" &&
+    check "metric temperd_safe_mode 1" sh -c "python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://127.0.0.1:9477/metrics\", timeout=20).read().decode())' | tee '$W/metrics.txt' | grep -E '^temperd_safe_mode(\{\})? 1(\.0)?$'" &&
+    check "the crashed run's log kept" test -s /run/temper/scx_layered.crash.log
+}
+
+step_scx_recover() {
+  temperctl reload || return 1
+  wait_for 150 "scx_layered carries the plan again" scx_running || { scx_show; return 1; }
+  scx_show
+  local pid all
+  pid="$(memcached_pid)"
+  all="$($HELPER json '",".join(str(c) for c in list(d.values())[0]["affinity"])' <"$W/memcached-before.json")"
+  check "out of safe mode" status_is 'not d["backend"]["safe_mode"] and d["backend"]["carried_by"] == "scx"' &&
+    check "the native fallback's pinning undone (mc-worker on every CPU: $all)" $HELPER expect "$pid" 'mc-worker' "affinity=$all" &&
+    check "metric temperd_safe_mode 0" sh -c "python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://127.0.0.1:9477/metrics\", timeout=20).read().decode())' | grep -E '^temperd_safe_mode(\{\})? 0(\.0)?$'"
+}
+
+step_scx_stop_restores() {
+  local pid spid
+  pid="$(memcached_pid)" spid="$(scx_sv '["pid"]')"
+  systemctl stop temperd.service || return 1
+  journalctl -u temperd.service -b --no-pager -n 6 | cut -c1-200
+  tail -n 3 "$SCX_LOG"
+  dmesg | grep -i sched_ext | tail -n 2
+  wait_for 20 "sched_ext state disabled, no root/ops" scx_unloaded || return 1
+  check "scx_layered (pid $spid) exited" sh -c "! kill -0 $spid 2>/dev/null && ! pgrep -x scx_layered" &&
+    check "it exited cleanly (EXIT: unregistered from user space)" grep -q 'unregistered from user space' "$SCX_LOG" &&
+    check "every memcached thread as before temperd (policy, nice, affinity)" $HELPER same "$W/memcached-before.json" "$pid"
+  local rc=$?
+  scx_cleanup
+  return $rc
+}
+
 step_bcc() {
   local found=0 failed=0
   python3 -c 'import bcc; print("python3-bpfcc importable:", bcc.__file__)' || echo "python3-bpfcc not importable"
@@ -460,6 +711,13 @@ run_step security 60 "install" "systemd-analyze security temperd.service"
 run_step sched_ext 60 "install" "temperctl scx detect: sched_ext available, state disabled"
 run_step scx_privileges 180 "install" "backend scx without the scx-privileges.conf drop-in: native, and says why"
 run_step scx_refusal 240 "install" "another sched_ext scheduler loaded: temperd names it, keeps native"
+run_step scx_load 240 "install baseline" "backend scx on the real scx_layered: sched_ext enabled, ops layered"
+run_step scx_layers_populated 120 "scx_load" "scx_layered's stats through temperd: memcached's threads in the planned layers"
+run_step scx_placement 120 "scx_layers_populated" "placement checked against scx_layered's CPU masks: no violation"
+run_step scx_restart_on_change 240 "scx_load" "a profile edit: scx_layered restarted once with the new config"
+run_step scx_safe_mode 300 "scx_load" "kill -9 scx_layered twice: safe mode, the native backend carries the plan"
+run_step scx_recover 240 "scx_safe_mode" "temperctl reload brings scx_layered back"
+run_step scx_stop_restores 120 "scx_load" "systemctl stop temperd: scx_layered exits, sched_ext disabled"
 run_step bcc 600 "" "bcc programs in bpf/ load"
 run_step journal 60 "enable" "temperd's journal has no traceback"
 run_step remove 240 "install" "apt remove/purge temperd"

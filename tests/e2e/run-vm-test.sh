@@ -6,12 +6,20 @@
 # status, memcached under its own unit treated by a profile dropped into /etc/temper/profiles.d,
 # a tier binding through systemd, reload, a broken profile, a crash restart, stop restoring every
 # thread, systemd-analyze security, sched_ext detection, backend "scx" without the
-# scx-privileges.conf drop-in and beside another BPF scheduler, the bcc programs of bpf/, and removal. Prints each step's result and time; exits 1 on a failure.
+# scx-privileges.conf drop-in and beside another BPF scheduler, the scx backend on the real
+# scx_layered (--scx-layered: loaded, its layers and CPU masks, a batched restart, the crash limit
+# and safe mode, recovery, stop), the bcc programs of bpf/, and removal. Prints each step's result
+# and time; exits 1 on a failure.
 #
-# usage: tests/e2e/run-vm-test.sh [--cache DIR] [--deb FILE] [--timeout MIN] [--keep] [--rebuild-image] [--only STEPS]
+# usage: tests/e2e/run-vm-test.sh [--cache DIR] [--deb FILE] [--scx-layered FILE] [--timeout MIN] [--keep]
+#                                  [--rebuild-image] [--only STEPS]
 #        tests/e2e/run-vm-test.sh --check-console LOG
 #   --cache DIR      image cache (default $TEMPERD_E2E_CACHE or /var/cache/temperd-e2e)
 #   --deb FILE       test this .deb instead of building one with scripts/build-packages.sh
+#   --scx-layered FILE  the real scx_layered (x86_64, glibc >= 2.38) for the scx_* steps, installed in
+#                    the guest as /usr/bin/scx_layered (default: $TEMPERD_SCX_LAYERED, else
+#                    ../shared/scx/scx_layered beside the repository; checked against the SHA256SUMS
+#                    beside it). Without one the scx_* steps say SKIP and why.
 #   --timeout MIN    overall limit, image build included (default 25)
 #   --keep           keep the run directory (console log, guest logs) and print its path
 #   --rebuild-image  build the image even if a fresh one is cached
@@ -62,11 +70,12 @@ panic_excerpt() {
     on && !/Code: |\] (R[ABCDS][XPI]|RBP|RSI|RDI|R[0-9]+|[CDEFG]S|CR[0-9]|DR[0-9]): |\]  \? / && n++ < 20'
 }
 cache="${TEMPERD_E2E_CACHE:-/var/cache/temperd-e2e}"
-deb="" timeout_min=25 keep=0 only=""
+deb="" timeout_min=25 keep=0 only="" scx_layered="${TEMPERD_SCX_LAYERED:-}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --cache) cache="${2:?}"; shift ;;
     --deb) deb="$(realpath "${2:?}")"; shift ;;
+    --scx-layered) scx_layered="$(realpath "${2:?}")"; shift ;;
     --timeout) timeout_min="${2:?}"; shift ;;
     --keep) keep=1 ;;
     --only) only="${2:?}"; shift ;;
@@ -131,6 +140,21 @@ say "package: ${deb##*/}"
 cp "$here/guest-steps.sh" "$here/guest_helper.py" "$share/"
 mkdir -p "$share/bpf"
 find "$root/bpf" -maxdepth 1 -type f \( -name '*.c' -o -name '*.py' \) -exec cp {} "$share/bpf/" \;
+if [ -z "$scx_layered" ] && [ -f "$root/../shared/scx/scx_layered" ]; then
+  scx_layered="$(realpath "$root/../shared/scx/scx_layered")"
+fi
+if [ -n "$scx_layered" ]; then
+  [ -f "$scx_layered" ] || { say "FAIL: --scx-layered $scx_layered: no such file"; exit 1; }
+  sums="$(dirname "$scx_layered")/SHA256SUMS"
+  if [ -f "$sums" ]; then
+    (cd "$(dirname "$scx_layered")" && grep " \*\{0,1\}$(basename "$scx_layered")\$" SHA256SUMS | sha256sum -c --quiet -) ||
+      { say "FAIL: $scx_layered does not match $sums"; exit 1; }
+  fi
+  cp "$scx_layered" "$share/scx_layered"
+  say "real scx_layered for the scx_* steps: $scx_layered (sha256 $(sha256sum "$scx_layered" | cut -c1-16)...)"
+else
+  say "no real scx_layered (--scx-layered, \$TEMPERD_SCX_LAYERED, ../shared/scx/): the scx_* steps will SKIP"
+fi
 printf '#!/bin/sh\nexec /bin/bash /mnt/host/guest-steps.sh\n' >"$share/run.sh"
 [ -z "$only" ] || echo "$only" >"$share/only"
 chmod 755 "$share/run.sh" "$share/guest-steps.sh"
