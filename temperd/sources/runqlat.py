@@ -20,6 +20,7 @@ This module reads the kernel only; it never imports observe, daemon or backends.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -89,6 +90,10 @@ class LayerLatency:
     p50_s: Optional[float] = None
     p99_s: Optional[float] = None
     max_s: Optional[float] = None
+
+    def snapshot(self) -> "LayerLatency":
+        """A copy the next window leaves alone (the source keeps updating its own)."""
+        return dataclasses.replace(self, slots=list(self.slots), offcpu=dict(self.offcpu))
 
     def buckets(self) -> List[Tuple[float, int]]:
         """(le, cumulative count) for the exposed bounds; +Inf is `count`."""
@@ -184,6 +189,14 @@ def bcc_unavailable(release: Optional[str] = None, modules_root: str = "/lib/mod
     return f"bcc: no headers for {release}"
 
 
+def _pid_max() -> int:
+    try:
+        with open("/proc/sys/kernel/pid_max") as handle:
+            return int(handle.read())
+    except (OSError, ValueError):
+        return 4194304
+
+
 def program_path() -> Optional[str]:
     for directory in SOURCE_DIRS:
         path = os.path.join(directory, PROGRAM)
@@ -253,7 +266,7 @@ class SchedstatLatency:
             item.p50_s = weighted_quantile(window, 0.50)
             item.p99_s = weighted_quantile(window, 0.99)
             item.max_s = max((v for v, _ in window), default=None)
-            out.append(item)
+            out.append(item.snapshot())
         self._window = {}
         return tuple(out)
 
@@ -272,9 +285,11 @@ class BpfLatency:
     def __init__(self, path: str) -> None:
         from bcc import BPF as Bcc  # python3-bpfcc
 
+        self._words = (_pid_max() + 63) // 64
         self._bpf = Bcc(src_file=path.encode(), cflags=[f"-DMAX_MEMBERS={MAX_MEMBERS}", f"-DMAX_LAYERS={MAX_LAYERS}",
-                                                       f"-DSLOTS={SLOTS}"])
+                                                       f"-DSLOTS={SLOTS}", f"-DBITMAP_WORDS={self._words}"])
         self._layer_of = self._bpf["layer_of"]
+        self._bits = self._bpf["member_bits"]
         self._hist = self._bpf["hist"]
         self._sum = self._bpf["sum_ns"]
         self._max = self._bpf["max_ns"]
@@ -308,14 +323,31 @@ class BpfLatency:
             for tid in layer.selector.tids:
                 wanted[tid] = self._ids[layer.name]
         c = ctypes.c_uint32
+        if len(wanted) > MAX_MEMBERS:  # keep the first MAX_MEMBERS by tid; the rest go unmeasured
+            wanted = dict(sorted(wanted.items())[:MAX_MEMBERS])
+        words: Dict[int, int] = {}
+        for tid in set(wanted) | set(self._members):
+            words.setdefault(tid >> 6, 0)
+        for tid in wanted:
+            words[tid >> 6] |= 1 << (tid & 63)
+        # Bits first off, then layer ids, then bits on: the kernel never sees a member bit without its layer.
+        old_words: Dict[int, int] = {}
+        for tid in self._members:
+            old_words[tid >> 6] = old_words.get(tid >> 6, 0) | (1 << (tid & 63))
+        for word, bits in words.items():
+            if word < self._words and bits != old_words.get(word, 0):
+                self._bits[ctypes.c_int(word)] = ctypes.c_uint64(bits & old_words.get(word, 0))
         for tid in [t for t in self._members if t not in wanted]:
             try:
                 del self._layer_of[c(tid)]
             except KeyError:
                 pass
         for tid, lid in wanted.items():
-            if self._members.get(tid) != lid and len(wanted) <= MAX_MEMBERS:
+            if self._members.get(tid) != lid:
                 self._layer_of[c(tid)] = c(lid)
+        for word, bits in words.items():
+            if word < self._words and bits != old_words.get(word, 0):
+                self._bits[ctypes.c_int(word)] = ctypes.c_uint64(bits)
         self._members = wanted
 
     def _forget(self, lid: int) -> None:
@@ -375,7 +407,7 @@ class BpfLatency:
                 peak = self._max[key].value
                 self._max[key] = ctypes.c_uint64(0)  # the maximum of the next window starts anew
                 item.max_s = peak / 1e9 if item.window_count else None
-            out.append(item)
+            out.append(item.snapshot())
         return tuple(out)
 
     def close(self) -> None:
