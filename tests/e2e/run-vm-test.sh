@@ -278,7 +278,7 @@ printf '%s\n' "${TIMES[@]}"
 echo
 echo "=== results"
 if [ -s "$share/results.tsv" ]; then
-  awk -F '\t' '{ printf "%-5s %7.1f s  %-14s %s\n", $1, $2, $3, $4 }' "$share/results.tsv"
+  awk -F '\t' '{ printf "%-5s %7.1f s  %-22s %s\n", $1, $2, $3, $4 }' "$share/results.tsv"
 fi
 [ -f "$share/exposure" ] && echo "systemd-analyze security exposure: $(cat "$share/exposure") (goal <= 2.5)"
 
