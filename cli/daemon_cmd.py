@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import sys
-from typing import List
+from typing import Any, Callable, List, NoReturn
 
 import click
 
 from temperd.config.daemon_config import DEFAULT_SOCKET
-from temperd.daemon.control import DaemonUnavailable, request
+from temperd.daemon.control import DaemonNotRunning, DaemonUnavailable, request
 
 from .output import print_json, print_table
 
@@ -17,28 +17,54 @@ socket_option = click.option("--socket", "socket_path", default=DEFAULT_SOCKET, 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
-def ask(socket_path: str, cmd: str, **args) -> dict:
-    """One request; a clear message and exit 1 when temperd is not there or refuses."""
+# `temperctl status` exits NOT_RUNNING where no temperd runs (the LSB code for status that
+# systemctl status uses and scripts test for); every other failure, here and elsewhere, is 1.
+NOT_RUNNING = 3
+TIMEOUT_S = 30.0  # for temperd's reply
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    click.echo(f"temperctl: {message}", err=True)
+    sys.exit(code)
+
+
+def ask(socket_path: str, cmd: str, not_running_exit: int = 1, **args) -> dict:
+    """One request; a clear line and exit 1 (not_running_exit where no temperd runs) when
+    temperd is not there, does not answer, or refuses."""
     try:
-        reply = request(socket_path, cmd, **args)
+        reply = request(socket_path, cmd, timeout=TIMEOUT_S, **args)
+    except DaemonNotRunning as exc:
+        fail(str(exc), not_running_exit)
     except DaemonUnavailable as exc:
-        click.echo(f"temperctl: {exc}", err=True)
-        sys.exit(1)
-    if not reply.get("ok"):
-        click.echo(f"temperctl: {reply.get('error', 'request failed')}", err=True)
-        sys.exit(1)
+        fail(str(exc))
+    if not reply["ok"]:
+        fail(reply["error"])
     return reply
+
+
+def rendered(render: Callable[[], Any], what: str) -> Any:
+    """render() of a reply; one line instead of a traceback when the reply lacks what it reads."""
+    try:
+        return render()
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        fail(f"temperd's {what} reply is not one this temperctl reads ({type(exc).__name__}: {exc}); "
+             "are temperd and temperctl the same version?")
 
 
 @click.command("status")
 @socket_option
 @json_option
 def status_command(socket_path: str, as_json: bool) -> None:
-    """Daemon state, backend, configuration generation, profiles, workloads, lint and overhead."""
-    status = ask(socket_path, "status")["status"]
+    """Daemon state, backend, configuration generation, profiles, workloads, lint and overhead.
+    Exits 3 when temperd is not running, 1 when it cannot be asked."""
+    status = ask(socket_path, "status", not_running_exit=NOT_RUNNING).get("status")
     if as_json:
         print_json(status)
-        return
+    else:
+        rendered(lambda: _print_status(status), "status")
+
+
+def _print_status(status: dict) -> None:
     backend = status["backend"]
     reload = status["last_reload"] or {}
     click.echo(f"temperd {status['version']}: {status['state']} (pid {status['pid']}, up {status['uptime_s']:.0f} s)")
@@ -97,14 +123,19 @@ def scx_lines(backend: dict) -> List[str]:
 @json_option
 def reload_command(socket_path: str, as_json: bool) -> None:
     """Re-read temperd.toml and profiles.d; a bad file is reported and the running set stays."""
-    result = ask(socket_path, "reload")["reload"]
+    result = ask(socket_path, "reload").get("reload")
     if as_json:
         print_json(result)
-    elif result["ok"]:
+    else:
+        rendered(lambda: _print_reload(result), "reload")
+    if not rendered(lambda: result["ok"], "reload"):
+        sys.exit(1)
+
+
+def _print_reload(result: dict) -> None:
+    if result["ok"]:
         click.echo(f"reloaded: generation {result['generation']}, {result['summary']}")
     else:
         click.echo(f"reload refused, generation {result['generation']} keeps running:")
         for problem in result["problems"]:
             click.echo(f"  error: {problem}")
-    if not result["ok"]:
-        sys.exit(1)

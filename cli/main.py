@@ -12,7 +12,8 @@ from .profiles_cmd import profiles
 from .scx_cmd import scx
 from .trace_cmd import trace_command
 
-# Exit codes: 0 ok, 1 invalid input or failed check, 2 usage error (click's own).
+# Exit codes: 0 ok, 1 invalid input or failed check, 2 usage error (click's own), 3 `temperctl status`:
+# temperd is not running (daemon_cmd.NOT_RUNNING).
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -14,10 +14,10 @@ from typing import Any, Dict, Optional
 import click
 
 from temperd.trace import capture as trace_capture
-from temperd.daemon.control import DaemonUnavailable, request
+from temperd.daemon.control import DaemonNotRunning, DaemonUnavailable, request
 from temperd.trace.capture import CaptureRequest, TraceError, capture, parse_duration, parse_size
 
-from .daemon_cmd import json_option, socket_option
+from .daemon_cmd import json_option, rendered, socket_option
 from .output import print_json
 
 # Beyond the capture itself: time temperd may need to write a large trace before it replies.
@@ -32,8 +32,11 @@ class ProgressLine:
         self.shown = False
 
     def __call__(self, note: Dict[str, Any]) -> None:
-        text = (f"capturing: {note.get('elapsed_s', 0):.1f}/{float(note.get('duration_s', 0)):g} s, "
-                f"{note.get('events', 0)} events, {note.get('bytes', 0) / 2**20:.1f} MiB")
+        try:
+            text = (f"capturing: {note.get('elapsed_s', 0):.1f}/{float(note.get('duration_s', 0)):g} s, "
+                    f"{note.get('events', 0)} events, {note.get('bytes', 0) / 2**20:.1f} MiB")
+        except (TypeError, ValueError):
+            return  # a note this temperctl cannot read: the capture goes on
         if self.tty:
             click.echo("\r" + text.ljust(70), nl=False, err=True)
         else:
@@ -55,15 +58,16 @@ def _through_daemon(socket_path: str, args: Dict[str, Any], output: str, show: P
     try:
         reply = request(socket_path, "trace", timeout=float(args["duration"]) + REPLY_GRACE_S,
                         on_progress=show, **args)
-    except DaemonUnavailable as exc:
-        if "permission denied" in str(exc):
-            _fail(str(exc))
+    except DaemonNotRunning:
         return None
+    except DaemonUnavailable as exc:  # there but not answering: capturing beside it would only collide
+        show.done()
+        _fail(str(exc))
     show.done()
-    if not reply.get("ok"):
-        _fail(reply.get("error", "trace capture failed"))
-    result = reply["trace"]
-    source = result["output"]
+    if not reply["ok"]:
+        _fail(reply["error"])
+    result = reply.get("trace")
+    source = rendered(lambda: str(result["output"]), "trace")
     target = output + ".gz" if source.endswith(".gz") and not output.endswith(".gz") else output
     try:
         shutil.copyfile(source, target)
@@ -147,4 +151,4 @@ def trace_command(duration: str, unit: Optional[str], pid: Optional[int], max_si
     if as_json:
         print_json(result)
     else:
-        _print_result(result)
+        rendered(lambda: _print_result(result), "trace")

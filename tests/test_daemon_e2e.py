@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -71,21 +73,36 @@ class Temperd:
     def __init__(self, tmp_path):
         self.config_dir = tmp_path / "etc"
         self.profiles = self.config_dir / "profiles.d"
-        self.profiles.mkdir(parents=True)
+        self.profiles.mkdir(parents=True, exist_ok=True)
         self.state_dir = tmp_path / "run"
         self.socket = str(self.state_dir / "temperd.sock")
         self.port = S.free_port()
-        (self.config_dir / "temperd.toml").write_text(
-            f'backend = "native"\nstate_dir = "{self.state_dir}"\nreconcile_interval_s = 2.0\n'
-            f'[http]\nport = {self.port}\n[control]\nsocket = "{self.socket}"\n')
+        self.write_config()
         self.log = open(tmp_path / "temperd.log", "w+")
         self.proc = None
 
-    def start(self):
+    def write_config(self, port=None, listen="127.0.0.1", socket=None):
+        (self.config_dir / "temperd.toml").write_text(
+            f'backend = "native"\nstate_dir = "{self.state_dir}"\nreconcile_interval_s = 2.0\n'
+            f'[http]\nlisten = "{listen}"\nport = {self.port if port is None else port}\n'
+            f'[control]\nsocket = "{socket or self.socket}"\n')
+
+    def start(self, nofile=None):
+        """nofile: RLIMIT_NOFILE of the daemon (systemd's LimitNOFILE)."""
+        def limit():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         self.proc = subprocess.Popen([os.path.join(BINDIR, "temperd"), "--config", str(self.config_dir)],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+                                     stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=limit if nofile else None)
         wait_for(lambda: os.path.exists(self.socket) or self.proc.poll() is not None, 20, "the control socket")
         assert self.proc.poll() is None, self.logtext()
+
+    def temperctl(self, *args):
+        return subprocess.run([os.path.join(BINDIR, "temperctl"), *args, "--socket", self.socket],
+                              capture_output=True, text=True, timeout=60)
+
+    def open_fds(self):
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
     def status(self):
         out = subprocess.run([os.path.join(BINDIR, "temperctl"), "status", "--json", "--socket", self.socket],
@@ -180,3 +197,235 @@ def test_daemon_matches_treats_reloads_and_restores(tmp_path, spawn):
             assert task_stat(server.pid, tid) == stat, (tid, log)
             assert affinity(tid) == cpus
         assert affinity(bystander.pid) == before_bystander
+
+
+# ---- trust and resilience: start-up failures, reloads that move HTTP, idle connections, EMFILE ----
+
+YIELDER = """schema_version = 1
+id = "fdtest"
+description = "every thread of the tmpd-fd* test processes yields"
+[fingerprint]
+process_names = ["tmpd-fd1", "tmpd-fd2", "tmpd-fd3"]
+[[thread_groups]]
+name = "all"
+catch_all = true
+treatment = "yield"
+yield_policy = "batch"
+nice = 12
+"""
+YIELDED = {"nice": 12, "policy": 3}  # SCHED_BATCH
+
+
+def yielded(pid):
+    return task_stat(pid, pid) == YIELDED
+
+
+def get(port, path, timeout=10):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as reply:
+        return reply.status
+
+
+def hold_idle(port, n):
+    """Up to n TCP connections that send nothing; stops at the first the kernel would not queue."""
+    held = []
+    for _ in range(n):
+        sock = socket.socket()
+        sock.settimeout(1.0)
+        try:
+            sock.connect(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+            break
+        held.append(sock)
+    return held
+
+
+NAMED = "import ctypes, sys, time; ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0); time.sleep(600)"
+
+
+@pytest.fixture
+def named():
+    """named(NAME): a process whose comm is NAME (started without select(): the test may hold
+    more than FD_SETSIZE descriptors), killed afterwards."""
+    started = []
+
+    def start(name):
+        proc = subprocess.Popen([sys.executable, "-c", NAMED, name], stdin=subprocess.DEVNULL)
+        started.append(proc)
+        wait_for(lambda: open(f"/proc/{proc.pid}/comm").read().strip() == name, 10, f"{name} named")
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def test_port_taken_at_start_fails_in_one_line_before_anything_changes(tmp_path, named):
+    workload = named("tmpd-fd1")
+    before = task_stat(workload.pid, workload.pid)
+    temperd_ = Temperd(tmp_path)
+    temperd_.profiles.joinpath("fdtest.toml").write_text(YIELDER)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", temperd_.port))
+        taken.listen(1)
+        out = subprocess.run([os.path.join(BINDIR, "temperd"), "--config", str(temperd_.config_dir), "--log-level",
+                              "error"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr == (f"error: cannot listen on 127.0.0.1:{temperd_.port}: Address already in use ([http] listen "
+                          f"and port in {temperd_.config_dir / 'temperd.toml'}, or --http-port)\n"), out.stderr
+    assert task_stat(workload.pid, workload.pid) == before
+    assert not os.path.exists(temperd_.socket)
+    assert not os.path.exists(temperd_.state_dir / "native-state.json")
+
+
+def test_a_failure_after_the_first_apply_restores_and_removes_the_socket(tmp_path, named, monkeypatch):
+    """Anything failing once threads are changed: put back, the socket removed, one line, exit 1."""
+    from click.testing import CliRunner
+
+    from temperd.daemon import main as temperd_main
+    from temperd.daemon.daemon import Daemon
+    from temperd.daemon.services import Services
+
+    workload = named("tmpd-fd1")
+    before = task_stat(workload.pid, workload.pid)
+    temperd_ = Temperd(tmp_path)
+    temperd_.profiles.joinpath("fdtest.toml").write_text(YIELDER)
+    seen = {}
+
+    def serve_fails(self, *args):
+        seen["treated"] = yielded(workload.pid)
+        seen["socket"] = os.path.exists(temperd_.socket)
+        seen["state"] = os.path.exists(temperd_.state_dir / "native-state.json")
+        raise RuntimeError("the hotplug watcher could not start")
+
+    monkeypatch.setattr(Services, "serve", serve_fails)
+    monkeypatch.setattr(Daemon, "install_signal_handlers", lambda self: None)
+    try:
+        runner = CliRunner(mix_stderr=False)
+    except TypeError:
+        runner = CliRunner()
+    result = runner.invoke(temperd_main.main, ["--config", str(temperd_.config_dir), "--log-level", "error"])
+    assert seen == {"treated": True, "socket": True, "state": True}  # it failed after the first apply
+    assert result.exit_code == 1, (result.stderr, result.exception)
+    assert result.stderr == "error: cannot start: RuntimeError: the hotplug watcher could not start\n"
+    assert task_stat(workload.pid, workload.pid) == before
+    assert not os.path.exists(temperd_.socket)
+    assert not os.path.exists(temperd_.state_dir / "native-state.json")
+
+
+def test_missing_or_file_config_dir_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    for config in (tmp_path / "missing", tmp_path / "file"):
+        for extra in ([], ["--check"]):
+            out = subprocess.run([os.path.join(BINDIR, "temperd"), "--config", str(config), "--http-port", "0",
+                                  "--state-dir", str(tmp_path / "run"), "--socket", str(tmp_path / "s.sock"), *extra],
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+            assert out.stderr.startswith(f"error: {config}: ") and "expected the directory of temperd.toml" in out.stderr
+
+
+def test_a_reload_moves_http_or_refuses_and_says_so(tmp_path):
+    temperd_ = Temperd(tmp_path)
+    temperd_.start()
+    try:
+        first = temperd_.port
+        second = S.free_port()
+        temperd_.write_config(port=second)
+        out = temperd_.temperctl("reload")
+        assert out.returncode == 0, out.stdout + out.stderr
+        status = json.loads(temperd_.temperctl("status", "--json").stdout)
+        assert status["http"] == f"http://127.0.0.1:{second}" and status["generation"] == 2
+        assert get(second, "/metrics") == 200
+        with pytest.raises(OSError):
+            get(first, "/metrics", timeout=2)
+
+        # A port that is taken: refused, the old listener keeps serving, status says so.
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen(1)
+            port = taken.getsockname()[1]
+            temperd_.write_config(port=port)
+            out = temperd_.temperctl("reload")
+        assert out.returncode == 1
+        assert f"cannot listen on 127.0.0.1:{port}: Address already in use; http://127.0.0.1:{second} keeps serving" \
+            in out.stdout, out.stdout
+        status = json.loads(temperd_.temperctl("status", "--json").stdout)
+        assert status["http"] == f"http://127.0.0.1:{second}" and status["generation"] == 2
+        assert not status["last_reload"]["ok"] and get(second, "/metrics") == 200
+
+        # What only a start takes is refused, not reported as done.
+        temperd_.write_config(port=second, socket=str(tmp_path / "elsewhere.sock"))
+        out = temperd_.temperctl("reload")
+        assert out.returncode == 1 and "[control] socket changed from" in out.stdout and "restart" in out.stdout
+        assert json.loads(temperd_.temperctl("status", "--json").stdout)["generation"] == 2
+
+        temperd_.write_config(port=0)
+        assert temperd_.temperctl("reload").returncode == 0
+        assert json.loads(temperd_.temperctl("status", "--json").stdout)["http"] is None
+        with pytest.raises(OSError):
+            get(second, "/metrics", timeout=2)
+    finally:
+        code = temperd_.stop()
+    assert code == 0, temperd_.logtext()
+    assert "Traceback" not in temperd_.logtext()
+
+
+def test_idle_connections_and_running_out_of_descriptors_do_not_stop_temperd(tmp_path, named):
+    """Any local user can open connections to /metrics. Under systemd's default LimitNOFILE=1024,
+    1100 idle ones: temperd holds no more than its cap, still answers and still treats. With a
+    limit its own connections reach (EMFILE), a main-loop pass is skipped, logged once, and the
+    plan in force stays; once the connections are gone, new processes are treated again."""
+    from temperd.observe.http import MAX_CONNECTIONS
+
+    first = named("tmpd-fd1")
+    temperd_ = Temperd(tmp_path)
+    temperd_.profiles.joinpath("fdtest.toml").write_text(YIELDER)
+    temperd_.start(nofile=1024)
+    try:
+        wait_for(lambda: yielded(first.pid), 20, "tmpd-fd1 treated")
+        time.sleep(1.0)
+        base = temperd_.open_fds()
+        held = hold_idle(temperd_.port, 1100)
+        try:
+            assert len(held) >= MAX_CONNECTIONS + 500, len(held)
+            assert temperd_.open_fds() <= base + MAX_CONNECTIONS + 4
+            second = named("tmpd-fd2")
+            wait_for(lambda: yielded(second.pid), 20, "tmpd-fd2 treated while 1100 connections are held")
+            assert temperd_.temperctl("status").returncode == 0
+            assert temperd_.proc.poll() is None
+        finally:
+            for sock in held:
+                sock.close()
+        assert get(temperd_.port, "/metrics") == 200
+    finally:
+        assert temperd_.stop() == 0, temperd_.logtext()
+
+    # A limit that the HTTP connections alone exhaust.
+    starved = Temperd(tmp_path)
+    starved.profiles.joinpath("fdtest.toml").write_text(YIELDER)
+    starved.start(nofile=base + 8)
+    try:
+        assert starved.temperctl("status").returncode == 0  # started: it serves
+        assert yielded(first.pid)
+        held = hold_idle(starved.port, 200)
+        try:
+            wait_for(lambda: "out of file descriptors" in starved.logtext(), 30,
+                     f"a pass skipped for EMFILE (limit {base + 8}, {starved.open_fds()} open): {starved.logtext()}")
+            third = named("tmpd-fd3")
+            for _ in range(10):
+                assert starved.proc.poll() is None, starved.logtext()
+                assert yielded(first.pid), "the plan in force stays"
+                time.sleep(0.3)
+        finally:
+            for sock in held:
+                sock.close()
+        wait_for(lambda: yielded(third.pid), 30, "tmpd-fd3 treated once descriptors are back")
+        assert starved.temperctl("status").returncode == 0
+        assert get(starved.port, "/metrics") == 200
+        log = starved.logtext()
+        assert log.count("out of file descriptors") == 1, log
+        assert "file descriptors available again" in log and "Traceback" not in log, log
+    finally:
+        assert starved.stop() == 0, starved.logtext()
+    assert task_stat(first.pid, first.pid) != YIELDED

@@ -90,7 +90,8 @@ def test_bad_input_is_one_line(tmp_path, control):
     assert nodir.exit_code == 1 and "does not exist" in nodir.stderr
     if os.geteuid() == 0:
         nopid = temperctl("--pid", "999999999", "--duration", "1s", "-o", str(tmp_path / "x"), "--socket", control.path)
-        assert nopid.exit_code == 1 and "no process with pid 999999999" in nopid.stderr
+        assert nopid.exit_code == 1 and "pid: expected a PID or TID" in nopid.stderr and "999999999" in nopid.stderr
+        assert nopid.stderr.count("\n") == 1
     for result in (too_long, both, nodir):
         assert "Traceback" not in result.stderr
 

@@ -42,3 +42,16 @@ def test_unit_opens_only_tracefs_instances_for_writing():
     assert "ProtectKernelTunables=yes" in lines
     writable = [p.lstrip("-") for l in lines if l.startswith("ReadWritePaths=") for p in l.split("=", 1)[1].split()]
     assert "/sys/kernel/tracing/instances" in writable and "/sys/kernel/tracing" not in writable
+
+
+def test_unit_sets_a_file_descriptor_limit_above_what_temperd_holds():
+    """temperd's own bounds (HTTP connections, control clients) must fit with room to spare under
+    the unit's LimitNOFILE, whatever the host's default."""
+    from temperd.daemon.control import MAX_CLIENTS
+    from temperd.observe.http import MAX_CONNECTIONS
+
+    (line,) = [l for l in UNIT.read_text().splitlines() if l.startswith("LimitNOFILE=")]
+    value = line.split("=", 1)[1]
+    assert value.isdigit(), f"{line}: expected one number (soft = hard), not infinity or a range"
+    assert int(value) >= 4 * (MAX_CONNECTIONS + MAX_CLIENTS + 64), line
+    assert int(value) <= 65536, f"{line}: a leak should show up as EMFILE in the log, not eat kernel memory"

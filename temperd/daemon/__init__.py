@@ -2,7 +2,7 @@
 
 - main: the `temperd` command (foreground; systemd runs it the same way)
 - daemon: Daemon, the running state and every change to it (start, replan, reload, observe, stop)
-- main_loop: the select() loop and the requests other threads and signal handlers make of it
+- main_loop: the poll() loop and the requests other threads and signal handlers make of it
 - reload: the host view with the command line's overrides, and ReloadResult
 - services: the threads that serve and watch (control socket, HTTP, config and hotplug watchers)
 - control: the control socket (server and temperctl's client)

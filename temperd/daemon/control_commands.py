@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Dict
 
-from temperd.daemon.control import ControlError, Handler, Progress
+from temperd.daemon.control import ControlError, Handler, Progress, task_id
 from temperd.decide.explain import NoSuchTask, explain
 from temperd.daemon.trace_commands import trace_handler
 
@@ -46,10 +46,7 @@ class ControlCommands:
 
     def explain(self, request: Request, progress: Progress) -> Reply:
         """{"cmd": "explain", "id": PID or TID} -> {"explain": explain.explain()'s answer}."""
-        try:
-            task = int(request.get("id"))
-        except (TypeError, ValueError):
-            raise ControlError("explain needs an integer id (a PID or TID)") from None
+        task = task_id(request.get("id"))
         daemon = self.daemon
         with daemon.lock:
             try:

@@ -33,7 +33,7 @@ from temperd.daemon.control_commands import ControlCommands
 from temperd.daemon.instance_lock import AlreadyRunning, InstanceLock
 from temperd.daemon.main_loop import REPLAN, STOP, RELOAD, MainLoop, Requests
 from temperd.daemon.notify import Notifier
-from temperd.daemon.reload import ReloadResult, ViewLoader, summary_of
+from temperd.daemon.reload import ReloadResult, ViewLoader, restart_only_changes, summary_of
 from temperd.daemon.services import Services
 from temperd.decide.hostview import HostView, decide, make_matcher
 from temperd.decide.matcher import Matcher, MatchResult
@@ -91,7 +91,11 @@ class Daemon:
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Everything up to serving, under the lock: the services started last may call in at once."""
+        """Everything up to serving, under the lock: the services started last may call in at once.
+
+        StartupError, its message one line per problem, when temperd cannot start. The sockets
+        are bound before the first change to the host, so a port or path taken fails early; a
+        failure after that is a StartupError too, and stop() puts back what was changed."""
         with self.lock:
             view = self._first_view()
             self.view = view
@@ -100,16 +104,26 @@ class Daemon:
                                             [str(p) for p in view.problems], summary_of(view))
             self._lock_instance()
             _cleanup_stale_traces()
-            self._start_backend(view)
-            self.matcher = make_matcher(view)
-            if not self.inventory.start():
-                log.warning("process events unavailable (%s): scanning /proc every %.0f s instead",
-                            self.inventory.unavailable_reason, self.config.scan_interval(False))
-            self.sampler = Sampler(view.shape, self.metrics)
-            self._record_reload(self.last_reload)
-            self.replan("start")
-            self.services.start(self.config, self.config_dir, ControlCommands(self).handlers(), self.metrics_text,
-                                self.observe_json, self.request)
+            try:
+                self.services.bind(self.config, ControlCommands(self).handlers(), self.metrics_text,
+                                   self.observe_json)
+            except OSError as exc:
+                raise StartupError(f"error: {exc.strerror or exc}") from None
+            try:
+                self._start_backend(view)
+                self.matcher = make_matcher(view)
+                if not self.inventory.start():
+                    log.warning("process events unavailable (%s): scanning /proc every %.0f s instead",
+                                self.inventory.unavailable_reason, self.config.scan_interval(False))
+                self.sampler = Sampler(view.shape, self.metrics)
+                self._record_reload(self.last_reload)
+                self.replan("start")
+                self.services.serve(self.config, self.config_dir, self.request)
+            except StartupError:
+                raise
+            except Exception as exc:  # whatever it is, the caller restores and exits with this line
+                log.debug("start failed", exc_info=True)
+                raise StartupError(f"error: cannot start: {describe_error(exc)}") from None
             self.state = "running"
             self.notifier.notify("READY=1")
             self._notify_status()
@@ -127,12 +141,17 @@ class Daemon:
         return view
 
     def _lock_instance(self) -> None:
-        os.makedirs(self.config.state_dir, mode=0o755, exist_ok=True)
-        self._instance_lock = InstanceLock(self.config.state_dir)
+        state_dir = self.config.state_dir
         try:
+            os.makedirs(state_dir, mode=0o755, exist_ok=True)
+            self._instance_lock = InstanceLock(state_dir)
             self._instance_lock.acquire()
         except AlreadyRunning as exc:
+            self._instance_lock = None
             raise StartupError(f"error: {exc}") from None
+        except OSError as exc:
+            self._instance_lock = None
+            raise StartupError(f"error: cannot use the state directory {state_dir}: {exc.strerror or exc}") from None
 
     def _start_backend(self, view: HostView) -> None:
         self.backend_choice, self.backend = make_backend(view.config, self.sysfs_root, view.shape)
@@ -205,10 +224,23 @@ class Daemon:
             self.inventory.refresh_runtime(wanted)
 
     def reload(self, trigger: str) -> ReloadResult:
-        """Validate everything anew; adopt it only when it is whole, else keep the last good set."""
+        """Validate everything anew; adopt it only when it is whole, else keep the last good set.
+        A new [http] address is bound before anything is adopted: if it cannot be had, the
+        reload is refused and the old listener keeps serving. Settings that only a start takes
+        (reload.RESTART_ONLY) refuse the reload too."""
         assert self.backend is not None and self.sampler is not None
         self.notifier.notify("RELOADING=1")
+        try:
+            return self._reload(trigger)
+        finally:
+            self.notifier.notify("READY=1")
+            self._notify_status()
+
+    def _reload(self, trigger: str) -> ReloadResult:
+        assert self.backend is not None and self.sampler is not None
         view, problems = self.loader.attempt()
+        if view is not None and not problems:
+            problems = restart_only_changes(self.config, view.config) or self._move_http(view.config)
         if problems:
             for problem in problems:
                 log.error("reload (%s) refused, the running configuration stays: %s", trigger, problem)
@@ -230,9 +262,17 @@ class Daemon:
             log.info("reloaded (%s): generation %d, %s", trigger, self.generation, result.summary)
         self.last_reload = result
         self._record_reload(result)
-        self.notifier.notify("READY=1")
-        self._notify_status()
         return result
+
+    def _move_http(self, config: DaemonConfig) -> List[str]:
+        """Serve HTTP where the new configuration says; a problem when it cannot be done."""
+        try:
+            self.services.move_http(config.http_listen, config.http_port)
+        except OSError as exc:
+            http = self.services.http
+            stays = f"http://{http.address} keeps serving" if http is not None else "HTTP stays off"
+            return [f"{config.source}: [http] {exc.strerror or exc}; {stays}"]
+        return []
 
     def _record_reload(self, result: ReloadResult) -> None:
         self.metrics.config.update(result.ok, self.generation, result.at, len(result.problems))
@@ -276,6 +316,14 @@ class Daemon:
         self.notifier.notify(f"STATUS={self.status_line()}")
 
 
+def describe_error(exc: BaseException) -> str:
+    """One line for an unexpected error: an OSError's text and file, else the exception's own."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror} ({exc.filename})" if exc.filename else exc.strerror
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def _cleanup_stale_traces() -> None:
     try:
         removed = cleanup_stale_instances()
@@ -300,4 +348,4 @@ def _new_threads(changes, snapshot) -> List[Any]:
     return list(out.values())
 
 
-__all__ = ["Daemon", "StartupError", "ConfigProblem"]
+__all__ = ["Daemon", "StartupError", "ConfigProblem", "describe_error"]

@@ -43,23 +43,45 @@ def main(config_dir, sysfs_root, state_dir, http_port, control_socket, log_level
         daemon.start()
     except StartupError as exc:
         click.echo(str(exc), err=True)
-        daemon.stop()
+        _stop(daemon)
         sys.exit(1)
+    code = 0
     try:
         daemon.run()
-    finally:
+    except Exception:  # a bug: its traceback goes to the journal, and what temperd changed is put back
+        logging.getLogger("temperd").exception("the main loop failed; stopping")
+        code = 1
+    if not _stop(daemon):
+        code = 1
+    sys.exit(code)
+
+
+def _stop(daemon) -> bool:
+    """Put back what temperd changed; False, with one line, when that failed."""
+    from temperd.daemon.daemon import describe_error
+
+    try:
         daemon.stop()
+        return True
+    except Exception as exc:
+        logging.getLogger("temperd").debug("stop failed", exc_info=True)
+        click.echo(f"error: stopping: {describe_error(exc)}", err=True)
+        return False
 
 
 def _check(config_dir: str, sysfs_root: str) -> int:
     from temperd.decide.hostview import load_host_view
     from temperd.config.errors import ConfigError
+    from temperd.sources.shape import ShapeError
 
     try:
         view = load_host_view(config_dir, sysfs_root)
     except ConfigError as exc:
         for problem in exc.problems:
             click.echo(f"error: {problem}", err=True)
+        return 1
+    except ShapeError as exc:
+        click.echo(f"error: cannot read the machine shape: {exc}", err=True)
         return 1
     for problem in view.problems:
         click.echo(f"error: {problem}", err=True)

@@ -1,10 +1,18 @@
-"""The daemon's main loop: it waits in select() for process events, a request from a signal
+"""The daemon's main loop: it waits in poll() for process events, a request from a signal
 handler or another thread, or the next deadline (reconcile scan, observation sample, watchdog
-ping), then acts under the daemon's lock."""
+ping), then acts under the daemon's lock.
+
+Out of file descriptors (EMFILE, ENFILE: every /proc read needs one), a pass is skipped rather
+than the daemon lost: the plan in force stays, requests are kept for the next pass, the loop
+retries every STARVED_RETRY_S, and once a pass succeeds it rescans /proc and applies the whole
+plan again. A spell's start and end are logged, once in STARVED_LOG_EVERY_S."""
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import resource
 import select
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional
@@ -13,6 +21,11 @@ if TYPE_CHECKING:
     from temperd.daemon.daemon import Daemon
 
 WATCHDOG_DEFAULT_S = 10.0  # where the unit sets no WatchdogSec (systemd then ignores the pings)
+STARVED_RETRY_S = 1.0
+OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
+STARVED_LOG_EVERY_S = 600.0  # a spell that comes and goes is logged once in this long
+
+log = logging.getLogger("temperd")
 
 STOP = "stop"
 RELOAD = "reload"
@@ -21,7 +34,7 @@ REPLAN = "replan"
 
 class Requests:
     """What signal handlers and other threads ask of the main loop: the latest trigger per kind
-    (STOP, RELOAD, REPLAN), and a byte on a pipe that wakes its select()."""
+    (STOP, RELOAD, REPLAN), and a byte on a pipe that wakes its poll()."""
 
     def __init__(self) -> None:
         self._wake_r, self._wake_w = os.pipe()
@@ -60,6 +73,10 @@ class MainLoop:
         self.next_observe = now + min(1.0, daemon.observe_interval_s)
         self.next_watchdog = now
         self.watchdog_every = daemon.notifier.watchdog_interval_s or WATCHDOG_DEFAULT_S
+        self.skipped = 0  # passes skipped in the current spell without file descriptors
+        self._carried: Dict[str, str] = {}  # requests of a skipped pass
+        self._starved_logged_at: Optional[float] = None
+        self._recovered_logged_at: Optional[float] = None
 
     def run(self) -> None:
         """Until a STOP request."""
@@ -67,14 +84,11 @@ class MainLoop:
         while True:
             with daemon.lock:
                 fds, timeout = self._what_to_wait_for()
-            try:
-                ready, _, _ = select.select(fds, [], [], timeout)
-            except InterruptedError:
-                ready = []
+            ready = _wait(fds, timeout)
             if daemon.requests.fileno() in ready:
                 daemon.requests.drain()
             with daemon.lock:
-                now = self._step()
+                now = self._pass()
             if now is None:
                 return
             if now >= self.next_watchdog:
@@ -83,6 +97,8 @@ class MainLoop:
 
     def _what_to_wait_for(self):
         inventory = self.daemon.inventory
+        if self.skipped:  # retry soon, but do not spin on process events that cannot be read
+            return [self.daemon.requests.fileno()], STARVED_RETRY_S
         timeout = max(0.0, min(self.next_reconcile, self.next_observe, self.next_watchdog) - time.monotonic())
         inventory_timeout = inventory.poll_timeout()
         if inventory_timeout is not None:
@@ -90,19 +106,53 @@ class MainLoop:
         fds: List[int] = [self.daemon.requests.fileno()] + ([inventory.fileno()] if inventory.events_active else [])
         return fds, timeout
 
+    def _pass(self) -> Optional[float]:
+        """One _step; a pass without file descriptors is skipped (see the module's docstring)."""
+        try:
+            now = self._step()
+        except OSError as exc:
+            if exc.errno not in OUT_OF_DESCRIPTORS:
+                raise
+            self._starved(exc)
+            return time.monotonic()
+        if self.skipped and now is not None:
+            if _due(self._recovered_logged_at, now):
+                self._recovered_logged_at = now
+                log.warning("file descriptors available again after %d skipped pass(es): rescanning /proc and "
+                            "applying the whole plan", self.skipped)
+            self.skipped = 0
+            self.next_reconcile = now  # events may have been lost
+            self.daemon.request(REPLAN, "file descriptors available again")
+        return now
+
+    def _starved(self, exc: OSError) -> None:
+        self.skipped += 1
+        now = time.monotonic()
+        if self.skipped == 1 and _due(self._starved_logged_at, now):
+            self._starved_logged_at = now
+            soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            log.error("out of file descriptors (%s; the limit is %d): this pass is skipped, the plan in force "
+                      "stays, retrying every %g s", exc.strerror, soft, STARVED_RETRY_S)
+
     def _step(self) -> Optional[float]:
         """Process events and requests, then whatever is due. The time it finished; None: stop."""
         daemon, inventory = self.daemon, self.daemon.inventory
-        changes = inventory.handle_events() if inventory.events_active else []
-        pending = daemon.requests.take()
+        pending = self._carried
+        pending.update(daemon.requests.take())
+        self._carried = {}
         if STOP in pending:
             return None
-        if RELOAD in pending:
-            daemon.reload(pending[RELOAD])
-        elif REPLAN in pending:
-            daemon.replan(pending[REPLAN])  # a whole apply: the backend's situation changed
-        elif changes:
-            daemon.replan("events", changes)
+        try:
+            changes = inventory.handle_events() if inventory.events_active else []
+            if RELOAD in pending:
+                daemon.reload(pending[RELOAD])
+            elif REPLAN in pending:
+                daemon.replan(pending[REPLAN])  # a whole apply: the backend's situation changed
+            elif changes:
+                daemon.replan("events", changes)
+        except OSError:
+            self._carried = pending  # asked again on the next pass
+            raise
         now = time.monotonic()
         if now >= self.next_reconcile or inventory.needs_reconcile:
             summary = inventory.reconcile()
@@ -113,3 +163,19 @@ class MainLoop:
             daemon.observe()
             self.next_observe = now + daemon.observe_interval_s
         return now
+
+
+def _due(last: Optional[float], now: float) -> bool:
+    return last is None or now - last >= STARVED_LOG_EVERY_S
+
+
+def _wait(fds: List[int], timeout: float) -> List[int]:
+    """The fds that became readable within timeout seconds. poll(), not select(): any fd number
+    (the unit allows more than FD_SETSIZE), and no descriptor of its own as epoll would need."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    try:
+        return [fd for fd, _events in poller.poll(timeout * 1000)]
+    except InterruptedError:
+        return []

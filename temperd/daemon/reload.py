@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Optional, Tuple
 
+from temperd.config.daemon_config import DaemonConfig
 from temperd.config.errors import ConfigError
 from temperd.decide.hostview import HostView, load_host_view
 from temperd.sources.shape import ShapeError
@@ -54,3 +55,22 @@ class ViewLoader:
 
 def summary_of(view: HostView) -> str:
     return f"{len(view.profiles.active)} profiles, {len(view.config.bindings)} bindings"
+
+
+# Settings a running temperd holds from its start: the state directory (its lock and restore
+# records), the control socket, and the backend with scx_layered's settings. A reload that
+# changes one is refused rather than reported as done while the old value stays in force.
+RESTART_ONLY = (("state_dir", "state_dir"), ("control_socket", "[control] socket"),
+                ("control_group", "[control] group"), ("backend", "backend"), ("scx", "[scx]"))
+
+
+def restart_only_changes(running: DaemonConfig, new: DaemonConfig) -> List[str]:
+    """A problem for each setting that only a restart can change and that the new file changes."""
+    problems = []
+    for field, key in RESTART_ONLY:
+        before, after = getattr(running, field), getattr(new, field)
+        if before != after:
+            change = "" if field == "scx" else f" from {before!r} to {after!r}"
+            problems.append(f"{new.source}: {key} changed{change}: temperd takes it only when it starts; "
+                            f"restart it (systemctl restart temperd) or put the old value back")
+    return problems

@@ -37,7 +37,7 @@ def status_json(daemon: "Daemon") -> Dict[str, Any]:
         "overhead": dataclasses.asdict(sampler.observation.overhead) if sampler.observation is not None else None,
         "inventory": dataclasses.asdict(daemon.inventory.stats),
         "replans": daemon.replans,
-        "http": f"http://{view.config.http_listen}:{http.port}" if http else None,
+        "http": f"http://{http.address}" if http else None,  # where it really listens
     }
 
 

@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional
 
 from temperd import paths
 from temperd.trace import capture as trace_capture
-from temperd.daemon.control import ControlError, Progress
+from temperd.daemon.control import ControlError, Progress, shown, task_id
 from temperd.trace.capture import CaptureRequest, TraceError, capture, parse_duration, parse_size
 
 TRACE_DIR = paths.TRACE_DIR
@@ -26,14 +26,32 @@ GROUP = "temper"
 log = logging.getLogger("temperd.trace")
 
 
-def _optional_int(request: Dict[str, Any], key: str) -> Optional[int]:
-    value = request.get(key)
+def _optional_pid(request: Dict[str, Any]) -> Optional[int]:
+    value = request.get("pid")
+    return None if value is None or value == "" else task_id(value, "pid")
+
+
+def _optional_unit(request: Dict[str, Any]) -> Optional[str]:
+    value = request.get("unit")
     if value is None or value == "":
         return None
+    if not isinstance(value, str) or len(value) > 256 or "\0" in value:
+        raise ControlError(f"unit: expected a systemd unit name, found {shown(value)}")
+    return value
+
+
+def _limit(parse, value: Any, what: str) -> Any:
+    """A duration or size through the capture's own parser; a value it cannot take at all
+    (a list, a number too large for a float) is refused the same way."""
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool) or len(str(value)) > 64:
+        raise ControlError(f"{what}: expected e.g. {'10s' if what == 'duration' else '64M'}, found {shown(value)}")
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ControlError(f"{key}: expected a number, found {value!r}") from None
+        return parse(value)
+    except TraceError as exc:
+        raise ControlError(str(exc)) from None
+    except (ValueError, OverflowError):
+        raise ControlError(f"{what}: expected e.g. {'10s' if what == 'duration' else '64M'}, "
+                           f"found {shown(value)}") from None
 
 
 def _prune(directory: str, keep: int) -> None:
@@ -76,13 +94,10 @@ def _share(path: str, mode: int) -> None:
 def trace_handler(request: Dict[str, Any], progress: Progress) -> Dict[str, Any]:
     """{"cmd": "trace", "duration": "10s", "max_size": "64M", "pid"|"unit": ..., "gzip": bool,
     "requester": "..."} -> {"trace": CaptureResult as a dict}; progress notes while it runs."""
-    try:
-        duration = parse_duration(request.get("duration", trace_capture.DEFAULT_DURATION_S))
-        max_bytes = parse_size(request.get("max_size", trace_capture.DEFAULT_MAX_BYTES))
-    except TraceError as exc:
-        raise ControlError(str(exc)) from None
-    pid = _optional_int(request, "pid")
-    unit = request.get("unit") or None
+    duration = _limit(parse_duration, request.get("duration", trace_capture.DEFAULT_DURATION_S), "duration")
+    max_bytes = _limit(parse_size, request.get("max_size", trace_capture.DEFAULT_MAX_BYTES), "max size")
+    pid = _optional_pid(request)
+    unit = _optional_unit(request)
     directory = TRACE_DIR
     os.makedirs(directory, mode=0o750, exist_ok=True)
     _share(directory, 0o750)
