@@ -53,7 +53,8 @@ def main(config_dir, sysfs_root, state_dir, http_port, control_socket, log_level
         code = 1
     if not _stop(daemon):
         code = 1
-    sys.exit(code)
+    if code:
+        sys.exit(code)
 
 
 def _stop(daemon) -> bool:
