@@ -74,14 +74,23 @@ def test_matched_treated_changed_left(caplog):
                         "(unit memcached.service); 1 process, 5 threads")
     assert first[1] == ("workload memcached.service treated: workers: 4 threads exclusive, CPUs 1; "
                         "dispatch: 1 thread latency, nice -7")
-    assert first[2].startswith("plan changed (start): added memcached.service.dispatch, memcached.service.workers")
+    assert len(first) == 2  # the matched and treated lines say which layers came: no plan line
     assert again == []
     assert moved[0] == ("workload memcached.service treatment changed: workers: 4 threads exclusive, CPUs 1-2; "
                         "dispatch: 1 thread latency, nice -7")
     assert "memcached.service.workers CPUs 1 -> 1-2" in moved[1]
     assert left[0] == ("workload memcached.service left (its processes ended or no longer match): "
                        "4 affinity, 1 nice setting(s) restored")
+    assert len(left) == 1  # nor when it leaves
     assert [r.getMessage() for r in caplog.records] == first + moved + left
+    # A layer that comes or goes without its workload matching or leaving is a plan change of its own.
+    other = workload("redis.service")
+    both = MatchResult([w, other])
+    journal.applied(both, LayerPlan(layers=plan_for(w).layers + plan_for(other).layers, reserve_cpus=(0,)), Result())
+    clock.now += 120
+    lines = journal.applied(both, LayerPlan(layers=plan_for(w).layers + plan_for(other).layers[1:], reserve_cpus=(0,)),
+                            Result(), "events")
+    assert any(line.startswith("plan changed (events): removed redis.service.workers") for line in lines), lines
 
 
 def test_never_a_line_per_thread_and_rate_limited():

@@ -104,10 +104,12 @@ class Journal:
         """After an apply: workloads matched, treated (or treated differently), left; drift."""
         lines: List[Tuple[Tuple[str, str], str]] = []
         current = {w.key: w for w in match.workloads}
+        said = set()  # workloads whose matched/left line already says their layers came or went
         for key, workload in current.items():
             seen = _Seen(workload.profile_id, workload.tier, workload.source, _treatment(workload, plan))
             before = self._seen.get(key)
             if before is None:
+                said.add(key)
                 pids = len(workload.pids)
                 lines.append(((key, "matched"),
                               f"workload {key} matched: profile {workload.profile_id or 'none'}, tier {workload.tier}, "
@@ -124,13 +126,14 @@ class Journal:
         restored = dict(getattr(result, "restored", None) or {})
         for key in [k for k in self._seen if k not in current]:
             del self._seen[key]
+            said.add(key)
             what = f"{_counts(restored)} setting(s) restored" if restored else "nothing left to restore"
             lines.append(((key, "left"), f"workload {key} left (its processes ended or no longer match): {what}"))
         drift = dict(getattr(result, "drift", None) or {})
         if drift:
             lines.append((("", "drift"), f"{_counts(drift)} setting(s) temperd made were changed by someone else: "
                                           "left as found, temperd no longer sets them"))
-        change = self._plan_change(plan)
+        change = self._plan_change(plan, said)
         if change:
             # keyed by what changed: a different change is news at once, the same one again is not
             lines.append(((change, "plan"), f"plan changed ({trigger or 'replan'}): {change}"))
@@ -153,12 +156,13 @@ class Journal:
 
     # ---- helpers --------------------------------------------------------------------------------
 
-    def _plan_change(self, plan: LayerPlan) -> str:
-        """Layers added, removed, or with other CPUs; "" where the layer set is the same."""
-        now = {layer.name: (layer.kind, layer.treatment, tuple(layer.cpus)) for layer in plan.layers}
+    def _plan_change(self, plan: LayerPlan, said=frozenset()) -> str:
+        """Layers added, removed, or with other CPUs; "" where nothing changed beyond the layers of
+        workloads that matched or left in this apply (their own lines say so)."""
+        now = {layer.name: (layer.kind, layer.treatment, tuple(layer.cpus), layer.workload) for layer in plan.layers}
         before, self._layers = self._layers, now
-        added = sorted(set(now) - set(before))
-        removed = sorted(set(before) - set(now))
+        added = sorted(n for n in set(now) - set(before) if now[n][3] not in said)
+        removed = sorted(n for n in set(before) - set(now) if before[n][3] not in said)
         moved = [f"{name} CPUs {_cpus(before[name][2]) or 'none'} -> {_cpus(now[name][2]) or 'none'}"
                  for name in sorted(set(now) & set(before)) if before[name][2] != now[name][2]]
         parts = []
