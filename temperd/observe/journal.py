@@ -31,7 +31,11 @@ class _Seen:
     profile: Optional[str]
     tier: str
     source: str
-    treatment: Tuple[Tuple[str, str], ...]  # (group, "treatment on CPUs ...") per group layer
+    treatment: Tuple[Tuple[str, int, str], ...]  # (group, threads, "treatment, CPUs ...") per group layer
+
+    def shape(self) -> Tuple[Tuple[str, str], ...]:
+        """The treatment without thread counts: a change of it is news at once."""
+        return tuple((group, text) for group, _, text in self.treatment)
 
 
 def describe_layer(layer: Layer) -> str:
@@ -65,7 +69,7 @@ def _cpus(cpus: Sequence[int]) -> str:
     return ",".join(out)
 
 
-def _treatment(workload, plan: LayerPlan) -> Tuple[Tuple[str, str], ...]:
+def _treatment(workload, plan: LayerPlan) -> Tuple[Tuple[str, int, str], ...]:
     counts: Dict[str, int] = {}
     for thread in workload.threads:
         if thread.group:
@@ -76,7 +80,7 @@ def _treatment(workload, plan: LayerPlan) -> Tuple[Tuple[str, str], ...]:
             continue
         group = layer.group or "all threads"
         n = counts.get(layer.group, len(layer.selector.tids)) if layer.group else len(layer.selector.tids)
-        out.append((group, f"{n} thread{'s' if n != 1 else ''} {describe_layer(layer)}"))
+        out.append((group, n, describe_layer(layer)))
     return tuple(out)
 
 
@@ -116,9 +120,13 @@ class Journal:
                               f"by {workload.source} ({workload.reason}); {pids} process{'es' if pids != 1 else ''}, "
                               f"{len(workload.threads)} threads"))
             if seen.treatment and (before is None or before.treatment != seen.treatment):
-                groups = "; ".join(f"{group}: {text}" for group, text in seen.treatment)
+                groups = "; ".join(f"{group}: {n} thread{'s' if n != 1 else ''} {text}" for group, n, text in seen.treatment)
                 verb = "treated" if before is None or not before.treatment else "treatment changed"
-                lines.append(((key, "treated"), f"workload {key} {verb}: {groups}"))
+                # A new shape (groups, treatments, CPUs: a process's threads arriving after it, a
+                # reload) is said at once; only thread counts that come and go are rate-limited.
+                shape_changed = before is None or before.shape() != seen.shape()
+                event = (key, f"treated {seen.shape()}") if shape_changed else (key, "treated")
+                lines.append((event, f"workload {key} {verb}: {groups}"))
             elif before is not None and (before.tier, before.profile) != (seen.tier, seen.profile):
                 lines.append(((key, "retiered"), f"workload {key} now profile {seen.profile or 'none'}, tier {seen.tier} "
                                                  f"(was {before.profile or 'none'}, {before.tier})"))
@@ -183,13 +191,15 @@ class Journal:
                 self.logger.info("journal: %d more line(s) in the last minute were left out", self._suppressed)
             self._minute_start, self._minute_lines, self._suppressed = now, 0, 0
         for key, text in lines:
-            if limited and key[1] in ("treated", "drift", "plan", "retiered"):
+            if limited and key[1].split(" ", 1)[0] in ("treated", "drift", "plan", "retiered"):
                 if now - self._last.get(key, -1e18) < self.same_event_interval_s:
                     continue
             if limited and self._minute_lines >= self.lines_per_minute:
                 self._suppressed += 1
                 continue
             self._last[key] = now
+            if key[1].startswith("treated "):  # counts-only changes wait a while after any treated line
+                self._last[(key[0], "treated")] = now
             self._minute_lines += 1
             self.logger.info("%s", text)
             out.append(text)
