@@ -312,3 +312,32 @@ def test_parse_reply_takes_only_protocol_replies():
         with pytest.raises(BadReply):
             parse_reply(bad)
     assert json.loads(json.dumps(parse_reply(b'{"ok": false, "error": "a\\u0000b"}\n')))
+
+
+def test_a_reply_sent_before_the_daemon_closed_is_read_even_when_the_request_was_not_taken(tmp_path, monkeypatch):
+    """temperd tells a client it is busy and closes at once: the request then meets a closed
+    socket (EPIPE), and the reply already sent is what temperctl shows."""
+    path = str(tmp_path / "busy.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(1)
+
+    def busy():
+        conn, _ = listener.accept()
+        conn.sendall(b'{"ok": false, "error": "temperd is busy: 16 clients are connected"}\n')
+        conn.close()
+
+    server = threading.Thread(target=busy, daemon=True)
+    server.start()
+    connect = control._connect
+
+    def slow_connect(*args):
+        sock = connect(*args)
+        server.join(5)  # the daemon has answered and closed before the request is sent
+        return sock
+
+    monkeypatch.setattr(control, "_connect", slow_connect)
+    try:
+        assert request(path, "status", timeout=5) == {"ok": False, "error": "temperd is busy: 16 clients are connected"}
+    finally:
+        listener.close()

@@ -341,13 +341,14 @@ def request(path: str, cmd: str, timeout: float = 30.0, on_progress: Optional[Ca
     sock = _connect(path, min(timeout, CONNECT_TIMEOUT_S))
     with sock:
         sock.settimeout(timeout)
+        refused: Optional[OSError] = None
         try:
             sock.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
         except socket.timeout:
             raise DaemonUnavailable(f"temperd did not take the request within {timeout:g} s: it may be hung "
                                     "(systemctl status temperd)") from None
-        except OSError as exc:
-            raise DaemonUnavailable(f"temperd closed the connection: {exc.strerror or exc}") from None
+        except OSError as exc:  # closed on us: it may have said why first (busy, permission denied)
+            refused = exc
         lines = LineReader(sock, MAX_REPLY)
         while True:
             try:
@@ -358,8 +359,11 @@ def request(path: str, cmd: str, timeout: float = 30.0, on_progress: Optional[Ca
             except RequestTooLarge:
                 raise BadReply(f"temperd's reply is larger than {MAX_REPLY >> 20} MiB") from None
             except OSError as exc:
+                exc = refused or exc
                 raise DaemonUnavailable(f"the connection to temperd failed: {exc.strerror or exc}") from None
             if line is None:
+                if refused is not None:
+                    raise DaemonUnavailable(f"temperd closed the connection: {refused.strerror or refused}")
                 raise DaemonUnavailable("temperd closed the connection without a reply")
             reply = parse_reply(line)
             if reply.get("progress") is True:
