@@ -83,6 +83,8 @@ def _print_status(status: dict) -> None:
     lint = status["lint"]
     click.echo(f"lint:        {lint['total']} violation(s)" +
                (" (" + ", ".join(f"{k} {v}" for k, v in sorted(lint["by_invariant"].items())) + ")" if lint["total"] else ""))
+    if status.get("telemetry"):
+        click.echo(f"telemetry:   {status['telemetry']}")
     overhead = status.get("overhead") or {}
     if overhead:
         click.echo("overhead:    " + ", ".join(f"{k} {v}" for k, v in overhead.items()))

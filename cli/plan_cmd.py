@@ -12,14 +12,14 @@ from temperd.backends.scx.render import RenderError, render_plan
 from temperd.config.daemon_config import DEFAULT_CONFIG_DIR
 from temperd.decide.hostview import HostView, decide, load_host_view, make_matcher
 from temperd.config.errors import ConfigError
-from temperd.daemon.control import DaemonUnavailable, request
+from temperd.daemon.control import DaemonNotRunning, DaemonUnavailable, request
 from temperd.decide.explain import NoSuchTask, explain
 from temperd.sources.inventory import Inventory
 from temperd.decide.matcher import MatchResult
 from temperd.plan import LayerPlan
 from temperd.sources.shape import ShapeError, format_cpulist
 
-from .daemon_cmd import ask, socket_option
+from .daemon_cmd import ask, rendered, socket_option
 from .output import print_json, print_table
 
 config_option = click.option("--config", "config_dir", default=DEFAULT_CONFIG_DIR, show_default=True,
@@ -119,7 +119,7 @@ def plan_command(dry_run: bool, backend: str, config_dir: str, sysfs_root: str, 
     if as_json:
         print_json({k: data[k] for k in ("machine_shape", "workloads", "plan")})
     else:
-        print_plan(data)
+        rendered(lambda: print_plan(data), "plan")
     if data["plan"] and data["plan"]["errors"]:
         sys.exit(1)
 
@@ -146,18 +146,20 @@ def explain_command(task_id: int, dry_run: bool, config_dir: str, socket_path: s
     if as_json:
         print_json(data)
     else:
-        print_explanation(data)
+        rendered(lambda: print_explanation(data), "explain")
 
 
 def ask_explain(socket_path: str, task_id: int) -> Optional[dict]:
     """The running temperd's answer; None when no temperd listens on the socket."""
     try:
         reply = request(socket_path, "explain", id=task_id)
-    except DaemonUnavailable:
-        return None
+    except DaemonNotRunning:
+        return None  # compute here
+    except DaemonUnavailable as exc:  # hung, busy, a reply that is not one: say so, do not guess
+        raise click.ClickException(str(exc))
     if not reply.get("ok"):
         raise click.ClickException(reply.get("error", "request failed"))
-    return reply["explain"]
+    return rendered(lambda: dict(reply["explain"]), "explain")
 
 
 def print_explanation(data: dict) -> None:

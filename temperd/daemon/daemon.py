@@ -37,6 +37,7 @@ from temperd.daemon.reload import ReloadResult, ViewLoader, restart_only_changes
 from temperd.daemon.services import Services
 from temperd.decide.hostview import HostView, decide, make_matcher
 from temperd.decide.matcher import Matcher, MatchResult
+from temperd.observe.journal import Journal
 from temperd.observe.metrics import Metrics
 from temperd.observe.sampler import Sampler
 from temperd.plan import LayerPlan
@@ -81,6 +82,7 @@ class Daemon:
         self.last_apply: Optional[Any] = None
         self.replans = 0
         self.sampler: Optional[Sampler] = None
+        self.journal = Journal()  # what temperd did and why, for the operator's log
         self._instance_lock: Optional[InstanceLock] = None
 
     @property
@@ -115,7 +117,9 @@ class Daemon:
                 if not self.inventory.start():
                     log.warning("process events unavailable (%s): scanning /proc every %.0f s instead",
                                 self.inventory.unavailable_reason, self.config.scan_interval(False))
-                self.sampler = Sampler(view.shape, self.metrics)
+                self.sampler = Sampler(view.shape, self.metrics,
+                                       latency_bound_s=view.config.lint_runqueue_latency_p99_ms / 1e3)
+                self.sampler.telemetry.start()  # says once which scheduling-delay source runs, and why
                 self._record_reload(self.last_reload)
                 self.replan("start")
                 self.services.serve(self.config, self.config_dir, self.request)
@@ -180,8 +184,9 @@ class Daemon:
         self.services.stop()
         with self.lock:
             if self.backend is not None:
-                self.backend.stop()
-                log.info("stopped: every changed thread restored")
+                self.journal.stopped(self.backend.stop())
+            if self.sampler is not None:
+                self.sampler.close()
             self.inventory.stop_events()
         if self._instance_lock is not None:
             self._instance_lock.release()
@@ -205,6 +210,9 @@ class Daemon:
             result = self.backend.on_new_threads(fresh)
         else:
             result = self.backend.apply(layer_plan, snapshot.threads.values())
+            if self.sampler is not None:
+                self.sampler.update_membership(layer_plan)
+        self.journal.applied(match, layer_plan, result, trigger)
         self.last_apply = result
         self.replans += 1
         self.metrics.actions.update(result)
@@ -244,6 +252,7 @@ class Daemon:
         if problems:
             for problem in problems:
                 log.error("reload (%s) refused, the running configuration stays: %s", trigger, problem)
+            self.journal.reloaded(False, self.generation, trigger, problems=problems)
             result = ReloadResult(False, self.generation, time.time(), trigger, problems,
                                   f"kept generation {self.generation}")
         else:
@@ -257,9 +266,10 @@ class Daemon:
             if old is not None and old.shape != view.shape:
                 log.info("machine shape changed: %s", view.shape.describe())
                 self.sampler.reshape(view.shape)
+            self.sampler.latency_bound_s = view.config.lint_runqueue_latency_p99_ms / 1e3
             self.replan(f"reload ({trigger})")
             result = ReloadResult(True, self.generation, time.time(), trigger, [], summary_of(view))
-            log.info("reloaded (%s): generation %d, %s", trigger, self.generation, result.summary)
+            self.journal.reloaded(True, self.generation, trigger, result.summary)
         self.last_reload = result
         self._record_reload(result)
         return result

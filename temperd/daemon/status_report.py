@@ -34,6 +34,7 @@ def status_json(daemon: "Daemon") -> Dict[str, Any]:
                     "members": len(l.selector.tids)} for l in (daemon.plan.layers if daemon.plan else ())],
         "last_apply": _as_dict(daemon.last_apply),
         "lint": sampler.lint.summary(),
+        "telemetry": sampler.telemetry.describe(),
         "overhead": dataclasses.asdict(sampler.observation.overhead) if sampler.observation is not None else None,
         "inventory": dataclasses.asdict(daemon.inventory.stats),
         "replans": daemon.replans,

@@ -125,10 +125,10 @@ def parse_size(text: Any) -> int:
     if not m:
         raise TraceError(f"max size: expected e.g. 64M, 512k or a number of bytes, found {text!r}")
     unit = (m.group(2) or "b")[0].lower()
-    size = int(float(m.group(1)) * {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit])
-    if not 64 * 1024 <= size <= HARD_MAX_BYTES:
+    value = float(m.group(1)) * {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
+    if not 64 * 1024 <= value <= HARD_MAX_BYTES:  # before int(): a long digit string is inf
         raise TraceError(f"max size: expected 64k to {HARD_MAX_BYTES >> 20}M, found {text}")
-    return size
+    return int(value)
 
 
 # ---- tracefs -------------------------------------------------------------------------------------
