@@ -459,3 +459,32 @@ def test_scx_layered_does_not_outlive_a_killed_daemon(env):
             daemon.kill()
             daemon.wait()
         daemon.stdout.close()
+
+
+@pytest.mark.parametrize("owner, mode, expected", [
+    (65534, 0o755, "owned by uid 65534, expected root"),
+    (0, 0o777, "writable by others"),
+])
+def test_an_untrusted_binary_is_never_run(env, tmp_path, owner, mode, expected):
+    """temperd runs scx_layered as root: a binary (or a directory holding it) that someone else
+    can replace is refused, with the reason, and nothing is started. (The stand-in is copied.)"""
+    directory = tmp_path / "bin"
+    directory.mkdir()
+    binary = directory / "scx_layered"
+    shutil.copy(STANDIN, binary)
+    os.chown(binary, owner, 0)
+    os.chmod(binary, mode)
+    sup = ScxSupervisor(str(binary), env.state_dir, env.socket, sysfs_root=env.sysfs, env={
+        "FAKE_SCX_STATS_SOCKET": env.socket, "FAKE_SCX_SYSFS": env.sysfs, "FAKE_SCX_RECORD": env.record},
+        on_safe_mode=env.safe_modes.append)
+    env.supervisors.append(sup)
+    sup.apply(config("db"))
+    sup.start()
+    until(lambda: sup.safe_mode)
+    assert expected in sup.safe_mode_reason and str(binary) in sup.safe_mode_reason
+    assert sup.status().starts == 0 and env.events("attach") == []
+    os.chown(binary, 0, 0)
+    os.chmod(binary, 0o755)
+    directory.chmod(0o777)  # the file is fine now, its directory is not
+    from temperd.backends.scx.detect import binary_trust_problem
+    assert "writable by others" in binary_trust_problem(str(binary))

@@ -15,6 +15,7 @@ import shutil
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from temperd.config.tomlsource import trust_problem
 from temperd.files import read_stripped
 
 SCX_BINARY = "scx_layered"
@@ -96,6 +97,21 @@ def find_binary(path_env: Optional[str] = None) -> Optional[str]:
         candidate = os.path.join(directory, SCX_BINARY)
         if os.access(candidate, os.X_OK):
             return candidate
+    return None
+
+
+def binary_trust_problem(binary: str) -> Optional[str]:
+    """Why temperd, as root, will not run this scx_layered, or None: like temperd.toml, the
+    binary and the directory it lies in must be root's and writable by no one else (whoever can
+    replace it would run code as root, with CAP_BPF, at the next start)."""
+    try:
+        real = os.path.realpath(binary)
+        for path in (real, os.path.dirname(real)):
+            problem = trust_problem(os.stat(path))
+            if problem:
+                return f"{path}: {problem}"
+    except OSError as exc:
+        return f"{binary}: cannot be checked ({exc.strerror})"
     return None
 
 

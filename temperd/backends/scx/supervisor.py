@@ -35,7 +35,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from temperd.backends.scx.detect import (LAYERED_OPS_PREFIX, describe_loaded, read_state, sched_ext_dir)
+from temperd.backends.scx.detect import (LAYERED_OPS_PREFIX, binary_trust_problem, describe_loaded, read_state,
+                                         sched_ext_dir)
 from temperd.backends.scx.validate import errors_of, validate_config
 from temperd.config.daemon_config import ScxSettings
 from temperd.files import write_atomically
@@ -481,6 +482,10 @@ class ScxSupervisor:
             self._enter_safe_mode(REFUSED, f"refusing to start scx_layered: {reason}")
             return
         self._busy_since = None
+        untrusted = binary_trust_problem(self.binary)
+        if untrusted:  # checked at each start: the file may have changed since the last one
+            self._enter_safe_mode(SAFE_MODE, f"refusing to run scx_layered: {untrusted}")
+            return
         with self._lock:
             text = self._desired
         assert text is not None
