@@ -159,7 +159,7 @@ class Journal:
 
     def stopped(self, result=None) -> List[str]:
         restored = dict(getattr(result, "restored", None) or {})
-        text = "stopped: " + (f"{_counts(restored)} setting(s) restored" if restored else "every changed thread restored")
+        text = "stopped: every changed thread restored" + (f" ({_counts(restored)} setting(s))" if restored else "")
         return self._emit([(("", "stopped"), text)], limited=False)
 
     # ---- helpers --------------------------------------------------------------------------------
