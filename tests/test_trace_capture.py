@@ -245,19 +245,22 @@ def test_second_capture_is_refused_naming_the_running_one(tmp_path):
 
     runner = threading.Thread(target=first)
     runner.start()
-    deadline = time.monotonic() + 5
-    while tc.read_lock_holder() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    holder = tc.read_lock_holder()
-    assert holder and holder["pid"] == os.getpid() and holder["output"] == first_out
-    started = time.monotonic()
-    with pytest.raises(tc.CaptureBusy) as refused:
-        tc.capture(tc.CaptureRequest(output=str(tmp_path / "second.trace"), duration_s=1.0, requester="second"))
-    assert time.monotonic() - started < 0.5  # refused, not queued
-    message = str(refused.value)
-    assert "already running" in message and "first-requester" in message and first_out in message
-    assert f"pid {os.getpid()}" in message
-    runner.join(10)
+    try:
+        # {} means locked with the holder not written yet (the moment after flock): wait for it
+        deadline = time.monotonic() + 5
+        while not tc.read_lock_holder() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        holder = tc.read_lock_holder()
+        assert holder and holder["pid"] == os.getpid() and holder["output"] == first_out
+        started = time.monotonic()
+        with pytest.raises(tc.CaptureBusy) as refused:
+            tc.capture(tc.CaptureRequest(output=str(tmp_path / "second.trace"), duration_s=1.0, requester="second"))
+        assert time.monotonic() - started < 0.5  # refused, not queued
+        message = str(refused.value)
+        assert "already running" in message and "first-requester" in message and first_out in message
+        assert f"pid {os.getpid()}" in message
+    finally:
+        runner.join(10)  # a failure here must not leave the capture running into the next test
     assert outcome["result"].events > 0
     assert tc.read_lock_holder() is None
     assert not os.path.exists(tmp_path / "second.trace")
