@@ -28,6 +28,7 @@ from typing import Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import HostMonitor, host_description, read_text, running_temperd  # noqa: E402
+from servers import free_port  # noqa: E402  (common puts tests/ on sys.path)
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
@@ -90,10 +91,8 @@ def _thread_body(index: int, rename: bool, out: List) -> None:
 
 def _process_policy(pid: int) -> Optional[int]:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-        return int(data[data.rindex(b")") + 2:].split()[38])
-    except (OSError, ValueError, IndexError):
+        return os.sched_getscheduler(pid)
+    except OSError:  # gone
         return None
 
 
@@ -190,13 +189,6 @@ def percentile(values: List[int], q: float) -> Optional[int]:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> int:

@@ -21,6 +21,7 @@ import urllib.request
 import pytest
 
 import servers as S
+from test_metrics_http import hold_idle
 from temperd.daemon.control import request
 from thread_children import wait_for
 
@@ -223,21 +224,6 @@ def yielded(pid):
 def get(port, path, timeout=10):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as reply:
         return reply.status
-
-
-def hold_idle(port, n):
-    """Up to n TCP connections that send nothing; stops at the first the kernel would not queue."""
-    held = []
-    for _ in range(n):
-        sock = socket.socket()
-        sock.settimeout(1.0)
-        try:
-            sock.connect(("127.0.0.1", port))
-        except OSError:
-            sock.close()
-            break
-        held.append(sock)
-    return held
 
 
 NAMED = "import ctypes, sys, time; ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0); time.sleep(600)"

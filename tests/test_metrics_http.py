@@ -204,7 +204,7 @@ def _enough_descriptors(n: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard))
 
 
-def _idle(port: int, n: int, connect_timeout: float = 1.0) -> list:
+def hold_idle(port: int, n: int, connect_timeout: float = 1.0) -> list:
     """Up to n connections that send nothing; those the kernel would not queue are left out."""
     import socket
 
@@ -270,7 +270,7 @@ def test_connections_beyond_the_cap_wait_in_the_backlog(monkeypatch):
     monkeypatch.setattr(http, "REQUEST_TIMEOUT_S", 0.5)
     server = HttpApi("127.0.0.1", 0, lambda: b"ok\n", lambda: {}, max_connections=4)
     server.start()
-    held = _idle(server.port, 20)
+    held = hold_idle(server.port, 20)
     try:
         assert len(held) == 20
         peak = 0

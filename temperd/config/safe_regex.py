@@ -55,22 +55,17 @@ def _children(op, av) -> Iterator[list]:
         yield from (branch for branch in av[1:] if branch is not None)
 
 
-def _contains(items, ops) -> bool:
-    for op, av in items:
-        if op in ops:
-            return True
-        if any(_contains(child, ops) for child in _children(op, av)):
-            return True
-    return False
+def _contains(items, found) -> bool:
+    """Whether found(op, av) holds for an item here or nested anywhere below."""
+    return any(found(op, av) or any(_contains(child, found) for child in _children(op, av)) for op, av in items)
 
 
-def _contains_repeat(items) -> bool:
-    for op, av in items:
-        if op in _REPEATS and (av[1] == _UNBOUNDED or av[1] > 1):
-            return True
-        if any(_contains_repeat(child) for child in _children(op, av)):
-            return True
-    return False
+def _is_repeat(op, av) -> bool:
+    return op in _REPEATS and (av[1] == _UNBOUNDED or av[1] > 1)
+
+
+def _is_branch(op, _av) -> bool:
+    return op == sre_parse.BRANCH
 
 
 def _shape_problem(items) -> Optional[str]:
@@ -80,10 +75,10 @@ def _shape_problem(items) -> Optional[str]:
         if op in _REPEATS:
             _low, high, body = av
             repeats = high == _UNBOUNDED or high > _LARGE_COUNT
-            if repeats and _contains_repeat(body):
+            if repeats and _contains(body, _is_repeat):
                 return ("no repeat inside a repeated group, like (a+)+ (on a hostile title matching "
                         "takes time doubling with each character)")
-            if repeats and _contains(body, {sre_parse.BRANCH}):
+            if repeats and _contains(body, _is_branch):
                 return ("no alternation inside a repeated group, like (a|ab)* (on a hostile title "
                         "matching takes time doubling with each character)")
         for child in _children(op, av):
