@@ -13,6 +13,7 @@ from temperd.sources import cgroups
 from temperd.sources import procfs
 from temperd.config.daemon_config import (DEFAULT_CONFIG_DIR, DaemonConfig, check_binding_profiles, load_config)
 from temperd.config.errors import ConfigError, ConfigProblem
+from temperd.decide.trust import trust_policy
 from temperd.decide.matcher import Matcher, MatchResult
 from temperd.plan import LayerPlan
 from temperd.decide.planner import PlannerSettings, plan
@@ -44,7 +45,7 @@ def load_host_view(config_dir: str = DEFAULT_CONFIG_DIR, sysfs_root: str = "/sys
 
 def make_matcher(view: HostView) -> Matcher:
     return Matcher(view.config, view.profiles.active, env_reader=procfs.read_environ_var,
-                   quota_reader=cgroups.cpu_quota)
+                   quota_reader=cgroups.cpu_quota, trust=trust_policy(view.config))
 
 
 def planner_settings(config: DaemonConfig) -> PlannerSettings:

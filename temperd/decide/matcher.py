@@ -9,7 +9,8 @@ A match raises standing (exclusive and latency groups, the critical tier) only f
 the host trusts (decide/trust.py); for others it only lowers it.
 
 Pure: facts about processes come in as objects (the inventory's), nothing is read here except
-through the callables passed in.
+through the callables passed in and the trust policy (hostview builds it from the host's
+accounts; a Matcher made without one builds it the same way).
 """
 
 from __future__ import annotations
