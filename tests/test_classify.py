@@ -1,0 +1,83 @@
+"""The classifier (temperd/decide/classify.py) on given signals: every class, the reason naming
+the thresholds that fired with their values, hints overriding measurement, and a confidence that
+drops for missing sources and short windows."""
+
+from temperd.config.profile import Traits
+from temperd.decide.classify import (BUSIEST_THREAD, CPU_CAPACITY, CPU_DEMAND, D_STATE_SHARE, HOT_THREADS, IO_BYTES,
+                                     IPC, LLC_MISSES, PSI_IO, PSI_MEMORY, Hints, WorkloadSignals, classify, traits_of)
+
+ALL_HERE = ("schedstat", "psi", "proc_io", "task_state")
+NO_PMU = {"perf": "no PMU", "rapl": "no /sys/class/powercap", "delayacct": "kernel.task_delayacct is 0",
+          "nvml": "no NVIDIA GPU"}
+
+
+def signals(measured, sources=ALL_HERE, missing=None, window=600.0, **kw):
+    return WorkloadSignals("fixture", window, 600.0, measured=measured, sources=sources,
+                           missing=NO_PMU if missing is None else missing, **kw)
+
+
+def test_one_busy_thread_is_compute_high_and_cap_sensitive():
+    c = classify(signals({CPU_DEMAND: 1.0, CPU_CAPACITY: 1, HOT_THREADS: 1, BUSIEST_THREAD: 1.0, PSI_IO: 0.0,
+                          PSI_MEMORY: 0.0}))
+    assert (c.cpu_intensity, c.cpu_bound, c.cpu_cap_sensitivity) == ("high", "compute", "high")
+    assert "util 100% > 65%" in c.reason and "busiest 1.00 CPU >= 0.8" in c.reason
+
+
+def test_memory_pressure_makes_memory_bound_with_its_value_in_the_reason():
+    c = classify(signals({CPU_DEMAND: 0.2, CPU_CAPACITY: 1, PSI_MEMORY: 63.0, PSI_IO: 1.0}))
+    assert c.cpu_bound == "memory" and c.cpu_intensity == "low"
+    assert "memory pressure 63% >= 10% of the window" in c.reason
+
+
+def test_io_pressure_or_d_state_sleeps_with_io_make_io_bound():
+    by_psi = classify(signals({CPU_DEMAND: 0.1, CPU_CAPACITY: 1, PSI_IO: 40.0}))
+    by_state = classify(signals({CPU_DEMAND: 0.1, CPU_CAPACITY: 1, D_STATE_SHARE: 0.8, IO_BYTES: 4e6},
+                                sources=("schedstat", "task_state", "proc_io")))
+    assert by_psi.cpu_bound == by_state.cpu_bound == "io"
+    assert "io pressure 40% >= 10%" in by_psi.reason and "80% of sampled sleeps in D state" in by_state.reason
+
+
+def test_a_hot_thread_beside_io_stalls_is_mixed_naming_both():
+    c = classify(signals({CPU_DEMAND: 1.2, CPU_CAPACITY: 2, HOT_THREADS: 1, BUSIEST_THREAD: 0.98, PSI_IO: 35.0}))
+    assert c.cpu_bound == "mixed" and c.cpu_intensity == "medium"
+    assert "compute: " in c.reason and "io: " in c.reason
+
+
+def test_a_sleeping_service_is_low_and_mixed_because_nothing_dominates():
+    c = classify(signals({CPU_DEMAND: 0.004, CPU_CAPACITY: 1, PSI_IO: 0.0, PSI_MEMORY: 0.0}))
+    assert (c.cpu_intensity, c.cpu_bound, c.cpu_cap_sensitivity) == ("low", "mixed", "low")
+    assert "no resource dominates" in c.reason
+
+
+def test_low_ipc_with_cache_misses_is_memory_bound_compute_where_a_pmu_exists():
+    c = classify(signals({CPU_DEMAND: 1.0, CPU_CAPACITY: 1, IPC: 0.4, LLC_MISSES: 25.0},
+                         sources=ALL_HERE + ("perf",), missing={}))
+    assert c.cpu_bound == "mixed" and "IPC 0.40 < 0.7 with 25 LLC misses/kinstr" in c.reason
+
+
+def test_hints_override_and_are_marked_with_the_measured_value_beside():
+    hints = Hints.from_traits(Traits(cpu_bound="memory", criticality="performance"), "profile redis [traits]")
+    c = classify(signals({CPU_DEMAND: 1.0, CPU_CAPACITY: 1, HOT_THREADS: 1, BUSIEST_THREAD: 1.0}, hints=hints))
+    assert c.cpu_bound == "memory" and c.criticality == "performance"
+    assert "cpu-bound=memory (hint: profile redis [traits]; measured compute" in c.reason
+
+
+def test_hints_only_give_confidence_0_3_and_say_so():
+    c = classify(WorkloadSignals("w", 0, 600, hints=Hints("binding[0]", cpu_intensity="high")))
+    assert c.confidence == 0.3 and "hints only (no metrics available)" in c.reason
+
+
+def test_confidence_is_lower_for_missing_sources_and_a_short_window():
+    measured = {CPU_DEMAND: 0.5, CPU_CAPACITY: 1}
+    full = classify(signals(measured, sources=ALL_HERE + ("perf", "rapl", "delayacct", "nvml"), missing={}))
+    here = classify(signals(measured))
+    short = classify(signals(measured, window=60.0))
+    assert full.confidence == 1.0 > here.confidence > short.confidence
+    assert "without delayacct (kernel.task_delayacct is 0), nvml (no NVIDIA GPU), perf (no PMU)" in here.reason
+
+
+def test_critical_tier_is_performance_and_the_traits_round_trip():
+    c = classify(signals({CPU_DEMAND: 0.5, CPU_CAPACITY: 1}, tier="critical"))
+    assert c.criticality == "performance"
+    assert Traits(**traits_of(c)).cpu_bound == c.cpu_bound
+    assert c.as_json()["cpu"]["avgUtilizationPct"] == 50.0
