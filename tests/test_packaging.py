@@ -25,6 +25,7 @@ except ImportError:  # Python < 3.11
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "units" / "temperd.service"
 SCX_DROPIN = ROOT / "units" / "scx-privileges.conf"
+BPF_DROPIN = ROOT / "units" / "bpf-telemetry.conf"
 DEBIAN = ROOT / "packaging" / "deb" / "debian"
 SPEC = ROOT / "packaging" / "rpm" / "temperd.spec"
 MAN = ROOT / "docs" / "man"
@@ -102,16 +103,39 @@ def test_scx_dropin_adds_back_exactly_what_scx_layered_needs(tmp_path):
     assert "~@privileged" in _unit_values("SystemCallFilter")
     dropin = [line for line in SCX_DROPIN.read_text().splitlines() if line and not line.startswith("#")]
     assert dropin == ["[Service]", "CapabilityBoundingSet=CAP_SYS_ADMIN CAP_BPF CAP_PERFMON", "SystemCallFilter=bpf"]
+    _verify_with_dropin(tmp_path, SCX_DROPIN)
+
+
+def _verify_with_dropin(tmp_path, dropin: Path) -> None:
+    """systemd-analyze verify of the unit with `dropin` in its temperd.service.d/."""
     analyze = shutil.which("systemd-analyze")
     if not analyze:
         pytest.skip("systemd-analyze not installed (Debian package systemd)")
     temperd = os.path.join(os.path.dirname(sys.executable), "temperd")
     (tmp_path / "temperd.service").write_text(UNIT.read_text().replace("/usr/bin/temperd", temperd))
     (tmp_path / "temperd.service.d").mkdir()
-    shutil.copy(SCX_DROPIN, tmp_path / "temperd.service.d" / "scx.conf")
+    shutil.copy(dropin, tmp_path / "temperd.service.d" / dropin.name)
     verify = subprocess.run([analyze, "verify", "--man=no", str(tmp_path / "temperd.service")],
                             capture_output=True, text=True, timeout=60)
     assert verify.returncode == 0 and not verify.stderr.strip(), verify.stdout + verify.stderr
+
+
+def test_bpf_telemetry_dropin_adds_back_exactly_what_bcc_needs(tmp_path):
+    """The unit leaves out what the bcc program needs; bpf-telemetry.conf adds it, each line said
+    why, and the unit with it still verifies. Not the default (temperd(8) says why)."""
+    assert "ProtectKernelModules=yes" in UNIT.read_text().splitlines()
+    lines = BPF_DROPIN.read_text().splitlines()
+    settings = [line for line in lines if line and not line.startswith("#")]
+    assert settings == ["[Service]", "CapabilityBoundingSet=CAP_BPF CAP_PERFMON", "SystemCallFilter=bpf perf_event_open",
+                        "ProtectKernelModules=no"]
+    comments = "\n".join(line for line in lines if line.startswith("#"))
+    for word in ("CAP_BPF", "CAP_PERFMON", "perf_event_open", "ProtectKernelModules", "/usr/share/temperd/bpf-telemetry.conf"):
+        assert word in comments, word
+    from temperd.sources.runqlat import BCC_CAPABILITIES, DROPIN_HINT
+
+    assert {name for name, _ in BCC_CAPABILITIES} == set(settings[1].split("=", 1)[1].split())
+    assert "bpf-telemetry.conf" in DROPIN_HINT and "bpf-telemetry.conf" in _man_text("temperd.8")
+    _verify_with_dropin(tmp_path, BPF_DROPIN)
 
 
 def test_unit_runs_the_packaged_daemon_with_the_default_paths():
@@ -340,7 +364,7 @@ def test_build_packages(tmp_path):
                  "./usr/lib/sysusers.d/temperd.conf", "./usr/share/man/man8/temperd.8.gz",
                  "./usr/share/man/man8/temperctl.8.gz", "./usr/share/man/man5/temper-profile.5.gz",
                  "./usr/bin/temperd", "./usr/bin/temperctl", "temperd/builtin_profiles/memcached.toml",
-                 "./usr/share/temperd/scx-privileges.conf"):
+                 "./usr/share/temperd/scx-privileges.conf", "./usr/share/temperd/bpf-telemetry.conf"):
         assert path in contents, path
     for path in _shipped_data():
         assert f"./{SHARE}/{path}" in contents, path
@@ -348,7 +372,7 @@ def test_build_packages(tmp_path):
     assert "python3-sdnotify" in conffiles
     listing = subprocess.run(["rpm", "-qlp", str(rpm)], capture_output=True, text=True, check=True).stdout
     assert "/usr/lib/systemd/system/temperd.service" in listing and "/etc/temper/temperd.toml" in listing
-    assert "/usr/share/temperd/scx-privileges.conf" in listing
+    assert "/usr/share/temperd/scx-privileges.conf" in listing and "/usr/share/temperd/bpf-telemetry.conf" in listing
     for path in _shipped_data():
         assert f"/{SHARE}/{path}" in listing, path
     config = subprocess.run(["rpm", "-qp", "--configfiles", str(rpm)], capture_output=True, text=True, check=True).stdout

@@ -58,6 +58,7 @@ def test_schedstat_windows_count_exactly():
 
 
 def test_no_headers_is_said_once_with_the_release(tmp_path, caplog):
+    (tmp_path / "6.1.0-other").mkdir()  # another kernel's modules: /lib/modules is not hidden
     reason = R.bcc_unavailable("9.9.9-test", modules_root=str(tmp_path), sys_kernel=str(tmp_path))
     assert reason in ("bcc: no headers for 9.9.9-test", "bcc: python3-bpfcc not installed")
     (tmp_path / "9.9.9-test" / "build").mkdir(parents=True)
@@ -68,8 +69,52 @@ def test_no_headers_is_said_once_with_the_release(tmp_path, caplog):
         telemetry.start()
         telemetry.start()
     assert [r.getMessage() for r in caplog.records] == [
-        "telemetry: schedstat (bpf off: TEMPERD_BPF=0): scheduling delay per layer as schedstat means"]
+        "telemetry: schedstat (bpf off: [telemetry] bpf = false): scheduling delay per layer as schedstat means"]
+    assert telemetry.describe() == "schedstat (bpf off: [telemetry] bpf = false)"
+
+
+def test_the_environment_switch_wins_and_a_reload_restarts_the_source(monkeypatch, caplog):
+    monkeypatch.setenv(R.BPF_ENV, "0")
+    telemetry = R.Telemetry(want_bpf=True)
+    telemetry.start()
     assert telemetry.describe() == "schedstat (bpf off: TEMPERD_BPF=0)"
+    monkeypatch.delenv(R.BPF_ENV)
+    first = telemetry.impl
+    telemetry.set_bpf(True)  # unchanged: nothing restarts
+    assert telemetry.impl is first
+    telemetry.set_bpf(False)
+    assert telemetry.impl is not first and telemetry.describe() == "schedstat (bpf off: [telemetry] bpf = false)"
+    with caplog.at_level("INFO", logger="temperd.telemetry"):
+        telemetry.set_bpf(True)  # where bcc cannot load, the reason is said again
+    assert telemetry.want_bpf and caplog.records and caplog.records[-1].getMessage().startswith("telemetry: ")
+
+
+def _status(tmp_path, capeff: int):
+    path = tmp_path / "status"
+    path.write_text(f"Name:\ttemperd\nCapInh:\t0000000000000000\nCapEff:\t{capeff:016x}\n")
+    return str(path)
+
+
+def test_missing_privileges_and_hidden_modules_name_the_drop_in(tmp_path):
+    """Under the hardened unit without bpf-telemetry.conf: no CAP_BPF/CAP_PERFMON, and
+    ProtectKernelModules=yes shows /lib/modules empty. Each reason names the drop-in."""
+    if R.bcc_unavailable(status_path=_status(tmp_path, 0)) == "bcc: python3-bpfcc not installed":
+        pytest.skip("python3-bpfcc not installed: its absence is the reason given first")
+    unit_caps = (1 << 23) | (1 << 12) | (1 << 19) | (1 << 2) | (1 << 1)  # the unit's five capabilities
+    reason = R.bcc_unavailable("9.9.9-test", str(tmp_path), str(tmp_path), _status(tmp_path, unit_caps))
+    assert reason.startswith("bcc: temperd lacks CAP_PERFMON, CAP_BPF (") and "bpf-telemetry.conf" in reason
+    bcc_caps = unit_caps | (1 << 38) | (1 << 39)
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    reason = R.bcc_unavailable("9.9.9-test", str(modules), str(tmp_path), _status(tmp_path, bcc_caps))
+    assert reason.startswith(f"bcc: {modules} is hidden from temperd (") and "bpf-telemetry.conf" in reason
+    (modules / "6.1.0-other").mkdir()
+    assert R.bcc_unavailable("9.9.9-test", str(modules), str(tmp_path), _status(tmp_path, bcc_caps)) == \
+        "bcc: no headers for 9.9.9-test"
+    (modules / "9.9.9-test" / "build").mkdir(parents=True)
+    assert R.bcc_unavailable("9.9.9-test", str(modules), str(tmp_path), _status(tmp_path, bcc_caps)) is None
+    # CAP_SYS_ADMIN alone covers both (kernels before 5.8 know no CAP_BPF or CAP_PERFMON)
+    assert R.bcc_unavailable("9.9.9-test", str(modules), str(tmp_path), _status(tmp_path, 1 << 21)) is None
 
 
 def test_this_host_says_why_bcc_is_not_used():

@@ -91,6 +91,13 @@ LINT_SPEC = TableSpec("lint", "lint", {
                                     default=DEFAULT_RUNQUEUE_LATENCY_P99_MS),
 })
 
+# Scheduling-delay telemetry: the bcc program (bpf/runqlat.bpf.c) where it can load, else schedstat.
+TELEMETRY_SPEC = TableSpec("telemetry", "telemetry", {
+    "bpf": Spec("bool", "Load the bcc program for scheduling delay per layer where bcc, the kernel headers and the "
+                "privileges it needs are there (under systemd, the bpf-telemetry.conf drop-in); false: schedstat "
+                "means only, nothing loaded into the kernel.", default=True),
+})
+
 CONFIG_SPEC = TableSpec(
     "temperd configuration",
     "temperd's own settings: /etc/temper/temperd.toml.",
@@ -116,6 +123,7 @@ CONFIG_SPEC = TableSpec(
         "trust": Spec("table", "Whose processes a match may raise: a process owned by anyone else only ever "
                       "yields or goes to the background tier.", default={}, table=TRUST_SPEC),
         "lint": Spec("table", "The placement linter's bounds.", default={}, table=LINT_SPEC),
+        "telemetry": Spec("table", "Where scheduling delay comes from.", default={}, table=TELEMETRY_SPEC),
         "binding": Spec("tables", BINDING_SPEC.doc, default=[], table=BINDING_SPEC),
     },
 )
@@ -164,6 +172,7 @@ class DaemonConfig:
     bindings: Tuple[Binding, ...] = ()
     scx: ScxSettings = field(default_factory=lambda: ScxSettings())
     lint_runqueue_latency_p99_ms: float = LINT_SPEC.default_of("runqueue_latency_p99_ms")
+    telemetry_bpf: bool = TELEMETRY_SPEC.default_of("bpf")
 
     def scan_interval(self, events_active: bool) -> float:
         """Seconds until the next full /proc scan."""
@@ -210,6 +219,7 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
         bindings=tuple(bindings),
         scx=ScxSettings(**{**scx, "args": tuple(scx["args"])}),
         lint_runqueue_latency_p99_ms=values["lint"]["runqueue_latency_p99_ms"],
+        telemetry_bpf=values["telemetry"]["bpf"],
     )
 
 

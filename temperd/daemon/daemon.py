@@ -42,6 +42,7 @@ from temperd.observe.metrics import Metrics
 from temperd.observe.sampler import Sampler
 from temperd.plan import LayerPlan
 from temperd.sources.inventory import Inventory
+from temperd.sources.runqlat import Telemetry
 from temperd.sources.shape import ShapeError
 from temperd.trace.capture import cleanup_stale_instances
 
@@ -118,7 +119,8 @@ class Daemon:
                     log.warning("process events unavailable (%s): scanning /proc every %.0f s instead",
                                 self.inventory.unavailable_reason, self.config.scan_interval(False))
                 self.sampler = Sampler(view.shape, self.metrics,
-                                       latency_bound_s=view.config.lint_runqueue_latency_p99_ms / 1e3)
+                                       latency_bound_s=view.config.lint_runqueue_latency_p99_ms / 1e3,
+                                       telemetry=Telemetry(want_bpf=view.config.telemetry_bpf))
                 self.sampler.telemetry.start()  # says once which scheduling-delay source runs, and why
                 self._record_reload(self.last_reload)
                 self.replan("start")
@@ -204,6 +206,7 @@ class Daemon:
         unchanged = changes is not None and layer_plan == self.plan
         self.match, self.plan = match, layer_plan
         if unchanged:
+            self.backend.forget_threads(_ended_threads(changes))
             fresh = _new_threads(changes, snapshot)
             if not fresh:
                 return
@@ -267,6 +270,7 @@ class Daemon:
                 log.info("machine shape changed: %s", view.shape.describe())
                 self.sampler.reshape(view.shape)
             self.sampler.latency_bound_s = view.config.lint_runqueue_latency_p99_ms / 1e3
+            self.sampler.telemetry.set_bpf(view.config.telemetry_bpf)
             self.replan(f"reload ({trigger})")
             result = ReloadResult(True, self.generation, time.time(), trigger, [], summary_of(view))
             self.journal.reloaded(True, self.generation, trigger, result.summary)
@@ -341,6 +345,13 @@ def _cleanup_stale_traces() -> None:
             log.info("removed %d trace instance(s) left by a dead capture", len(removed))
     except OSError as exc:
         log.warning("could not check for leftover trace instances: %s", exc)
+
+
+def _ended_threads(changes) -> List[int]:
+    """Thread ids these changes ended, or replaced (a reused id is a new thread under the old id).
+    A whole process that ended names its leader's id: its other threads ended one by one before."""
+    return [change.pid if change.tid is None else change.tid
+            for change in changes if change.kind in ("exit", "reused")]
 
 
 def _new_threads(changes, snapshot) -> List[Any]:

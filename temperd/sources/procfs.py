@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, NamedTuple, Optional, Tuple
+from typing import Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
 from temperd.sources.shape import parse_cpulist
 
@@ -342,6 +342,21 @@ def read_environ_var(pid: int, name: str) -> Optional[str]:
         if entry.startswith(prefix):
             return entry[len(prefix) :].decode("utf-8", "replace")
     return None
+
+
+def missing_capabilities(needed: Sequence[Tuple[str, int]], status_path: str = "/proc/self/status",
+                         covered_by: Optional[int] = None) -> List[str]:
+    """The names of the `needed` (name, bit) capabilities that this process's effective set
+    (CapEff) lacks; none when it holds the `covered_by` bit (CAP_SYS_ADMIN for what older
+    kernels asked of it). An unreadable status lacks them all (assume the worst, say so)."""
+    data = read_bytes(status_path, 8192)
+    for line in (data or b"").splitlines():
+        if line.startswith(b"CapEff:"):
+            effective = int(line.split()[1], 16)
+            if covered_by is not None and effective >> covered_by & 1:
+                return []
+            return [name for name, bit in needed if not effective >> bit & 1]
+    return [name for name, _ in needed]
 
 
 def is_kernel_thread(pid: int, stat: TaskStat) -> bool:

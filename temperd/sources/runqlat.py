@@ -168,9 +168,15 @@ def bucket_quantile(slots: List[int], q: float) -> Optional[float]:
 
 # ---- where bcc cannot run ------------------------------------------------------------------------
 
+# Loading a tracepoint program needs CAP_BPF and CAP_PERFMON (Linux >= 5.8; before, CAP_SYS_ADMIN,
+# which also covers both on newer kernels). temperd.service leaves them out.
+BCC_CAPABILITIES = (("CAP_PERFMON", 38), ("CAP_BPF", 39))
+CAP_SYS_ADMIN = 21
+DROPIN_HINT = "under systemd, the bpf-telemetry.conf drop-in grants what bcc needs: see temperd(8)"
+
 
 def bcc_unavailable(release: Optional[str] = None, modules_root: str = "/lib/modules",
-                    sys_kernel: str = "/sys/kernel") -> Optional[str]:
+                    sys_kernel: str = "/sys/kernel", status_path: str = "/proc/self/status") -> Optional[str]:
     """Why the bcc program cannot be loaded here, or None. Checked before bcc is asked, so that
     libbcc never prints its own complaint to temperd's stderr."""
     release = release or os.uname().release
@@ -180,12 +186,21 @@ def bcc_unavailable(release: Optional[str] = None, modules_root: str = "/lib/mod
         found = False
     if not found:
         return "bcc: python3-bpfcc not installed"
+    missing = procfs.missing_capabilities(BCC_CAPABILITIES, status_path, covered_by=CAP_SYS_ADMIN)
+    if missing:
+        return f"bcc: temperd lacks {', '.join(missing)} ({DROPIN_HINT})"
     if os.environ.get("BCC_KERNEL_SOURCE"):
         return None
     for path in (os.path.join(modules_root, release, "build"), os.path.join(modules_root, release, "source"),
                  os.path.join(sys_kernel, "kheaders.tar.xz")):
         if os.path.exists(path):
             return None
+    try:
+        hidden = os.path.isdir(modules_root) and not os.listdir(modules_root)
+    except OSError:
+        hidden = True
+    if hidden:  # systemd's ProtectKernelModules=yes shows an empty, inaccessible directory
+        return f"bcc: {modules_root} is hidden from temperd ({DROPIN_HINT})"
     return f"bcc: no headers for {release}"
 
 
@@ -414,20 +429,32 @@ class BpfLatency:
         self._bpf.cleanup()
 
 
-# TEMPERD_BPF=0 in temperd's environment keeps the bcc program unloaded (measurements of its cost:
-# bench/overhead.py --bpf off).
+# TEMPERD_BPF=0 in temperd's environment keeps the bcc program unloaded whatever temperd.toml says
+# (measurements of its cost: bench/overhead.py --bpf off).
 BPF_ENV = "TEMPERD_BPF"
 
 
 class Telemetry:
     """The scheduling-delay source temperd uses: bpf where it loads, else schedstat; `reason`
-    says why not bpf (logged once, at start)."""
+    says why not bpf (logged once, at start, and again when a reload changes [telemetry] bpf)."""
 
-    def __init__(self, want_bpf: Optional[bool] = None) -> None:
-        self.want_bpf = want_bpf if want_bpf is not None else os.environ.get(BPF_ENV, "1") != "0"
+    def __init__(self, want_bpf: bool = True) -> None:
+        """want_bpf: [telemetry] bpf of temperd.toml."""
+        self.want_bpf = want_bpf
         self.impl = None
         self.reason: Optional[str] = None
         self.report = LatencyReport(SCHEDSTAT, "not started")
+
+    def set_bpf(self, want_bpf: bool) -> None:
+        """A reload: [telemetry] bpf changed, so the source starts anew (the bcc program is
+        unloaded, or loaded where it can be); the next applied plan fills its membership."""
+        if want_bpf == self.want_bpf:
+            return
+        self.want_bpf = want_bpf
+        if self.impl is not None:
+            self.close()
+            self.impl = None
+            self.start()
 
     @property
     def source(self) -> str:
@@ -436,7 +463,12 @@ class Telemetry:
     def start(self) -> None:
         if self.impl is not None:
             return
-        self.reason = bcc_unavailable() if self.want_bpf else f"bpf off: {BPF_ENV}=0"
+        if os.environ.get(BPF_ENV, "1") == "0":
+            self.reason = f"bpf off: {BPF_ENV}=0"
+        elif not self.want_bpf:
+            self.reason = "bpf off: [telemetry] bpf = false"
+        else:
+            self.reason = bcc_unavailable()
         path = program_path() if self.reason is None else None
         if self.reason is None and path is None:
             self.reason = f"bcc: {PROGRAM} not found"

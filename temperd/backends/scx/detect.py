@@ -17,6 +17,7 @@ from typing import List, Optional, Tuple
 
 from temperd.config.tomlsource import trust_problem
 from temperd.files import read_stripped
+from temperd.sources import procfs
 
 SCX_BINARY = "scx_layered"
 BINARY_DIRS = ("/usr/bin", "/usr/local/bin", "/usr/sbin")
@@ -73,12 +74,7 @@ SCX_CAPABILITIES = (("CAP_SYS_ADMIN", 21), ("CAP_PERFMON", 38), ("CAP_BPF", 39))
 
 def missing_capabilities(status_path: str = "/proc/self/status") -> List[str]:
     """The capabilities scx_layered needs that this process's effective set (CapEff) lacks."""
-    text = read_stripped(status_path) or ""
-    for line in text.splitlines():
-        if line.startswith("CapEff:"):
-            effective = int(line.split()[1], 16)
-            return [name for name, bit in SCX_CAPABILITIES if not effective >> bit & 1]
-    return [name for name, _ in SCX_CAPABILITIES]  # unreadable: assume the worst, say so
+    return procfs.missing_capabilities(SCX_CAPABILITIES, status_path)
 
 
 def privilege_problem(status_path: str = "/proc/self/status") -> Optional[str]:
