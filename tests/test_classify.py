@@ -56,14 +56,14 @@ def test_low_ipc_with_cache_misses_is_memory_bound_compute_where_a_pmu_exists():
 
 
 def test_hints_override_and_are_marked_with_the_measured_value_beside():
-    hints = Hints.from_traits(Traits(cpu_bound="memory", criticality="performance"), "profile redis [traits]")
+    hints = Hints("profile redis [traits]", Traits(cpu_bound="memory", criticality="performance"))
     c = classify(signals({CPU_DEMAND: 1.0, CPU_CAPACITY: 1, HOT_THREADS: 1, BUSIEST_THREAD: 1.0}, hints=hints))
     assert c.cpu_bound == "memory" and c.criticality == "performance"
     assert "cpu-bound=memory (hint: profile redis [traits]; measured compute" in c.reason
 
 
 def test_hints_only_give_confidence_0_3_and_say_so():
-    c = classify(WorkloadSignals("w", 0, 600, hints=Hints("binding[0]", cpu_intensity="high")))
+    c = classify(WorkloadSignals("w", 0, 600, hints=Hints("binding[0]", Traits(cpu_intensity="high"))))
     assert c.confidence == 0.3 and "hints only (no metrics available)" in c.reason
 
 

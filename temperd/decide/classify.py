@@ -15,8 +15,10 @@ state, faults, hardware counters) rather than inferred from low CPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Dict, List, Mapping, Optional, Tuple
+
+from temperd.config.profile import Traits
 
 # ---- signal names (WorkloadSignals.measured keys) ---------------------------------------------
 CPU_DEMAND = "cpu.demand_cpus"  # sum of its threads' (on-CPU + runqueue wait) / wall
@@ -84,29 +86,20 @@ CPU_BOUNDS = ("compute", "memory", "io", "mixed")
 
 @dataclass(frozen=True)
 class Hints:
-    """Values that override measurement, as profile [traits] or a binding's traits give them.
-    source says where they came from ("profile redis [traits]")."""
+    """Values that override measurement: a profile's [traits] (or a binding's), and where they
+    came from ("profile redis [traits]")."""
 
     source: str = ""
-    criticality: Optional[str] = None
-    cpu_intensity: Optional[str] = None
-    cpu_bound: Optional[str] = None
-    cpu_cap_sensitivity: Optional[str] = None
-    gpu_intensity: Optional[str] = None
-    gpu_bound: Optional[str] = None
-    gpu_cap_sensitivity: Optional[str] = None
+    traits: Traits = Traits()
+
+    def get(self, name: str) -> Optional[str]:
+        return getattr(self.traits, name)
 
     def any(self) -> bool:
-        return any(getattr(self, name) is not None for name in _HINT_FIELDS)
-
-    @classmethod
-    def from_traits(cls, traits, source: str) -> "Hints":
-        """Hints from a profile's Traits (config.profile.Traits: the same field names)."""
-        return cls(source, **{name: getattr(traits, name) for name in _HINT_FIELDS})
+        return any(self.get(name) is not None for name in _HINT_FIELDS)
 
 
-_HINT_FIELDS = ("criticality", "cpu_intensity", "cpu_bound", "cpu_cap_sensitivity", "gpu_intensity", "gpu_bound",
-                "gpu_cap_sensitivity")
+_HINT_FIELDS = tuple(f.name for f in fields(Traits))
 
 
 @dataclass(frozen=True)
@@ -176,7 +169,7 @@ class _Trail:
 
     def decide(self, key: str, hint_field: str, measured: str, why: str) -> str:
         """The hint where one is given (marked "(hint)", the measured value beside it), else the measured one."""
-        hinted = getattr(self.hints, hint_field)
+        hinted = self.hints.get(hint_field)
         if hinted is not None and hinted != measured:
             self.clauses.append(f"{key}={hinted} (hint: {self.hints.source}; measured {measured}: {why})")
             return hinted
@@ -333,7 +326,7 @@ def classify(signals: WorkloadSignals) -> Classification:
     measured_cap, why = _cap_sensitivity(bound, util, hot)
     cap = trail.decide("cpu-cap-sensitivity", "cpu_cap_sensitivity", measured_cap, why)
     gpu_level, gpu_bound_measured, gpu_util, gpu_cap, gpu_why = _gpu(s)
-    gpu_hinted = any(getattr(s.hints, name) is not None for name in _HINT_FIELDS if name.startswith("gpu"))
+    gpu_hinted = any(s.hints.get(name) is not None for name in _HINT_FIELDS if name.startswith("gpu"))
     if gpu_util is None and not gpu_hinted:
         trail.note(f"gpu=none ({gpu_why})")
         gpu_intensity = gpu_bound = gpu_sensitivity = "none"
