@@ -273,27 +273,29 @@ class TemperdProcess:
         return self.proc.returncode
 
 
-def temperd_toml(state_dir: str, socket: str, http_port: int = 0, extra: str = "") -> str:
-    return (f'backend = "native"\nstate_dir = "{state_dir}"\n{extra}'
+def temperd_toml(state_dir: str, socket: str, http_port: int = 0, extra: str = "", backend: str = "native") -> str:
+    return (f'backend = "{backend}"\nstate_dir = "{state_dir}"\n{extra}'
             f'[http]\nport = {http_port}\n[control]\nsocket = "{socket}"\n')
 
 
 @contextlib.contextmanager
 def running_temperd(*, bindings: str = "", profiles: Optional[Mapping[str, str]] = None, http_port: int = 0,
                     log_level: str = "warning", settings: str = "", command: Optional[Sequence[str]] = None,
-                    env: Optional[Mapping[str, str]] = None, ready_timeout_s: float = 20.0) -> Iterator[TemperdProcess]:
-    """temperd (native backend) in the foreground with its own config dir, state dir and control
-    socket; `bindings` is TOML appended to temperd.toml ([[binding]] tables), `profiles` maps file
-    names to profile TOML for profiles.d, `command` replaces the temperd executable (a profiler
-    wrapper). Ready = the control socket exists (the first plan has
-    been applied before the socket is served). Stopped with SIGTERM on exit (restores)."""
+                    env: Optional[Mapping[str, str]] = None, ready_timeout_s: float = 20.0,
+                    backend: str = "native") -> Iterator[TemperdProcess]:
+    """temperd (the native backend unless `backend` says otherwise) in the foreground with its own
+    config dir, state dir and control socket; `bindings` is TOML appended to temperd.toml
+    ([[binding]] tables), `profiles` maps file names to profile TOML for profiles.d, `command`
+    replaces the temperd executable (a profiler wrapper). Ready = the control socket exists (the
+    first plan has been applied before the socket is served; with backend "scx", scx_layered may
+    still be attaching). Stopped with SIGTERM on exit (restores)."""
     workdir = tempfile.mkdtemp(prefix="temperd-bench-")
     config_dir = os.path.join(workdir, "etc")
     state_dir = os.path.join(workdir, "run")
     os.makedirs(os.path.join(config_dir, "profiles.d"))
     socket_path = os.path.join(state_dir, "temperd.sock")
     with open(os.path.join(config_dir, "temperd.toml"), "w") as handle:
-        handle.write(temperd_toml(state_dir, socket_path, http_port, settings) + bindings)
+        handle.write(temperd_toml(state_dir, socket_path, http_port, settings, backend) + bindings)
     for name, text in (profiles or {}).items():
         with open(os.path.join(config_dir, "profiles.d", name), "w") as handle:
             handle.write(text)

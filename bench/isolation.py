@@ -38,8 +38,14 @@ What runs:
                    native backend writes pm_qos_resume_latency_us = "n/a" (0 us: polling idle
                    only, the one value that changes anything under the haltpoll governor) on
                    that CPU.
+    scx, scx+bg    (opt-in, --arms) temperd and temperd+bg with `backend = "scx"`: the same plan
+                   carried by scx_layered (sched_ext; on PATH, e.g. /usr/bin/scx_layered) instead
+                   of affinities and policies. A run starts once scx_layered has attached and
+                   temperd reads its stats; what scx_layered reported about each layer over the
+                   run (its stats socket, one connection: deltas over the run) is kept per run.
   temperd starts before the spinners and stops after them, so every run starts from a restored
-  host; stock runs check that affinities and PM QoS values were put back.
+  host; stock runs check that affinities and PM QoS values were put back (and that sched_ext is
+  disabled again after an scx arm).
 - Where the load generator runs: on this 2-CPU host it is a local process competing for CPU.
   Under stock it floats over both CPUs; under temperd the server's exclusive group owns CPU 1 and
   every other thread -- the load generator and the spinners included -- is kept on CPU 0, where
@@ -75,7 +81,13 @@ from temperd.plan import CONFINED  # noqa: E402
 
 STOCK, TEMPERD, TEMPERD_BG = "stock", "temperd", "temperd+bg"
 PMQOS, PMQOS_BG = "temperd+pmqos", "temperd+bg+pmqos"
+SCX, SCX_BG = "scx", "scx+bg"  # the temperd arms with backend = "scx" (scx_layered)
 ARMS = (STOCK, TEMPERD, TEMPERD_BG)
+SCX_ARMS = (SCX, SCX_BG)
+BG_ARMS = (TEMPERD_BG, PMQOS_BG, SCX_BG)  # the spinners' cgroup bound to the background tier
+SCX_STATE = "/sys/kernel/sched_ext/state"
+SCX_STATS_SOCKET = "/var/run/scx/root/stats"
+SCX_ATTACH_S = 180.0  # scx_layered's BPF load and attach (about 30 s under software emulation)
 PMQOS_OF = {TEMPERD: PMQOS, TEMPERD_BG: PMQOS_BG}  # the same arm with idle_resume_us = 0
 PMQOS_FILE = "/sys/devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us"
 
@@ -287,6 +299,44 @@ class PlacementSampler:
         return " ".join(f"{cpu}:{100 * n // total}%" for cpu, n in sorted(table.items()))
 
 
+class ScxStats:
+    """scx_layered's stats socket on one connection of our own: each reply holds the deltas since
+    the previous request on it, so a request before the run and one after give the run's stats."""
+
+    def __init__(self, path: str = SCX_STATS_SOCKET, timeout_s: float = 10.0):
+        import socket
+
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(timeout_s)
+        self.sock.connect(path)
+        self.reader = self.sock.makefile("r")
+
+    def read(self) -> dict:
+        self.sock.sendall(b'{"req":"stats","args":{"target":"top"}}\n')
+        reply = json.loads(self.reader.readline())
+        if reply.get("errno"):
+            raise RuntimeError(f"scx_layered stats: errno {reply['errno']}")
+        return reply["args"]["resp"]
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+
+def scx_summary(stats: dict) -> Dict[str, dict]:
+    """What scx_layered said about each layer over a run: tasks, CPUs it held, CPU use (100 = one
+    CPU), the share of it on protected CPUs, and its own affinity violations; "" = the whole system."""
+    out = {"": {k: stats.get(k) for k in ("busy", "util", "affn_viol", "lo_fb", "antistall")}}
+    for name, layer in (stats.get("layers") or {}).items():
+        out[name] = {k: layer.get(k) for k in ("tasks", "cur_nr_cpus", "util", "util_protected_frac", "affn_viol")}
+        out[name]["cpus"] = C.cpulist({64 * i + b for i, w in enumerate(layer.get("cpus") or []) for b in range(64) if w >> b & 1})
+    return out
+
+
+def _scx_state() -> str:
+    return C.read_text(SCX_STATE, "-")
+
+
 # ---- one run ------------------------------------------------------------------------------------------------
 
 
@@ -317,6 +367,7 @@ class Run:
     spinners_policy: str = "-"
     exclusive_cpus: str = "-"
     pmqos: str = "-"  # pm_qos_resume_latency_us of the exclusive CPU during the run
+    scx: Dict[str, dict] = field(default_factory=dict)  # scx arms: scx_summary() over the run
     error: str = ""
 
     @property
@@ -356,19 +407,38 @@ def arm_context(arm: str, settings: Settings, server) -> Iterator[Tuple[frozense
     target = settings.target
     binding = (f'[[binding]]\ncgroup = "{settings.server_cgroup}"\ntier = "critical"\nprofile = "{target.profile_id}"\n'
                f'cpus = 1.0\n')
-    if arm in (TEMPERD_BG, PMQOS_BG):
+    if arm in BG_ARMS:
         binding += f'[[binding]]\ncgroup = "{settings.spinner_cgroup}"\ntier = "background"\n'
     profiles = {f"{target.profile_id}.toml": pmqos_profile(target, 0)} if arm in (PMQOS, PMQOS_BG) else {}
-    with C.running_temperd(bindings=binding, profiles=profiles) as daemon:
+    backend = "scx" if arm in SCX_ARMS else "native"
+    with C.running_temperd(bindings=binding, profiles=profiles, backend=backend) as daemon:
         status = daemon.status()
         if status["profiles"]["failed"]:
             raise RuntimeError(f"temperd did not load a profile: {status['profiles']['failed']}")
         exclusive = frozenset(c for layer in status["layers"] if layer["kind"] == CONFINED for c in layer["cpus"])
         if not exclusive:
             raise RuntimeError(f"temperd made no exclusive layer for {target.name}: {status['workloads']}")
-        main_ok = C.wait_until(lambda: C.affinity_of(server.pid) == exclusive, 10.0)
-        if not main_ok:
-            raise RuntimeError(f"{target.name}'s main thread is not on CPUs {C.cpulist(exclusive)} after 10 s")
+        if backend == "scx":
+            # scx_layered places the threads itself (affinities stay as they were): wait until it
+            # carries the plan and temperd has read its stats.
+            def attached():
+                backend_status = daemon.status()["backend"]
+                supervisor = backend_status.get("scx_layered") or {}
+                return (backend_status.get("carried_by") == "scx" and supervisor.get("state") == "running"
+                        and supervisor.get("stats_reads", 0) > 0), backend_status
+
+            ok, last = attached()
+            deadline = time.monotonic() + SCX_ATTACH_S
+            while not ok and time.monotonic() < deadline and last.get("carried_by") != "native":
+                time.sleep(1.0)
+                ok, last = attached()
+            if not ok:
+                raise RuntimeError(f"scx_layered does not carry the plan (sched_ext {_scx_state()}): "
+                                   f"backend {last.get('active')}, {last.get('reason') or last.get('safe_mode_reason')}")
+        else:
+            main_ok = C.wait_until(lambda: C.affinity_of(server.pid) == exclusive, 10.0)
+            if not main_ok:
+                raise RuntimeError(f"{target.name}'s main thread is not on CPUs {C.cpulist(exclusive)} after 10 s")
         yield exclusive, daemon
 
 
@@ -389,19 +459,32 @@ def run_once(settings: Settings, server, clients: int, bg: int, arm: str, rep: i
             if found != original:
                 run.error = f"CPU {cpu} pm_qos_resume_latency_us is {found!r}, was {original!r}: not restored"
                 return run
+        if os.path.exists(SCX_STATE) and not C.wait_until(lambda: _scx_state() == "disabled", 20.0):
+            run.error = f"sched_ext is {_scx_state()} before a stock run: scx_layered did not exit"
+            return run
     try:
         with arm_context(arm, settings, server) as (exclusive, daemon):
             run.exclusive_cpus = C.cpulist(exclusive) if exclusive else "-"
             if exclusive:
                 run.pmqos = "/".join(C.read_text(PMQOS_FILE.format(cpu=c), "?") for c in sorted(exclusive))
             with spinners(bg, settings.timeout_s + 30, settings.spinner_cgroup) as workers:
+                if arm in SCX_ARMS:  # scx_layered keeps the spinners off the exclusive core, not affinities
+                    time.sleep(settings.settle_s)
+                    stats = ScxStats()
+                    try:
+                        stats.read()
+                        _measure(settings, server, run, clients)
+                        run.scx = scx_summary(stats.read())
+                    finally:
+                        stats.close()
+                    return run
                 if exclusive and workers:
                     kept_off = C.wait_until(lambda: all(not ((C.affinity_of(w) or exclusive) & exclusive)
                                                         for w in workers), 5.0)
                     if not kept_off:
                         run.error = "spinners were not kept off the exclusive CPU within 5 s"
                         return run
-                if arm in (TEMPERD_BG, PMQOS_BG) and workers:
+                if arm in BG_ARMS and workers:
                     idle = C.wait_until(lambda: all(_policy(w) == os.SCHED_IDLE for w in workers), 5.0)
                     if not idle:
                         run.error = "background-tier spinners did not get SCHED_IDLE within 5 s"
@@ -610,7 +693,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=2.5, help="length of a stock bg=0 run (default 2.5)")
     parser.add_argument("--arms", default=",".join(ARMS),
                         help=f"arms (default {','.join(ARMS)}): temperd = the server's critical-tier binding; "
-                             "temperd+bg = that plus the spinners' cgroup bound to the background tier")
+                             "temperd+bg = that plus the spinners' cgroup bound to the background tier; "
+                             "scx, scx+bg = those with backend = \"scx\" (needs sched_ext and scx_layered)")
     parser.add_argument("--pmqos-ladder", default="0,1", help="single-client steps with the idle_resume_us = 0 arm")
     parser.add_argument("--no-pmqos", action="store_true", help="leave out the temperd+pmqos arm")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 repetition, bg 0 and 4, PM QoS at bg 0")
@@ -632,9 +716,9 @@ def main() -> int:
         S.require(tool, tool)
     target = TARGETS[args.server]()
     arms = [a for a in args.arms.split(",") if a]
-    unknown = [a for a in arms if a not in ARMS]
+    unknown = [a for a in arms if a not in ARMS + SCX_ARMS]
     if unknown or STOCK not in arms:
-        parser.error(f"--arms: expected stock plus any of {', '.join(ARMS[1:])}, found {args.arms!r}")
+        parser.error(f"--arms: expected stock plus any of {', '.join(ARMS[1:] + SCX_ARMS)}, found {args.arms!r}")
     steps = build_steps(clients, ladder, pmqos_bgs, arms)
     started = time.monotonic()
     print(C.host_description())
@@ -690,6 +774,7 @@ def main() -> int:
     for c in clients:
         print_table(target, c, steps, summary, settings.amounts)
     _print_pmqos(clients, pmqos_bgs, summary)
+    _print_scx(runs)
     print()
     print("Where the load generator ran: a local process on this host. Under stock it floats over all CPUs;")
     print("under temperd the server's exclusive group owns its CPU and every other thread, the load generator and")
@@ -745,6 +830,34 @@ def _print_pmqos(clients: Sequence[int], pmqos_bgs: Sequence[int], summary) -> N
         print(f"{bg:>3} {base:<11} {plain.p99_ms:7.3f} {bound.p99_ms:7.3f} {ratio(bound.p99_ms, plain.p99_ms):6.2f} "
               f"{plain.rps:7.0f} {bound.rps:7.0f} {ratio(bound.rps, plain.rps):6.2f} "
               f"{stock.p99_ms if stock else float('nan'):9.3f} {stock.rps if stock else float('nan'):9.0f}")
+
+
+def _print_scx(runs: Sequence[Run]) -> None:
+    """What scx_layered reported about each layer over the scx arms' runs (medians)."""
+    groups: Dict[Tuple[int, int, str], List[Run]] = {}
+    for run in runs:
+        if run.scx:
+            groups.setdefault((run.clients, run.bg, run.arm), []).append(run)
+    if not groups:
+        return
+    print("\nWhat scx_layered reported over each run (its stats socket: deltas over the run), medians; "
+          "util: % of one CPU; prot: share of util on the layer's protected CPUs:")
+    print(f"{'c':>3} {'bg':>3} {'arm':<7} {'layer':<44} {'tasks':>5} {'cpus':>4} {'util%':>6} {'prot':>5} "
+          f"{'affn_viol':>9}  cpu mask")
+    for (clients, bg, arm), group in sorted(groups.items()):
+        system = [r.scx.get("", {}) for r in group]
+        print(f"{clients:>3} {bg:>3} {arm:<7} {'(system: busy % of all CPUs / util)':<44} {'':>5} {'':>4} "
+              f"{_med(system, 'util'):6.0f} {'':>5} {_med(system, 'affn_viol'):9.0f}  busy {_med(system, 'busy'):.0f} %")
+        names = sorted({n for r in group for n in r.scx if n})
+        for name in names:
+            rows = [r.scx[name] for r in group if name in r.scx]
+            print(f"{'':>3} {'':>3} {'':<7} {name[:44]:<44} {_med(rows, 'tasks'):5.0f} {_med(rows, 'cur_nr_cpus'):4.0f} "
+                  f"{_med(rows, 'util'):6.1f} {_med(rows, 'util_protected_frac'):5.2f} {_med(rows, 'affn_viol'):9.0f}  "
+                  f"{rows[-1].get('cpus', '-')}")
+
+
+def _med(rows: Sequence[dict], key: str) -> float:
+    return C.median([float(r[key]) for r in rows if isinstance(r.get(key), (int, float))])
 
 
 if __name__ == "__main__":
