@@ -10,3 +10,5 @@ RUN_DIR = "/run/temper"  # the systemd unit's RuntimeDirectory
 CONTROL_SOCKET = RUN_DIR + "/temperd.sock"
 TRACE_LOCK = RUN_DIR + "/trace.lock"
 TRACE_DIR = RUN_DIR + "/traces"
+STATE_DIR = "/var/lib/temper"  # the unit's StateDirectory: what outlives reboots
+USAGE_HISTORY = STATE_DIR + "/usage-history.json"

@@ -98,6 +98,26 @@ TELEMETRY_SPEC = TableSpec("telemetry", "telemetry", {
                 "means only, nothing loaded into the kernel.", default=True),
 })
 
+CLASSIFY_SPEC = TableSpec("classify", "classify", {
+    "enabled": Spec("bool", "Classify every tracked workload (temperctl classify, /observe, /metrics).", default=True),
+    "window_s": Spec("float", "The sliding window a classification covers, in seconds.", minimum=10.0,
+                     maximum=86400.0, default=600.0),
+})
+
+RIGHTSIZING_SPEC = TableSpec("rightsizing", "rightsizing", {
+    "enabled": Spec("bool", "Keep per-thread usage histories and recommend CPUs (temperctl rightsize).", default=True),
+    "margin": Spec("float", "Headroom on the shared remainder: p95 x (1 + margin).", minimum=0.0, maximum=10.0,
+                   default=0.15),
+    "half_life_h": Spec("float", "Half-life of a usage sample's weight in the histograms, in hours.", minimum=0.01,
+                        maximum=8760.0, default=24.0),
+    "sample_interval_s": Spec("float", "Seconds between usage samples of each tracked workload's busiest threads "
+                              "(a thread busy 2 s in 10 s is seen as hot only with samples this short).",
+                              minimum=0.2, maximum=60.0, default=1.0),
+    "keep_threads": Spec("int", "Threads of each workload kept individually in the history (the busiest); the "
+                         "rest are aggregated.", minimum=1, maximum=1024, default=16),
+    "history_file": Spec("str", "The history, kept across restarts.", default=paths.USAGE_HISTORY),
+})
+
 CONFIG_SPEC = TableSpec(
     "temperd configuration",
     "temperd's own settings: /etc/temper/temperd.toml.",
@@ -123,6 +143,8 @@ CONFIG_SPEC = TableSpec(
         "trust": Spec("table", "Whose processes a match may raise: a process owned by anyone else only ever "
                       "yields or goes to the background tier.", default={}, table=TRUST_SPEC),
         "lint": Spec("table", "The placement linter's bounds.", default={}, table=LINT_SPEC),
+        "classify": Spec("table", "Workload classification.", default={}, table=CLASSIFY_SPEC),
+        "rightsizing": Spec("table", "Thread-aware rightsizing.", default={}, table=RIGHTSIZING_SPEC),
         "telemetry": Spec("table", "Where scheduling delay comes from.", default={}, table=TELEMETRY_SPEC),
         "binding": Spec("tables", BINDING_SPEC.doc, default=[], table=BINDING_SPEC),
     },
@@ -153,6 +175,24 @@ class ScxSettings:
 
 
 @dataclass(frozen=True)
+class KnowledgeSettings:
+    """[classify] and [rightsizing]: what temperd learns of each workload."""
+
+    classify: bool = CLASSIFY_SPEC.default_of("enabled")
+    window_s: float = CLASSIFY_SPEC.default_of("window_s")
+    rightsizing: bool = RIGHTSIZING_SPEC.default_of("enabled")
+    margin: float = RIGHTSIZING_SPEC.default_of("margin")
+    half_life_h: float = RIGHTSIZING_SPEC.default_of("half_life_h")
+    sample_interval_s: float = RIGHTSIZING_SPEC.default_of("sample_interval_s")
+    keep_threads: int = RIGHTSIZING_SPEC.default_of("keep_threads")
+    history_file: str = RIGHTSIZING_SPEC.default_of("history_file")
+
+    @property
+    def sampling(self) -> bool:
+        return self.classify or self.rightsizing
+
+
+@dataclass(frozen=True)
 class DaemonConfig:
     source: str = "(defaults)"
     backend: str = CONFIG_SPEC.default_of("backend")
@@ -172,6 +212,7 @@ class DaemonConfig:
     bindings: Tuple[Binding, ...] = ()
     scx: ScxSettings = field(default_factory=lambda: ScxSettings())
     lint_runqueue_latency_p99_ms: float = LINT_SPEC.default_of("runqueue_latency_p99_ms")
+    knowledge: KnowledgeSettings = field(default_factory=lambda: KnowledgeSettings())
     telemetry_bpf: bool = TELEMETRY_SPEC.default_of("bpf")
 
     def scan_interval(self, events_active: bool) -> float:
