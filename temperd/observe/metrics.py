@@ -268,6 +268,54 @@ class LintMetrics:
             self.violations.labels(invariant).set(n)
 
 
+class KnowledgeMetrics:
+    """Each workload's classification and rightsizing, from WorkloadWatch: labelled by the workload's
+    label (unit, binding cgroup or profile; never a pid), so the series stay bounded."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.classes = Gauge("temperd_workload_class_info", "Each tracked workload's classification (value 1).",
+                             ["workload", "criticality", "cpu_intensity", "cpu_bound", "cpu_cap_sensitivity",
+                              "gpu_intensity"], registry=r)
+        self.confidence = Gauge("temperd_workload_class_confidence", "Confidence of the classification, 0..1.",
+                                ["workload"], registry=r)
+        self.utilization = Gauge("temperd_workload_cpu_utilization_ratio", "CPU demand over the classification "
+                                 "window as a share of the CPUs the workload can use.", ["workload"], registry=r)
+        self.needed = Gauge("temperd_rightsize_needed_cpus", "CPUs the workload needs: exclusive cores for its hot "
+                            "threads plus the shared remainder at p95 x (1 + margin).", ["workload"], registry=r)
+        self.exclusive = Gauge("temperd_rightsize_exclusive_cores", "Hot threads (p95 >= 0.8 of a core) that need a "
+                               "core of their own.", ["workload"], registry=r)
+        self.declared = Gauge("temperd_rightsize_declared_cpus", "CPUs declared for the workload (quota, cpuset, "
+                              "binding cpus); absent where nothing is declared.", ["workload"], registry=r)
+        self.savings = Gauge("temperd_identified_savings_cpus", "Declared minus needed CPUs (negative: short).",
+                             ["workload"], registry=r)
+        self.host_savings = Gauge("temperd_host_identified_savings_cpus", "The host's identified savings: the sum of "
+                                  "the workloads' positive savings.", registry=r)
+        self.history_bytes = Gauge("temperd_rightsize_history_bytes", "Size of the rightsizing history file when last "
+                                   "saved.", registry=r)
+
+    def update(self, classifications, recommendations, history_bytes: int) -> None:
+        for gauge in (self.classes, self.confidence, self.utilization, self.needed, self.exclusive, self.declared,
+                      self.savings):
+            gauge.clear()
+        for c in classifications:
+            self.classes.labels(c.workload, c.criticality, c.cpu_intensity, c.cpu_bound, c.cpu_cap_sensitivity,
+                                c.gpu_intensity).set(1)
+            self.confidence.labels(c.workload).set(c.confidence)
+            if c.cpu_avg_utilization_pct is not None:
+                self.utilization.labels(c.workload).set(c.cpu_avg_utilization_pct / 100.0)
+        host_savings = 0.0
+        for r in recommendations:
+            self.needed.labels(r.workload).set(r.needed_cpus)
+            self.exclusive.labels(r.workload).set(r.exclusive_cores)
+            if r.declared_cpus is not None:
+                self.declared.labels(r.workload).set(r.declared_cpus)
+            if r.savings_cpus is not None:
+                self.savings.labels(r.workload).set(r.savings_cpus)
+                host_savings += max(0.0, r.savings_cpus)
+        self.host_savings.set(round(host_savings, 2))
+        self.history_bytes.set(history_bytes)
+
+
 class Metrics:
     """Owns its registry (not the process-global one), so tests and the daemon never collide."""
 
@@ -282,6 +330,7 @@ class Metrics:
         self.lint = LintMetrics(r)
         self.scx = ScxMetrics(r)
         self.latency = LatencyMetrics(r)
+        self.knowledge = KnowledgeMetrics(r)
 
     def exposition(self) -> bytes:
         return generate_latest(_WithoutCreated(self.registry))
