@@ -261,7 +261,15 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
         scx=ScxSettings(**{**scx, "args": tuple(scx["args"])}),
         lint_runqueue_latency_p99_ms=values["lint"]["runqueue_latency_p99_ms"],
         telemetry_bpf=values["telemetry"]["bpf"],
+        knowledge=_knowledge(values["classify"], values["rightsizing"]),
     )
+
+
+def _knowledge(classify: dict, rightsizing: dict) -> KnowledgeSettings:
+    return KnowledgeSettings(classify=classify["enabled"], window_s=classify["window_s"],
+                             rightsizing=rightsizing["enabled"], margin=rightsizing["margin"],
+                             half_life_h=rightsizing["half_life_h"], sample_interval_s=rightsizing["sample_interval_s"],
+                             keep_threads=rightsizing["keep_threads"], history_file=rightsizing["history_file"])
 
 
 def parse_config(text: str, file: str) -> DaemonConfig:
