@@ -7,6 +7,7 @@ import click
 from temperd import __version__
 
 from .daemon_cmd import reload_command, status_command
+from .knowledge_cmd import classify_command, rightsize_command
 from .plan_cmd import explain_command, plan_command
 from .profiles_cmd import profiles
 from .scx_cmd import scx
@@ -29,6 +30,8 @@ main.add_command(status_command)
 main.add_command(reload_command)
 main.add_command(scx)
 main.add_command(trace_command)
+main.add_command(classify_command)
+main.add_command(rightsize_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,5 +1,5 @@
 """The commands temperd serves on its control socket (control.py), one handler each:
-status, reload, plan, explain, and trace (trace_commands.py). Each runs on the socket's thread
+status, reload, plan, explain, trace (trace_commands.py), classify and rightsize (knowledge_commands.py). Each runs on the socket's thread
 for that client and holds the daemon's lock while it reads or changes its state."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict
 from temperd.daemon.control import ControlError, Handler, Progress, task_id
 from temperd.decide.explain import NoSuchTask, explain
 from temperd.daemon.trace_commands import trace_handler
+from temperd.daemon.knowledge_commands import KnowledgeCommands
 
 if TYPE_CHECKING:
     from temperd.daemon.daemon import Daemon
@@ -23,8 +24,9 @@ class ControlCommands:
         self.daemon = daemon
 
     def handlers(self) -> Dict[str, Handler]:
+        knowledge = KnowledgeCommands(self.daemon)
         return {"status": self.status, "reload": self.reload, "plan": self.plan, "explain": self.explain,
-                "trace": trace_handler}
+                "trace": trace_handler, "classify": knowledge.classify, "rightsize": knowledge.rightsize}
 
     def status(self, request: Request, progress: Progress) -> Reply:
         """{"status": what `temperctl status` shows}."""

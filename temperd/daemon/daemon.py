@@ -40,6 +40,7 @@ from temperd.decide.matcher import Matcher, MatchResult
 from temperd.observe.journal import Journal
 from temperd.observe.metrics import Metrics
 from temperd.observe.sampler import Sampler
+from temperd.observe.workload_watch import WorkloadWatch
 from temperd.plan import LayerPlan
 from temperd.sources.inventory import Inventory
 from temperd.sources.runqlat import Telemetry
@@ -83,6 +84,7 @@ class Daemon:
         self.last_apply: Optional[Any] = None
         self.replans = 0
         self.sampler: Optional[Sampler] = None
+        self.watch: Optional[WorkloadWatch] = None  # classification and rightsizing ([classify], [rightsizing])
         self.journal = Journal()  # what temperd did and why, for the operator's log
         self._instance_lock: Optional[InstanceLock] = None
 
@@ -124,6 +126,7 @@ class Daemon:
                 self.sampler.telemetry.start()  # says once which scheduling-delay source runs, and why
                 self._record_reload(self.last_reload)
                 self.replan("start")
+                self._start_watch(view)
                 self.services.serve(self.config, self.config_dir, self.request)
             except StartupError:
                 raise
@@ -166,6 +169,18 @@ class Daemon:
             self.backend.on_fallback = lambda reason: self.request(REPLAN, f"scx fallback: {reason}")
         self.backend.recover()
 
+    def _start_watch(self, view: HostView) -> None:
+        if not view.config.knowledge.sampling:
+            return
+        self.watch = WorkloadWatch(view.config.knowledge, len(view.shape.cpus), self._tracked, self.metrics.knowledge)
+        self.watch.start()
+
+    def _tracked(self):
+        """For the usage thread: the workloads, the plan and the profiles, read under the lock."""
+        with self.lock:
+            assert self.view is not None
+            return tuple(self.match.workloads), self.plan, self.view.profiles.active
+
     def run(self) -> None:
         """The main loop, until a stop request (SIGTERM, SIGINT)."""
         MainLoop(self).run()
@@ -184,6 +199,8 @@ class Daemon:
             self.state = "stopping"
         self.notifier.notify("STOPPING=1")
         self.services.stop()
+        if self.watch is not None:
+            self.watch.stop()  # saves the rightsizing history
         with self.lock:
             if self.backend is not None:
                 self.journal.stopped(self.backend.stop())
@@ -270,6 +287,8 @@ class Daemon:
                 log.info("machine shape changed: %s", view.shape.describe())
                 self.sampler.reshape(view.shape)
             self.sampler.latency_bound_s = view.config.lint_runqueue_latency_p99_ms / 1e3
+            if self.watch is not None:  # window and margin at once; the history's file and shape at the next start
+                self.watch.settings = view.config.knowledge
             self.sampler.telemetry.set_bpf(view.config.telemetry_bpf)
             self.replan(f"reload ({trigger})")
             result = ReloadResult(True, self.generation, time.time(), trigger, [], summary_of(view))

@@ -49,6 +49,10 @@ def observe_json(daemon: "Daemon") -> Dict[str, Any]:
     data = sampler.observation.to_json() if sampler.observation is not None else {}
     data["lint"] = [dataclasses.asdict(v) for v in sampler.lint.violations]
     data["backend"] = backend_json(daemon) if daemon.backend_choice else None
+    watch = daemon.watch
+    if watch is not None:  # what temperd learned of each workload ([classify], [rightsizing])
+        data["classification"] = [c.as_json() for c in watch.classifications()] if watch.settings.classify else None
+        data["rightsizing"] = [r.as_json() for r in watch.recommendations()] if watch.settings.rightsizing else None
     return data
 
 

@@ -24,7 +24,7 @@ from temperd.config.profile import Traits
 CPU_DEMAND = "cpu.demand_cpus"  # sum of its threads' (on-CPU + runqueue wait) / wall
 CPU_USED = "cpu.used_cpus"  # on-CPU only
 CPU_CAPACITY = "cpu.capacity_cpus"  # what avgUtilizationPct is a share of
-HOT_THREADS = "cpu.hot_threads"  # threads whose average demand is >= HOT_THREAD_CPUS
+HOT_THREADS = "cpu.hot_threads"  # threads whose average demand is >= HOT_THREAD_CPUS, mostly not stalled
 BUSIEST_THREAD = "cpu.busiest_thread_cpus"
 PSI_CPU = "psi.cgroup.cpu_some_pct"
 PSI_MEMORY = "psi.cgroup.memory_some_pct"
@@ -66,6 +66,7 @@ INTENSITY_MEDIUM_PCT = 30.0
 COMPUTE_UTIL_PCT = 65.0
 HOT_THREAD_CPUS = 0.8  # a thread this busy needs a core of its own (rightsizing's threshold too)
 PRESSURE_PCT = 10.0  # PSI "some" share of the window that makes a resource the constraint
+OWN_IO_BYTES_PER_S = 64 * 1024  # less storage I/O of its own than this: io pressure comes from paging
 D_STATE_IO_SHARE = 0.5  # half the sampled sleeps in D, while doing I/O
 BLKIO_DELAY_PCT = 20.0
 MAJOR_FAULTS_PER_S = 100.0
@@ -206,11 +207,12 @@ def _bound_evidence(s: WorkloadSignals, util: Optional[float]) -> Dict[str, List
     """Each resource that constrains the workload and the measurements that say so."""
     found: Dict[str, List[str]] = {"compute": [], "memory": [], "io": []}
     hot, busiest = s.get(HOT_THREADS), s.get(BUSIEST_THREAD)
-    if util is not None and util > COMPUTE_UTIL_PCT:
+    memory_psi, io_psi = s.get(PSI_MEMORY), s.get(PSI_IO)
+    stalled = max(memory_psi or 0.0, io_psi or 0.0) >= PRESSURE_PCT
+    if util is not None and util > COMPUTE_UTIL_PCT and not stalled:  # CPU spent while stalling is not compute
         found["compute"].append(f"util {_pct(util)} > {COMPUTE_UTIL_PCT:.0f}%")
     if hot and busiest is not None:
         found["compute"].append(f"{hot:.0f} hot thread(s), busiest {busiest:.2f} CPU >= {HOT_THREAD_CPUS}")
-    memory_psi, io_psi = s.get(PSI_MEMORY), s.get(PSI_IO)
     if memory_psi is not None and memory_psi >= PRESSURE_PCT:
         found["memory"].append(f"memory pressure {_pct(memory_psi)} >= {PRESSURE_PCT:.0f}% of the window")
     faults = s.get(MAJOR_FAULTS)
@@ -226,9 +228,14 @@ def _bound_evidence(s: WorkloadSignals, util: Optional[float]) -> Dict[str, List
     dram = s.get(RAPL_DRAM_RATIO)
     if dram is not None and dram > RAPL_DRAM_MEMORY:
         found["memory"].append(f"DRAM energy ratio {dram:.2f} > {RAPL_DRAM_MEMORY}")
-    if io_psi is not None and io_psi >= PRESSURE_PCT:
-        found["io"].append(f"io pressure {_pct(io_psi)} >= {PRESSURE_PCT:.0f}% of the window")
     d_share, io_bytes = s.get(D_STATE_SHARE), s.get(IO_BYTES)
+    if io_psi is not None and io_psi >= PRESSURE_PCT:
+        if io_bytes is not None and io_bytes < OWN_IO_BYTES_PER_S:  # swap and refaults: memory's doing
+            target = "memory" if found["memory"] else "io"
+            found[target].append(f"io pressure {_pct(io_psi)} >= {PRESSURE_PCT:.0f}% with only "
+                                 f"{_bytes(io_bytes)}/s of its own storage I/O (paging)")
+        else:
+            found["io"].append(f"io pressure {_pct(io_psi)} >= {PRESSURE_PCT:.0f}% of the window")
     if d_share is not None and d_share >= D_STATE_IO_SHARE and (io_bytes or 0.0) > 0:
         found["io"].append(f"{d_share:.0%} of sampled sleeps in D state >= {D_STATE_IO_SHARE:.0%} "
                            f"with {_bytes(io_bytes or 0.0)}/s of I/O")

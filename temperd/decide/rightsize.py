@@ -1,0 +1,135 @@
+"""How much CPU does a workload really need, counted per thread: a pure function from the
+per-thread usage history (observe/usage_history.py) and what is declared for the workload.
+
+needed = exclusive cores (one per thread whose p95 is >= HOT_THREAD_CPUS of a core: throttling it
+is a latency incident, so it gets a core of its own) + the shared remainder (p95 of the sum of
+every other thread, x (1 + margin)). Beside it the per-container figure a container-average
+rightsizer gives (p90 of the whole workload x (1 + margin), as the Kubernetes VPA recommender),
+which cannot see a hot thread.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from temperd.decide.classify import HOT_THREAD_CPUS
+
+CONFIDENT_HISTORY_S = 24 * 3600.0  # a day of history: full confidence
+CONFIDENCE_UNIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class ThreadUsage:
+    """One thread kept individually in the history."""
+
+    tid: int
+    comm: str
+    group: Optional[str]
+    p50: float  # CPUs (1.0 = a whole core)
+    p95: float
+
+
+@dataclass(frozen=True)
+class UsageSummary:
+    """A workload's usage history, summarised."""
+
+    workload: str
+    threads: Tuple[ThreadUsage, ...]  # the busiest threads, kept individually
+    rest_p95: float  # p95 of the per-sample sum of every thread that was not hot
+    total_p50: float  # the whole workload, as a container-average rightsizer sees it
+    total_p90: float
+    total_p95: float
+    history_s: float  # first to last sample
+    samples: int
+    group_rest_p95: Mapping[str, float] = field(default_factory=dict)  # the same per thread group
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What the workload is given: its CPU budget and where it is declared, how often its quota
+    throttled it, and the exclusive cores temperd's plan gives it."""
+
+    cpus: Optional[float]  # None: nothing declared (it may use the whole host)
+    source: str  # "cgroup cpu.max (CPUQuota=)", "binding[0] cpus", "cpuset 0-1 (AllowedCPUs=)", ...
+    host_cpus: int
+    throttled: Optional[Tuple[int, int, float]] = None  # (periods, nr_throttled, seconds), since the cgroup began
+    granted_exclusive_cores: int = 0
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    workload: str
+    declared_cpus: Optional[float]
+    needed_cpus: float
+    exclusive_cores: int
+    shared_cpus: float
+    hot_threads: Tuple[Dict[str, object], ...]
+    savings_cpus: Optional[float]  # declared - needed; negative: it needs more than it has
+    risk: Optional[str]  # None, or why the declared budget is short of what it needs
+    confidence: float
+    reason: str
+    per_container_cpus: float  # the container-average view (p90 x (1 + margin)), for contrast
+    groups: Tuple[Dict[str, object], ...] = ()
+
+    def as_json(self) -> Dict[str, object]:
+        return asdict(self)
+
+
+def history_confidence(history_s: float) -> float:
+    """0 without history, 1 from a day on, growing with the logarithm of its length (a minute:
+    0.1, an hour: 0.56)."""
+    if history_s <= 0:
+        return 0.0
+    ratio = math.log1p(history_s / CONFIDENCE_UNIT_S) / math.log1p(CONFIDENT_HISTORY_S / CONFIDENCE_UNIT_S)
+    return round(min(1.0, ratio), 2)
+
+
+def _cpus(value: float) -> float:
+    return round(value, 2)
+
+
+def rightsize(usage: UsageSummary, declared: Declared, margin: float) -> Recommendation:
+    """The recommendation for one workload (module docstring). Savings: declared - needed where
+    something is declared; risk where declared < needed, with the throttling counted so far."""
+    hot = sorted((t for t in usage.threads if t.p95 >= HOT_THREAD_CPUS), key=lambda t: (-t.p95, t.tid))
+    exclusive = len(hot)
+    shared = _cpus(usage.rest_p95 * (1 + margin))
+    needed = _cpus(exclusive + shared)
+    per_container = _cpus(usage.total_p90 * (1 + margin))
+    savings = _cpus(declared.cpus - needed) if declared.cpus is not None else None
+    risk = None
+    if declared.cpus is not None and declared.cpus < needed:
+        risk = f"declared {declared.cpus:g} CPUs < needed {needed:g}"
+        if declared.throttled is not None:
+            periods, throttled, seconds = declared.throttled
+            risk += f": throttled in {throttled} of {periods} periods (nr_throttled), {seconds:.1f} s"
+        if exclusive:
+            risk += f"; its {exclusive} hot thread(s) stall while the quota is spent"
+    parts: List[str] = []
+    for t in hot:
+        parts.append(f"thread {t.comm!r} (tid {t.tid}{', group ' + t.group if t.group else ''}) p95 {t.p95:.2f} CPU "
+                     f">= {HOT_THREAD_CPUS}: a core of its own")
+    others = len(usage.threads) - exclusive
+    parts.append(f"the other threads ({others} kept individually, the rest aggregated) p95 {usage.rest_p95:.2f} CPU "
+                 f"x (1 + {margin:g}) = {shared:g} shared")
+    if declared.cpus is not None:
+        parts.append(f"declared {declared.cpus:g} CPUs ({declared.source})")
+    else:
+        parts.append(f"nothing declared ({declared.source}; the host has {declared.host_cpus} CPUs)")
+    if declared.granted_exclusive_cores:
+        parts.append(f"temperd gives it {declared.granted_exclusive_cores} exclusive core(s)")
+    parts.append(f"per-container view p90 {usage.total_p90:.2f} x (1 + {margin:g}) = {per_container:g} shared CPUs"
+                 + (", hot thread without a core of its own" if exclusive else ""))
+    parts.append(f"history {usage.history_s:.0f} s, {usage.samples} samples")
+    groups = tuple({"group": group, "exclusive_cores": sum(1 for t in hot if (t.group or "-") == group),
+                    "shared_cpus": _cpus(p95 * (1 + margin))}
+                   for group, p95 in sorted(usage.group_rest_p95.items()))
+    return Recommendation(
+        workload=usage.workload, declared_cpus=declared.cpus, needed_cpus=needed, exclusive_cores=exclusive,
+        shared_cpus=shared,
+        hot_threads=tuple({"tid": t.tid, "comm": t.comm, "group": t.group, "p95_cpus": _cpus(t.p95),
+                           "p50_cpus": _cpus(t.p50)} for t in hot),
+        savings_cpus=savings, risk=risk, confidence=history_confidence(usage.history_s), reason="; ".join(parts),
+        per_container_cpus=per_container, groups=groups)

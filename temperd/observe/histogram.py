@@ -1,0 +1,85 @@
+"""A decaying usage histogram, as the Kubernetes VPA recommender keeps one: buckets that grow by
+5 % from 0.01 CPU, each sample weighted 2^(age / half-life) relative to a reference time (so older
+samples count less without ever being rewritten), percentiles read as a bucket's upper end.
+Sparse: only the buckets that hold weight are stored."""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional
+
+FIRST_BUCKET_CPUS = 0.01
+BUCKET_RATIO = 1.05
+MAX_CPUS = 4096.0
+_LOG_RATIO = math.log(BUCKET_RATIO)
+_MAX_INDEX = int(math.log1p(MAX_CPUS * (BUCKET_RATIO - 1) / FIRST_BUCKET_CPUS) / _LOG_RATIO)
+_RESCALE_ABOVE = 2.0 ** 40  # weights are renormalised before floats lose precision
+_NEGLIGIBLE = 1e-9
+
+
+def bucket_of(value: float) -> int:
+    if value < FIRST_BUCKET_CPUS:
+        return 0
+    return min(_MAX_INDEX, int(math.log1p(value * (BUCKET_RATIO - 1) / FIRST_BUCKET_CPUS) / _LOG_RATIO))
+
+
+def bucket_start(index: int) -> float:
+    return FIRST_BUCKET_CPUS * (BUCKET_RATIO ** index - 1) / (BUCKET_RATIO - 1)
+
+
+class DecayingHistogram:
+    def __init__(self, half_life_s: float, reference: Optional[float] = None):
+        self.half_life_s = half_life_s
+        self.reference = reference  # wall-clock time at which a sample weighs 1
+        self.buckets: Dict[int, float] = {}
+        self.total = 0.0
+
+    def add(self, value: float, at: float) -> None:
+        if self.reference is None:
+            self.reference = at
+        weight = 2.0 ** ((at - self.reference) / self.half_life_s)
+        if weight > _RESCALE_ABOVE:
+            self._rescale(at)
+            weight = 1.0
+        index = bucket_of(max(0.0, value))
+        self.buckets[index] = self.buckets.get(index, 0.0) + weight
+        self.total += weight
+
+    def _rescale(self, at: float) -> None:
+        factor = 2.0 ** (-(at - (self.reference or at)) / self.half_life_s)
+        self.buckets = {i: w * factor for i, w in self.buckets.items() if w * factor > _NEGLIGIBLE * self.total * factor}
+        self.total = sum(self.buckets.values())
+        self.reference = at
+
+    def percentile(self, fraction: float) -> float:
+        """The upper end of the bucket where the cumulative weight reaches fraction; 0 when empty."""
+        if self.total <= 0:
+            return 0.0
+        goal = fraction * self.total
+        running = 0.0
+        for index in sorted(self.buckets):
+            running += self.buckets[index]
+            if running >= goal * (1 - 1e-12):
+                return bucket_start(index + 1)
+        return bucket_start(max(self.buckets) + 1)
+
+    def merge(self, other: "DecayingHistogram") -> None:
+        """Add another histogram's weight (both brought to this one's reference)."""
+        if other.total <= 0:
+            return
+        if self.reference is None:
+            self.reference = other.reference
+        factor = 2.0 ** (((other.reference or 0.0) - (self.reference or 0.0)) / self.half_life_s)
+        for index, weight in other.buckets.items():
+            self.buckets[index] = self.buckets.get(index, 0.0) + weight * factor
+        self.total += other.total * factor
+
+    def to_json(self) -> dict:
+        return {"reference": self.reference, "buckets": {str(i): round(w, 9) for i, w in sorted(self.buckets.items())}}
+
+    @classmethod
+    def from_json(cls, data: dict, half_life_s: float) -> "DecayingHistogram":
+        hist = cls(half_life_s, data.get("reference"))
+        hist.buckets = {int(i): float(w) for i, w in data.get("buckets", {}).items() if float(w) > 0}
+        hist.total = sum(hist.buckets.values())
+        return hist

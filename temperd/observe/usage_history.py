@@ -1,0 +1,200 @@
+"""The rightsizing history: per workload, a decaying usage histogram (observe/histogram.py) for
+each of its busiest threads, one for the sum of every thread that is not hot (the shared
+remainder), one per thread group for the same, and one for the whole workload (the
+container-average view). Kept across restarts in one JSON file (state directory, atomic writes).
+
+Bounded: at most keep_threads threads per workload individually (the usage sampler picks the
+busiest), the rest aggregated; a thread that left (a workload restarted: new thread ids) hands its
+history to the next thread of the same name and group that arrives; the least busy entries go
+first when there are more than keep_threads. Workloads are keyed by their label (unit, binding
+or profile: no pid), so the history outlives processes and temperd's restarts."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional
+
+from temperd.decide.classify import HOT_THREAD_CPUS
+from temperd.decide.rightsize import ThreadUsage, UsageSummary
+from temperd.files import write_atomically
+from temperd.observe.histogram import DecayingHistogram
+
+log = logging.getLogger("temperd.rightsizing")
+
+FORMAT_VERSION = 1
+MAX_WORKLOADS = 256  # histories kept, those of stopped workloads included (they come back)
+OTHER_THREADS = "(other threads)"  # the group of usage not attributed to a kept thread
+
+
+@dataclass(frozen=True)
+class ThreadSample:
+    """One kept thread's usage over one sampling interval."""
+
+    tid: int
+    start_time: int
+    comm: str
+    group: Optional[str]
+    cpus: float  # on-CPU plus runqueue wait, per second of wall (at most 1)
+
+
+class ThreadHistory:
+    def __init__(self, tid: int, start_time: int, comm: str, group: Optional[str], hist: DecayingHistogram):
+        self.tid, self.start_time, self.comm, self.group, self.hist = tid, start_time, comm, group, hist
+        self.hot = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.tid}:{self.start_time}"
+
+    def to_json(self) -> dict:
+        return {"tid": self.tid, "start_time": self.start_time, "comm": self.comm, "group": self.group,
+                "hist": self.hist.to_json()}
+
+
+class WorkloadHistory:
+    def __init__(self, label: str, half_life_s: float):
+        self.label = label
+        self.half_life_s = half_life_s
+        self.threads: Dict[str, ThreadHistory] = {}
+        self.rest = DecayingHistogram(half_life_s)
+        self.total = DecayingHistogram(half_life_s)
+        self.group_rest: Dict[str, DecayingHistogram] = {}
+        self.first_at: Optional[float] = None
+        self.last_at: Optional[float] = None
+        self.samples = 0
+
+    def record(self, at: float, threads: Iterable[ThreadSample], unattributed_cpus: float, keep: int) -> None:
+        """One sampling interval: each kept thread's usage, and what the rest of the workload used."""
+        rest = max(0.0, unattributed_cpus)
+        total = rest
+        group_rest: Dict[str, float] = {OTHER_THREADS: rest}
+        for sample in threads:
+            entry = self._entry(sample)
+            entry.hist.add(sample.cpus, at)
+            entry.hot = entry.hist.percentile(0.95) >= HOT_THREAD_CPUS
+            total += sample.cpus
+            if not entry.hot:
+                rest += sample.cpus
+                group = sample.group or "-"
+                group_rest[group] = group_rest.get(group, 0.0) + sample.cpus
+        self.rest.add(rest, at)
+        self.total.add(total, at)
+        for group, cpus in group_rest.items():
+            self.group_rest.setdefault(group, DecayingHistogram(self.half_life_s)).add(cpus, at)
+        self.first_at = at if self.first_at is None else self.first_at
+        self.last_at = at
+        self.samples += 1
+        self._bound(keep)
+
+    def _entry(self, sample: ThreadSample) -> ThreadHistory:
+        key = f"{sample.tid}:{sample.start_time}"
+        entry = self.threads.get(key)
+        if entry is not None:
+            entry.comm = sample.comm
+            return entry
+        heir = self._departed_namesake(sample)
+        if heir is not None:  # the same thread of a restarted workload (or of a restarted temperd's lost ids)
+            del self.threads[heir.key]
+            entry = ThreadHistory(sample.tid, sample.start_time, sample.comm, sample.group, heir.hist)
+        else:
+            entry = ThreadHistory(sample.tid, sample.start_time, sample.comm, sample.group,
+                                  DecayingHistogram(self.half_life_s))
+        self.threads[key] = entry
+        return entry
+
+    def _departed_namesake(self, sample: ThreadSample) -> Optional[ThreadHistory]:
+        for entry in self.threads.values():
+            if (entry.comm == sample.comm and entry.group == sample.group and entry.tid != sample.tid
+                    and not os.path.exists(f"/proc/{entry.tid}")):
+                return entry
+        return None
+
+    def _bound(self, keep: int) -> None:
+        if len(self.threads) <= keep:
+            return
+        ranked = sorted(self.threads.values(), key=lambda e: (e.hist.percentile(0.95), e.hist.total), reverse=True)
+        self.threads = {e.key: e for e in ranked[:keep]}
+
+    def summary(self) -> UsageSummary:
+        threads = tuple(ThreadUsage(e.tid, e.comm, e.group, min(1.0, e.hist.percentile(0.5)),
+                                    min(1.0, e.hist.percentile(0.95)))
+                        for e in sorted(self.threads.values(), key=lambda e: e.tid))
+        span = (self.last_at - self.first_at) if self.first_at is not None and self.last_at is not None else 0.0
+        return UsageSummary(self.label, threads, self.rest.percentile(0.95), self.total.percentile(0.5),
+                            self.total.percentile(0.9), self.total.percentile(0.95), span, self.samples,
+                            {g: h.percentile(0.95) for g, h in self.group_rest.items() if h.total > 0})
+
+    def to_json(self) -> dict:
+        return {"first_at": self.first_at, "last_at": self.last_at, "samples": self.samples,
+                "threads": [e.to_json() for e in self.threads.values()], "rest": self.rest.to_json(),
+                "total": self.total.to_json(), "group_rest": {g: h.to_json() for g, h in self.group_rest.items()}}
+
+    @classmethod
+    def from_json(cls, label: str, data: dict, half_life_s: float) -> "WorkloadHistory":
+        history = cls(label, half_life_s)
+        history.first_at, history.last_at = data.get("first_at"), data.get("last_at")
+        history.samples = int(data.get("samples", 0))
+        for item in data.get("threads", []):
+            entry = ThreadHistory(int(item["tid"]), int(item["start_time"]), str(item["comm"]), item.get("group"),
+                                  DecayingHistogram.from_json(item["hist"], half_life_s))
+            history.threads[entry.key] = entry
+        history.rest = DecayingHistogram.from_json(data.get("rest", {}), half_life_s)
+        history.total = DecayingHistogram.from_json(data.get("total", {}), half_life_s)
+        history.group_rest = {g: DecayingHistogram.from_json(h, half_life_s)
+                              for g, h in data.get("group_rest", {}).items()}
+        return history
+
+
+class UsageHistory:
+    """Every workload's history, and its file."""
+
+    def __init__(self, path: str, half_life_s: float, keep_threads: int):
+        self.path = path
+        self.half_life_s = half_life_s
+        self.keep_threads = keep_threads
+        self.workloads: Dict[str, WorkloadHistory] = {}
+        self.loaded_from: Optional[str] = None  # what load() found, for the log and status
+
+    def of(self, label: str) -> WorkloadHistory:
+        if label not in self.workloads:
+            if len(self.workloads) >= MAX_WORKLOADS:  # the workload gone longest makes room
+                stale = min(self.workloads.values(), key=lambda h: h.last_at or 0.0)
+                del self.workloads[stale.label]
+            self.workloads[label] = WorkloadHistory(label, self.half_life_s)
+        return self.workloads[label]
+
+    def load(self) -> str:
+        """Read the file if there is one; a damaged file is set aside (renamed .bad) rather than trusted."""
+        try:
+            with open(self.path) as handle:
+                data = json.load(handle)
+            if data.get("version") != FORMAT_VERSION:
+                raise ValueError(f"version {data.get('version')!r}, expected {FORMAT_VERSION}")
+            self.workloads = {label: WorkloadHistory.from_json(label, item, self.half_life_s)
+                              for label, item in data.get("workloads", {}).items()}
+            self.loaded_from = f"{self.path}: {len(self.workloads)} workload(s)"
+        except FileNotFoundError:
+            self.loaded_from = f"{self.path}: none yet"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            self.loaded_from = f"{self.path}: unreadable ({exc}), starting anew"
+            log.warning("rightsizing history %s", self.loaded_from)
+            try:
+                os.replace(self.path, self.path + ".bad")
+            except OSError:
+                pass
+        return self.loaded_from
+
+    def save(self) -> int:
+        """Write the whole history atomically; its size in bytes."""
+        data = json.dumps({"version": FORMAT_VERSION, "half_life_s": self.half_life_s,
+                           "workloads": {label: h.to_json() for label, h in sorted(self.workloads.items())}},
+                          separators=(",", ":")).encode()
+        os.makedirs(os.path.dirname(self.path) or ".", mode=0o750, exist_ok=True)
+        write_atomically(self.path, data, mode=0o640)
+        return len(data)
+
+    def labels(self) -> List[str]:
+        return sorted(self.workloads)

@@ -1,0 +1,369 @@
+"""What temperd learns of each tracked workload (matched or bound): its usage history for
+rightsizing and the signals it is classified by. It runs on a thread of its own ("usage"): every
+[rightsizing] sample_interval_s (1 s) it samples each workload, and every SNAPSHOT_S it snapshots
+the classification counters.
+
+A sample costs one read of /proc/PID/stat per process; only where the process used CPU since
+the previous sample are its kept threads (the keep_threads busiest of the workload) read, one
+schedstat and one stat each: a sleeping workload of thousands of threads costs one read a second.
+Which threads are kept is decided anew every RERANK_S from every thread's runtime, read only for
+processes that ran meanwhile. A thread's usage is its on-CPU time plus its runqueue wait (what it
+would have run with a CPU free; a throttled thread waits there too), at most one CPU.
+
+Workloads are named by their unit, else the cgroup of their binding, else their profile (no pid:
+labels stay bounded and histories outlive processes); two that would share a name get #2, #3.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from temperd.config.daemon_config import KnowledgeSettings
+from temperd.decide.classify import Classification, Hints, classify
+from temperd.decide.rightsize import Declared, Recommendation, rightsize
+from temperd.observe import workload_window as W
+from temperd.observe.metrics import KnowledgeMetrics
+from temperd.observe.usage_history import ThreadSample, UsageHistory
+from temperd.plan import EXCLUSIVE
+from temperd.sources import cgroups, perf, psi, rapl
+from temperd.sources.delayacct import delayacct_state
+from temperd.sources.nvml import gpu_state
+from temperd.sources.proc_io import read_process_io
+from temperd.sources.runqlat import read_schedstat3
+from temperd.sources.shape import parse_cpulist
+from temperd.sources.task_counters import CLOCK_TICKS, read_process_counters, read_task_counters
+
+log = logging.getLogger("temperd.knowledge")
+
+SNAPSHOT_S = 5.0
+RERANK_S = 60.0
+SAVE_EVERY_S = 300.0
+SLEEPING = ("S", "D")
+
+
+@dataclass
+class _Thread:
+    pid: int
+    start_time: int
+    comm: str
+    group: Optional[str]
+    run_ns: int = 0
+    wait_ns: int = 0
+    blkio_ticks: int = 0
+    seen: bool = False
+
+
+@dataclass
+class _Process:
+    cpu_ticks: int
+    at: float
+    io: Optional[int] = None
+    major_faults: int = 0
+    moved_since_rerank: bool = True
+
+
+@dataclass
+class _Tracked:
+    """One workload as the sampler follows it."""
+
+    label: str
+    key: str
+    kept: Dict[int, _Thread] = field(default_factory=dict)
+    processes: Dict[int, _Process] = field(default_factory=dict)
+    counters: W.Counters = field(default_factory=W.Counters)
+    window: W.Window = field(default_factory=W.Window)
+    reranked_at: float = 0.0
+    rerank_runtime: Dict[int, int] = field(default_factory=dict)  # tid -> run ns at the last rerank
+    psi_missing: str = ""
+
+
+def workload_labels(workloads: Sequence) -> Dict[str, str]:
+    """workload key -> its label (module docstring)."""
+    out: Dict[str, str] = {}
+    taken: Dict[str, int] = {}
+    for w in sorted(workloads, key=lambda w: w.key):
+        if w.unit:
+            base = w.unit
+        elif w.source == "binding" and w.cgroup:
+            base = w.cgroup
+        else:
+            base = w.profile_id or f"tier-{w.tier}"
+        taken[base] = taken.get(base, 0) + 1
+        out[w.key] = base if taken[base] == 1 else f"{base}#{taken[base]}"
+    return out
+
+
+class WorkloadWatch:
+    def __init__(self, settings: KnowledgeSettings, host_cpus: int,
+                 current: Callable[[], Tuple[Sequence, object, Mapping[str, object]]],
+                 metrics: Optional[KnowledgeMetrics] = None):
+        """current(): the tracked workloads, the plan in force and the profiles by id, read under the
+        daemon's lock by the caller's function. metrics: updated after each snapshot."""
+        self.settings = settings
+        self.metrics = metrics
+        self.host_cpus = host_cpus
+        self.current = current
+        self.history = UsageHistory(settings.history_file, settings.half_life_h * 3600.0, settings.keep_threads)
+        self.lock = threading.Lock()  # the history and tracked state, between this thread and readers
+        self.tracked: Dict[str, _Tracked] = {}
+        self._labels: Dict[str, str] = {}
+        self._workloads: Dict[str, object] = {}
+        self._plan = None
+        self._profiles: Mapping[str, object] = {}
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._next_snapshot = 0.0
+        self._saved_at = time.monotonic()
+        self.last_sample_cpu_s = 0.0
+        self.history_bytes = 0
+        self.static_missing = self._static_missing()
+        self.delayacct = delayacct_state()[0]
+        self.gpu_present = gpu_state()[0]
+
+    @staticmethod
+    def _static_missing() -> Dict[str, str]:
+        """Sources the host lacks, and why (checked once: hardware does not come and go)."""
+        missing = {}
+        on, why = delayacct_state()
+        if not on:
+            missing["delayacct"] = why
+        missing["perf"] = perf.pmu_state()[1]
+        energy, why = rapl.read_energy()
+        if energy is None:
+            missing["rapl"] = why
+        present, why = gpu_state()
+        missing["nvml"] = why
+        return missing
+
+    # ---- the thread -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.history.load()
+        log.info("rightsizing history %s", self.history.loaded_from)
+        self._thread = threading.Thread(target=self._run, name="usage", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.save()
+
+    def save(self) -> None:
+        if not self.settings.rightsizing:
+            return
+        with self.lock:
+            try:
+                self.history_bytes = self.history.save()
+            except OSError as exc:
+                log.warning("cannot save the rightsizing history to %s: %s", self.history.path, exc.strerror or exc)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.settings.sample_interval_s):
+            try:
+                self.sample_once(time.time())
+                if time.monotonic() - self._saved_at >= SAVE_EVERY_S:
+                    self._saved_at = time.monotonic()
+                    self.save()
+            except Exception:  # a bad sample must not end the thread; the next one tries again
+                log.exception("usage sample failed")
+
+    # ---- one sample -----------------------------------------------------------------------------
+
+    def sample_once(self, now: float) -> None:
+        started = time.thread_time()
+        workloads, plan, profiles = self.current()
+        with self.lock:
+            self._labels = workload_labels(workloads)
+            self._workloads = {w.key: w for w in workloads}
+            self._plan, self._profiles = plan, profiles
+            live = set()
+            for w in workloads:
+                label = self._labels[w.key]
+                live.add(label)
+                tracked = self.tracked.get(label)
+                if tracked is None or tracked.key != w.key:
+                    tracked = self.tracked[label] = _Tracked(label, w.key)
+                self._sample_workload(tracked, w, now)
+            for label in list(self.tracked):
+                if label not in live:
+                    del self.tracked[label]
+            snapshot_due = now >= self._next_snapshot
+            if snapshot_due:
+                self._next_snapshot = now + SNAPSHOT_S
+                for w in workloads:
+                    self._snapshot(self.tracked[self._labels[w.key]], w, now)
+        if snapshot_due and self.metrics is not None:
+            self.metrics.update(self.classifications() if self.settings.classify else [],
+                                self.recommendations() if self.settings.rightsizing else [], self.history_bytes)
+        self.last_sample_cpu_s = time.thread_time() - started
+
+    def _sample_workload(self, t: _Tracked, w, now: float) -> None:
+        moved: List[int] = []
+        residual = 0.0
+        elapsed = None
+        for pid in w.pids:
+            counters = read_process_counters(pid)
+            if counters is None:
+                t.processes.pop(pid, None)
+                continue
+            before = t.processes.get(pid)
+            if before is None:
+                t.processes[pid] = _Process(counters.cpu_ticks, now, major_faults=counters.major_faults)
+                moved.append(pid)
+                continue
+            dt = now - before.at
+            grown = counters.cpu_ticks - before.cpu_ticks
+            before.cpu_ticks, before.at = counters.cpu_ticks, now
+            t.counters.major_faults += max(0, counters.major_faults - before.major_faults)
+            before.major_faults = counters.major_faults
+            if grown > 0 and dt > 0:
+                before.moved_since_rerank = True
+                moved.append(pid)
+                residual += grown / CLOCK_TICKS / dt
+                elapsed = dt
+        if now - t.reranked_at >= RERANK_S or not t.kept:
+            self._rerank(t, w, now)
+        dt = elapsed or self.settings.sample_interval_s
+        samples = []
+        on_cpu = 0.0
+        moved_set = set(moved)
+        for tid, thread in t.kept.items():
+            cpus = run_cpus = 0.0
+            if thread.pid in moved_set:
+                sched = read_schedstat3(thread.pid, tid)
+                task = read_task_counters(thread.pid, tid)
+                if sched is None or task is None or task.start_time != thread.start_time:
+                    continue
+                if thread.seen:
+                    run_cpus = max(0, sched[0] - thread.run_ns) / 1e9 / dt
+                    cpus = min(1.0, run_cpus + max(0, sched[1] - thread.wait_ns) / 1e9 / dt)
+                    t.counters.blkio_ticks += max(0, task.blkio_ticks - thread.blkio_ticks)
+                thread.run_ns, thread.wait_ns, thread.blkio_ticks, thread.seen = sched[0], sched[1], task.blkio_ticks, True
+                totals = t.counters.threads.setdefault(tid, W.ThreadTotals())
+                totals.samples += 1
+                if task.state in SLEEPING:
+                    t.counters.sleep_samples += 1
+                    if task.state == "D":
+                        t.counters.d_samples += 1
+                        totals.d_samples += 1
+                totals.demand_s += cpus * dt
+            on_cpu += run_cpus
+            samples.append(ThreadSample(tid, thread.start_time, thread.comm, thread.group, cpus))
+        residual = max(0.0, residual - on_cpu)  # what the threads not kept used
+        t.counters.demand_s += (sum(s.cpus for s in samples) + residual) * dt
+        t.counters.used_s += (on_cpu + residual) * dt
+        t.counters.sampled = True
+        if self.settings.rightsizing:
+            self.history.of(t.label).record(now, samples, residual, self.settings.keep_threads)
+
+    def _rerank(self, t: _Tracked, w, now: float) -> None:
+        """Keep the busiest threads: runtime since the last rerank, read for processes that ran."""
+        groups = {m.tid: (m.pid, m.comm, m.group) for m in w.threads}
+        runtime: Dict[int, int] = {}
+        for pid, proc in t.processes.items():
+            if not proc.moved_since_rerank:
+                continue
+            proc.moved_since_rerank = False
+            for tid, (owner, _comm, _group) in groups.items():
+                if owner == pid:
+                    sched = read_schedstat3(pid, tid)
+                    if sched is not None:
+                        runtime[tid] = sched[0]
+        grown = {tid: run - t.rerank_runtime.get(tid, 0) for tid, run in runtime.items()}
+        t.rerank_runtime = {tid: run for tid, run in {**t.rerank_runtime, **runtime}.items() if tid in groups}
+        keep = self.settings.keep_threads
+        candidates = sorted(set(grown) | set(t.kept), key=lambda tid: (-grown.get(tid, 0), tid))
+        kept: Dict[int, _Thread] = {}
+        for tid in candidates:
+            if len(kept) >= keep or tid not in groups:
+                continue
+            if tid in t.kept:
+                kept[tid] = t.kept[tid]
+                continue
+            pid, comm, group = groups[tid]
+            task = read_task_counters(pid, tid)
+            if task is not None:
+                kept[tid] = _Thread(pid, task.start_time, comm, group)
+        t.kept = kept
+        t.reranked_at = now
+        t.counters.threads = {tid: v for tid, v in t.counters.threads.items() if tid in groups}
+
+    def _snapshot(self, t: _Tracked, w, now: float) -> None:
+        io_total, readable = 0, False
+        for pid in w.pids:
+            io = read_process_io(pid)
+            proc = t.processes.get(pid)
+            if io is None or proc is None:
+                continue
+            readable = True
+            if proc.io is not None:
+                t.counters.io_bytes += max(0, io.storage_bytes - proc.io)
+            proc.io = io.storage_bytes
+        t.counters.io_readable = readable
+        pressure = psi.cgroup_pressure(w.cgroup) if w.cgroup else {}
+        t.psi_missing = "" if pressure else f"no pressure files for cgroup {w.cgroup or '-'}"
+        energy = rapl.read_energy()[0] if "rapl" not in self.static_missing else None
+        memory = cgroups.memory_use(w.cgroup) if w.cgroup else None
+        t.window.add(W.snapshot(now, t.counters, pressure, psi.host_pressure(), memory, energy), self.settings.window_s)
+
+    # ---- what readers ask -------------------------------------------------------------------------
+
+    def _declared(self, w) -> Declared:
+        throttled = cgroups.throttling(w.cgroup) if w.cgroup else None
+        granted = 0
+        if self._plan is not None:
+            granted = sum(len(l.cpus) for l in self._plan.layers if l.workload == w.key and l.treatment == EXCLUSIVE)
+        if w.budget is not None:
+            return Declared(w.budget, w.budget_reason, self.host_cpus, throttled, granted)
+        cpuset = cgroups.cpuset_cpus(w.cgroup) if w.cgroup else None
+        if cpuset:
+            count = len(parse_cpulist(cpuset))
+            if 0 < count < self.host_cpus:
+                return Declared(float(count), f"cpuset {cpuset} of cgroup {w.cgroup} (AllowedCPUs=)", self.host_cpus,
+                                throttled, granted)
+        return Declared(None, "no quota, cpuset or binding cpus", self.host_cpus, throttled, granted)
+
+    def _hints(self, w) -> Hints:
+        profile = self._profiles.get(w.profile_id or "")
+        return Hints(f"profile {profile.id} [traits]", profile.traits) if profile is not None else Hints()
+
+    def _select(self, pid: Optional[int], unit: Optional[str]) -> List[Tuple[str, object]]:
+        out = []
+        for key, w in sorted(self._workloads.items()):
+            if pid is not None and pid not in w.pids:
+                continue
+            if unit is not None and w.unit != unit and self._labels.get(key) != unit:
+                continue
+            out.append((self._labels[key], w))
+        return out
+
+    def classifications(self, pid: Optional[int] = None, unit: Optional[str] = None) -> List[Classification]:
+        with self.lock:
+            out = []
+            for label, w in self._select(pid, unit):
+                t = self.tracked.get(label)
+                if t is None:
+                    continue
+                declared = self._declared(w).cpus
+                missing = dict(self.static_missing)
+                if t.psi_missing:
+                    missing["psi"] = t.psi_missing
+                out.append(classify(W.signals(label, t.window, window_goal_s=self.settings.window_s, tier=w.tier,
+                                              capacity_limit=min(declared or self.host_cpus, self.host_cpus),
+                                              hints=self._hints(w), missing=missing, delayacct=self.delayacct,
+                                              gpu_present=self.gpu_present)))
+            return out
+
+    def recommendations(self, pid: Optional[int] = None, unit: Optional[str] = None) -> List[Recommendation]:
+        with self.lock:
+            out = []
+            for label, w in self._select(pid, unit):
+                if label not in self.history.workloads:
+                    continue
+                out.append(rightsize(self.history.workloads[label].summary(), self._declared(w), self.settings.margin))
+            return out

@@ -1,0 +1,65 @@
+"""Pressure stall information: how long tasks stalled on CPU, memory or I/O, as cumulative
+microseconds (the `total=` fields) so any window's share is a difference. For the host
+(/proc/pressure) and for one cgroup (its cpu/memory/io.pressure on the cgroup v2 tree, mounted
+at the root on unified hosts and at unified/ on hybrid ones)."""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, NamedTuple, Optional
+
+from temperd.files import read_stripped
+from temperd.sources.cgroups import CGROUP_ROOT, v2_dir
+
+RESOURCES = ("cpu", "memory", "io")
+HOST_DIR = "/proc/pressure"
+
+
+class PressureTotals(NamedTuple):
+    some_us: int
+    full_us: Optional[int]  # the host's cpu line has no meaningful full before 5.13
+
+
+def parse_pressure(text: str) -> Optional[PressureTotals]:
+    totals: Dict[str, int] = {}
+    for line in text.splitlines():
+        kind, *pairs = line.split()
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            if key == "total":
+                totals[kind] = int(value)
+    if "some" not in totals:
+        return None
+    return PressureTotals(totals["some"], totals.get("full"))
+
+
+def _read(path: str) -> Optional[PressureTotals]:
+    text = read_stripped(path)
+    try:
+        return parse_pressure(text) if text else None
+    except ValueError:
+        return None
+
+
+def host_pressure(directory: str = HOST_DIR) -> Dict[str, PressureTotals]:
+    """resource -> totals; empty where the kernel has no PSI (psi=0, CONFIG_PSI off)."""
+    out = {}
+    for resource in RESOURCES:
+        totals = _read(os.path.join(directory, resource))
+        if totals is not None:
+            out[resource] = totals
+    return out
+
+
+def cgroup_pressure(cgroup: str, root: str = CGROUP_ROOT) -> Dict[str, PressureTotals]:
+    """resource -> totals of one cgroup (its v2 path); empty where it has no pressure files
+    (no cgroup v2 tree, the root cgroup, a kernel without PSI)."""
+    directory = v2_dir(cgroup, root)
+    if directory is None:
+        return {}
+    out = {}
+    for resource in RESOURCES:
+        totals = _read(os.path.join(directory, f"{resource}.pressure"))
+        if totals is not None:
+            out[resource] = totals
+    return out

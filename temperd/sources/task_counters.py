@@ -1,0 +1,42 @@
+"""A task's cumulative counters from /proc/PID/task/TID/stat (or /proc/PID/stat for the whole
+process): CPU ticks, its state now, major faults and block I/O delay. One read gives them all;
+the usage sampler reads them for the busiest threads of each tracked workload every second."""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple, Optional
+
+from temperd.sources import procfs
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class TaskCounters(NamedTuple):
+    state: str  # R, S, D, ... as sampled now
+    cpu_ticks: int  # utime + stime (for /proc/PID/stat: every thread of the process, dead ones included)
+    major_faults: int
+    blkio_ticks: int  # delayacct_blkio_ticks: block I/O delay; 0 unless kernel.task_delayacct is on
+    start_time: int  # clock ticks after boot: with the id, the task's identity
+
+
+def parse_counters(data: bytes) -> Optional[TaskCounters]:
+    try:
+        _comm, fields = procfs.split_stat(data)
+        # proc(5) field N is fields[N - 3]: state 3, majflt 12, utime 14, stime 15, starttime 22,
+        # delayacct_blkio_ticks 42
+        return TaskCounters(fields[0].decode("ascii", "replace"), int(fields[11]) + int(fields[12]),
+                            int(fields[9]), int(fields[39]) if len(fields) > 39 else 0, int(fields[19]))
+    except (ValueError, IndexError):
+        return None
+
+
+def read_task_counters(pid: int, tid: int) -> Optional[TaskCounters]:
+    data = procfs.read_bytes(f"{procfs.PROC}/{pid}/task/{tid}/stat", 2048, single=True)
+    return parse_counters(data) if data else None
+
+
+def read_process_counters(pid: int) -> Optional[TaskCounters]:
+    """The whole process (its state is the leader's)."""
+    data = procfs.read_bytes(f"{procfs.PROC}/{pid}/stat", 2048, single=True)
+    return parse_counters(data) if data else None
