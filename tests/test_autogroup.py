@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
+from temperd.backends.native import autogroup
 from temperd.backends.native.autogroup import (YIELD_NICE, Autogroups, Session, autogroup_enabled, read_autogroup,
                                                wanted_nices)
 from temperd.plan import LATENCY, OPEN, YIELD, Layer, MemberSelector
@@ -73,3 +76,99 @@ def test_a_session_is_weighed_restored_and_recovered_from_the_state_file(childre
 class _Thread:
     def __init__(self, tid, pid):
         self.tid, self.pid, self.start_time, self.comm = tid, pid, 0, ""
+
+
+_SETSID_ON_LINE = ("import os, sys\n"
+                   "print(os.getpid(), flush=True)\n"
+                   "sys.stdin.readline(); os.setsid(); print('moved', flush=True)\n"
+                   "sys.stdin.readline()\n")
+
+
+@pytest.fixture
+def movers():
+    """Processes in this test's session that call setsid() when told to."""
+    started = []
+
+    def start():
+        proc = subprocess.Popen([sys.executable, "-c", _SETSID_ON_LINE], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        started.append(proc)
+        proc.stdout.readline()
+        return proc
+
+    def move(proc):
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "moved"
+
+    yield start, move
+    for proc in started:
+        proc.kill()
+        proc.wait(10)
+
+
+def _counting_reads(monkeypatch):
+    reads = []
+
+    def counted(pid):
+        reads.append(pid)
+        return read_autogroup(pid)
+
+    monkeypatch.setattr(autogroup, "read_autogroup", counted)
+    return reads
+
+
+@needs_autogroup
+def test_session_cache_reads_an_untreated_process_once_and_a_treated_one_every_pass(children, monkeypatch):
+    quiet, other, served = (children.spawn([name]) for name in ("ag-quiet", "ag-other", "ag-served"))
+    threads = [_Thread(pid, pid) for pid in (quiet.pid, other.pid, served.pid)]
+    layer = _layer("lat", LATENCY, [served.pid], nice=-4)
+    layer_for = lambda t: layer if t.pid == served.pid else None  # noqa: E731
+    reads = _counting_reads(monkeypatch)
+    cache = autogroup.SessionCache()
+
+    first = cache.sessions(threads, layer_for, lambda t: False)
+    assert sorted(reads) == sorted([quiet.pid, other.pid, served.pid])
+    assert first[read_autogroup(served.pid)[0]].classes == {"favoured"}
+    reads.clear()
+    cache.sessions(threads, layer_for, lambda t: False)
+    assert reads == [served.pid]
+    newcomer = children.spawn(["ag-new"])
+    reads.clear()
+    cache.sessions(threads + [_Thread(newcomer.pid, newcomer.pid)], layer_for, lambda t: False)
+    assert sorted(reads) == sorted([served.pid, newcomer.pid])
+
+
+@needs_autogroup
+def test_session_cache_sees_a_process_that_left_a_treated_session_by_setsid(movers):
+    start, move = movers
+    served, child = start(), start()  # both in this test's session, as a fork before its setsid is
+    threads = [_Thread(served.pid, served.pid), _Thread(child.pid, child.pid)]
+    layer = _layer("bg", YIELD, [served.pid], policy="idle")
+    layer_for = lambda t: layer if t.pid == served.pid else None  # noqa: E731
+    cache = autogroup.SessionCache()
+
+    shared = read_autogroup(served.pid)[0]
+    assert cache.sessions(threads, layer_for, lambda t: False)[shared].classes == {YIELD, "none"}
+    move(child)  # untreated, cached in a treated session: read again on the next pass
+    found = cache.sessions(threads, layer_for, lambda t: False)
+    assert found[shared].classes == {YIELD}
+    assert read_autogroup(child.pid)[0] in found and read_autogroup(child.pid)[0] != shared
+    move(served)  # the treated process itself moves: read on every pass
+    found = cache.sessions(threads, layer_for, lambda t: False)
+    assert found[read_autogroup(served.pid)[0]].classes == {YIELD} and shared not in found
+
+
+@needs_autogroup
+def test_only_a_treated_newcomer_or_one_in_a_treated_session_changes_the_mix(movers, children):
+    start, _move = movers
+    served, forked = start(), start()  # forked: in served's session, as a fork of it is
+    stranger = children.spawn(["ag-stranger"])  # a session of its own
+    layer = _layer("bg", YIELD, [served.pid], policy="idle")
+    layer_for = lambda t: layer if t.pid == served.pid else None  # noqa: E731
+    cache = autogroup.SessionCache()
+    cache.sessions([_Thread(served.pid, served.pid)], layer_for, lambda t: False)
+
+    assert not cache.changes_mix([_Thread(stranger.pid, stranger.pid)], layer_for, lambda t: False)
+    assert cache.changes_mix([_Thread(forked.pid, forked.pid)], layer_for, lambda t: False)
+    assert cache.changes_mix([_Thread(served.pid + 0, served.pid)], layer_for, lambda t: False)  # treated itself

@@ -492,3 +492,22 @@ def test_a_refused_setting_is_reported_once_per_plan(tmp_path, children, backend
     second = backend.apply(plan, universe(srv, kthreads=False))
     assert not second.failed and not second.errors  # not retried under the same plan
     assert cpus_allowed(srv.pid, srv.threads["hot-0"]) == format_cpulist(sched.online_cpus())
+
+
+def test_ended_threads_leave_the_backends_picture_between_whole_applies(backends, server, children, tmp_path):
+    """Under an unchanged plan the host's picture (what the autogroup pass walks) keeps the size
+    of the host: threads that ended are dropped, not kept until the next whole apply."""
+    from temperd.daemon.daemon import _ended_threads
+    from temperd.sources.inventory import EXIT, NEW_PROCESS, Change
+
+    srv, job, batch, other = server
+    backend = backends(tmp_path)
+    backend.apply(full_plan(srv, job, batch), universe(srv, job, batch, other, kthreads=False))
+    late = children.spawn(["pic-late"])
+    backend.on_new_threads(scan_threads([late.pid]))
+    everyone = {tid for kid in (srv, job, batch, other, late) for tid in kid.tids()}
+    assert {tid for tid, _start in backend._universe} == everyone
+
+    ended = [Change(EXIT, other.pid, tid) for tid in other.tids() if tid != other.pid] + [Change(EXIT, other.pid)]
+    backend.forget_threads(_ended_threads(ended + [Change(NEW_PROCESS, late.pid)]))
+    assert {tid for tid, _start in backend._universe} == everyone - set(other.tids())

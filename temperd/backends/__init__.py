@@ -35,6 +35,9 @@ class Backend(Protocol):
     def on_new_threads(self, threads: Iterable) -> "ApplyResult":
         """Threads that appeared under an unchanged plan."""
 
+    def forget_threads(self, tids: Iterable[int]) -> None:
+        """Threads that ended under an unchanged plan: no longer part of the host's picture."""
+
     def stop(self) -> "ApplyResult":
         """Put back everything this backend changed."""
 

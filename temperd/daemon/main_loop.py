@@ -24,6 +24,11 @@ WATCHDOG_DEFAULT_S = 10.0  # where the unit sets no WatchdogSec (systemd then ig
 STARVED_RETRY_S = 1.0
 OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 STARVED_LOG_EVERY_S = 600.0  # a spell that comes and goes is logged once in this long
+# After a pass that brought process events, the next events wait this long: a busy host's events
+# are then handled in batches (one match and plan per batch, not per fork), and a process that
+# forks, execs and exits within it costs a failed open instead of reads of /proc. The first event
+# after a quiet spell is handled at once.
+EVENT_BATCH_S = 0.1
 
 log = logging.getLogger("temperd")
 
@@ -77,6 +82,7 @@ class MainLoop:
         self._carried: Dict[str, str] = {}  # requests of a skipped pass
         self._starved_logged_at: Optional[float] = None
         self._recovered_logged_at: Optional[float] = None
+        self.events_not_before = 0.0  # monotonic time; see EVENT_BATCH_S
 
     def run(self) -> None:
         """Until a STOP request."""
@@ -99,11 +105,18 @@ class MainLoop:
         inventory = self.daemon.inventory
         if self.skipped:  # retry soon, but do not spin on process events that cannot be read
             return [self.daemon.requests.fileno()], STARVED_RETRY_S
-        timeout = max(0.0, min(self.next_reconcile, self.next_observe, self.next_watchdog) - time.monotonic())
+        now = time.monotonic()
+        timeout = max(0.0, min(self.next_reconcile, self.next_observe, self.next_watchdog) - now)
+        fds: List[int] = [self.daemon.requests.fileno()]
+        if inventory.events_active and now < self.events_not_before:
+            # Events and the inventory's own deadlines (title rechecks) wait for the next batch;
+            # neither is polled until then, so nothing due-but-deferred wakes the loop.
+            return fds, min(timeout, self.events_not_before - now)
         inventory_timeout = inventory.poll_timeout()
         if inventory_timeout is not None:
             timeout = min(timeout, inventory_timeout)
-        fds: List[int] = [self.daemon.requests.fileno()] + ([inventory.fileno()] if inventory.events_active else [])
+        if inventory.events_active:
+            fds.append(inventory.fileno())
         return fds, timeout
 
     def _pass(self) -> Optional[float]:
@@ -143,7 +156,11 @@ class MainLoop:
         if STOP in pending:
             return None
         try:
-            changes = inventory.handle_events() if inventory.events_active else []
+            changes = []
+            if inventory.events_active and time.monotonic() >= self.events_not_before:
+                changes = inventory.handle_events()
+                if changes:
+                    self.events_not_before = time.monotonic() + EVENT_BATCH_S
             if RELOAD in pending:
                 daemon.reload(pending[RELOAD])
             elif REPLAN in pending:

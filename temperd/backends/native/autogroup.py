@@ -78,15 +78,18 @@ class Session:
 
 
 def sessions(threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
-             is_kernel_thread: Callable[[Any], bool]) -> Dict[str, Session]:
-    """The autogroups of these threads (kernel threads left out), by name."""
+             is_kernel_thread: Callable[[Any], bool],
+             group_of: Optional[Callable[[int], Optional[Tuple[str, int]]]] = None) -> Dict[str, Session]:
+    """The autogroups of these threads (kernel threads left out), by name. `group_of(pid)` finds a
+    process's autogroup (default: read it from /proc); it is asked once per process."""
     found: Dict[str, Session] = {}
-    groups: Dict[int, Optional[Tuple[str, int]]] = {}  # pid -> its autogroup, read once
+    groups: Dict[int, Optional[Tuple[str, int]]] = {}  # pid -> its autogroup, asked once
+    find = group_of or read_autogroup
     for thread in threads:
         if is_kernel_thread(thread):
             continue
         if thread.pid not in groups:
-            groups[thread.pid] = read_autogroup(thread.pid)
+            groups[thread.pid] = find(thread.pid)
         group = groups[thread.pid]
         if group is None:
             continue
@@ -103,6 +106,74 @@ def sessions(threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
             if layer.nice is not None:
                 session.nices.append(layer.nice)
     return found
+
+
+class SessionCache:
+    """Which autogroup each process is in, read from /proc once per process where that is safe.
+
+    A process leaves its autogroup only by setsid(), into a new session of its own; no process
+    event says so. So a process is read again on every pass while it, or a process cached in the
+    same autogroup, is treated: a treated process that moved, or a child read in its parent's
+    treated session just before its setsid, is seen right on the next pass. Processes of
+    untreated sessions are read once: their move cannot change a treated session's mix. A pass
+    over the whole host's threads then reads a handful of files instead of one per process."""
+
+    def __init__(self) -> None:
+        self._groups: Dict[Tuple[int, int], Optional[Tuple[str, int]]] = {}  # (pid, start) -> autogroup
+        self._mattering: Set[str] = set()  # autogroups with a treated thread, as of the last pass
+
+    def clear(self) -> None:
+        self._groups.clear()
+        self._mattering.clear()
+
+    def sessions(self, threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
+                 is_kernel_thread: Callable[[Any], bool]) -> Dict[str, Session]:
+        threads = list(threads)
+        starts: Dict[int, int] = {}  # pid -> the process's start time (its leader's, where seen)
+        treated: Set[int] = set()
+        for thread in threads:
+            if thread.tid == thread.pid or thread.pid not in starts:
+                starts[thread.pid] = thread.start_time
+        keys = {pid: (pid, start) for pid, start in starts.items()}
+        groups = self._groups
+
+        def group_of(pid: int) -> Optional[Tuple[str, int]]:
+            key = keys[pid]
+            cached = groups.get(key, _UNREAD)
+            if cached is _UNREAD or pid in treated or (cached is not None and cached[0] in self._mattering):
+                groups[key] = cached = read_autogroup(pid)
+            return cached
+
+        for thread in threads:
+            if layer_for(thread) is not None:
+                treated.add(thread.pid)
+        found = sessions(threads, layer_for, is_kernel_thread, group_of)
+        live = set(keys.values())
+        for key in [k for k in groups if k not in live]:
+            del groups[key]
+        self._mattering = {name for name, session in found.items() if session.classes - {_UNTREATED}}
+        return found
+
+    def changes_mix(self, threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
+                    is_kernel_thread: Callable[[Any], bool]) -> bool:
+        """Whether these new threads can change what any autogroup should get: one of them is
+        treated, or its process is in an autogroup that holds treated threads (a fork of a
+        treated process). An untreated process in an untreated session changes nothing: no pass."""
+        pids = set()
+        for thread in threads:
+            if is_kernel_thread(thread):
+                continue
+            if layer_for(thread) is not None:
+                return True
+            pids.add(thread.pid)
+        for pid in pids:
+            group = read_autogroup(pid)
+            if group is not None and group[0] in self._mattering:
+                return True
+        return False
+
+
+_UNREAD: Any = object()
 
 
 def wanted_nices(found: Mapping[str, Session]) -> Tuple[Dict[str, int], List[str]]:
@@ -157,13 +228,17 @@ class Autogroups(HeldSettings[str, int]):
 
     def __init__(self) -> None:
         self.groups = AutogroupNice()
+        self.cache = SessionCache()
         super().__init__(self.groups)
 
     def apply(self, threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
               is_kernel_thread: Callable[[Any], bool],
-              before_write: Optional[Callable[[], None]] = None) -> HostSettingResult:
-        """Weigh the autogroups of these threads (the host's) as their members' layers ask."""
-        found = sessions(threads, layer_for, is_kernel_thread)
+              before_write: Optional[Callable[[], None]] = None, reread: bool = True) -> HostSettingResult:
+        """Weigh the autogroups of these threads (the host's) as their members' layers ask.
+        reread: read every process's autogroup anew (else SessionCache decides which)."""
+        if reread:
+            self.cache.clear()
+        found = self.cache.sessions(threads, layer_for, is_kernel_thread)
         wanted, notes = wanted_nices(found)
         for name, session in found.items():
             if name in wanted or name in self.written:

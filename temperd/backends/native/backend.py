@@ -79,7 +79,7 @@ class NativeBackend:
         save = functools.partial(self._save, result)  # the state file, before each round of writes
         self.treatment.treat(threads, result, save, new)
         self.treatment.restore_departed(self._universe, result)
-        self._apply_autogroups(result)
+        self._apply_autogroups(result, reread=True)
         bounds, notes = resume_bounds(plan, sched.online_cpus(), self.pmqos_open_layers)
         result.notes.extend(notes)
         result.take_counts(PMQOS, self.pmqos.apply(bounds, save))
@@ -100,9 +100,17 @@ class NativeBackend:
                 new.add(key)
             self._universe[key] = thread
         self.treatment.treat(threads, result, functools.partial(self._save, result), new)
-        if self.autogroup and any(t.tid == t.pid for t in threads):  # a new process may change a session's mix
-            self._apply_autogroups(result)
+        if self.autogroup and self.treatment.membership is not None and self.autogroups.cache.changes_mix(
+                threads, self.treatment.layer_for, self.treatment.is_kernel_thread):
+            self._apply_autogroups(result, reread=False)  # a new thread or process changed a session's mix
         return self._finish(result)
+
+    def forget_threads(self, tids: Iterable[int]) -> None:
+        """Drop ended threads from the host's picture between whole applies, so that the passes
+        over it (autogroups) stay the size of the host, not of every thread seen since the last."""
+        gone = set(tids)
+        if gone:
+            self._universe = {key: t for key, t in self._universe.items() if key[0] not in gone}
 
     def stop(self) -> ApplyResult:
         """Restore everything temperd changed and remove the state file.
@@ -188,11 +196,13 @@ class NativeBackend:
 
     # ---- steps ---------------------------------------------------------------------------------
 
-    def _apply_autogroups(self, result: ApplyResult) -> None:
+    def _apply_autogroups(self, result: ApplyResult, reread: bool) -> None:
+        """reread: every process's autogroup read anew (a whole apply); else only the few that
+        can have changed (autogroup.SessionCache): a new process costs file reads for itself."""
         if self.autogroup and self.treatment.membership is not None:
             result.take_counts(AUTOGROUP, self.autogroups.apply(
                 self._universe.values(), self.treatment.layer_for, self.treatment.is_kernel_thread,
-                functools.partial(self._save, result)))
+                functools.partial(self._save, result), reread=reread))
 
     def _finish(self, result: ApplyResult) -> ApplyResult:
         self._save(result)

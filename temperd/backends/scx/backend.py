@@ -129,6 +129,9 @@ class ScxBackend:
             return self.native.on_new_threads(threads)
         return ApplyResult()  # scx_layered matches new threads itself
 
+    def forget_threads(self, tids: Iterable[int]) -> None:
+        self.native.forget_threads(tids)
+
     def stop(self) -> ApplyResult:
         self.supervisor.stop()
         return self.native.stop()

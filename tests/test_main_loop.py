@@ -1,0 +1,108 @@
+"""The main loop's event batching (main_loop.EVENT_BATCH_S) on a real inventory with real
+process events: the first events after a quiet spell are handled at once, the next ones wait for
+the batch, and while they wait the loop sleeps — a title recheck falling due inside the batch
+must not make it poll with a zero timeout over and over."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from temperd.daemon import main_loop
+from temperd.daemon.main_loop import MainLoop, Requests
+from temperd.sources.inventory import Inventory
+
+pytestmark = pytest.mark.skipif(not Inventory().start_events(), reason="needs the netlink process connector (root)")
+
+
+class _Config:
+    @staticmethod
+    def scan_interval(events_active: bool) -> float:
+        return 120.0
+
+
+class _Notifier:
+    watchdog_interval_s = None
+
+
+class _DaemonSide:
+    """What the loop asks of the daemon, recorded: the replans it is told to make."""
+
+    def __init__(self, inventory: Inventory):
+        self.inventory = inventory
+        self.lock = threading.RLock()
+        self.config = _Config()
+        self.notifier = _Notifier()
+        self.requests = Requests()
+        self.observe_interval_s = 60.0
+        self.replans = []
+
+    def replan(self, trigger, changes=None):
+        self.replans.append((trigger, list(changes or ())))
+
+
+_started = []
+
+
+@pytest.fixture
+def loop():
+    inventory = Inventory()
+    inventory.start()
+    side = _DaemonSide(inventory)
+    loop_ = MainLoop(side)
+    loop_.next_watchdog = loop_.next_observe = float("inf")  # run()'s and the sampler's deadlines, not these tests'
+    yield loop_, side
+    inventory.stop_events()
+    for proc in _started:
+        proc.kill()
+        proc.wait(10)
+    _started.clear()
+
+
+def _fork_one():
+    """A process that lives on while the loop reads it (a process gone by then changes nothing)."""
+    _started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))
+
+
+def _wait_readable(loop_, limit_s=5.0):
+    fds, _timeout = loop_._what_to_wait_for()
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if loop_.daemon.inventory.fileno() in main_loop._wait(fds, 0.1):
+            return
+    raise AssertionError("no process event arrived")
+
+
+def test_events_after_a_quiet_spell_are_handled_at_once_and_the_next_wait_for_the_batch(loop):
+    loop_, side = loop
+    _fork_one()
+    _wait_readable(loop_)
+    loop_._pass()
+    assert [trigger for trigger, _ in side.replans] == ["events"]
+    assert loop_.events_not_before > time.monotonic()
+
+    _fork_one()  # inside the batch: its events are not read yet
+    fds, timeout = loop_._what_to_wait_for()
+    assert side.inventory.fileno() not in fds
+    assert 0 < timeout <= main_loop.EVENT_BATCH_S
+    loop_._pass()
+    assert len(side.replans) == 1
+    time.sleep(max(0.0, loop_.events_not_before - time.monotonic()))
+    _wait_readable(loop_)
+    loop_._pass()
+    assert len(side.replans) == 2
+
+
+def test_a_title_recheck_due_inside_the_batch_does_not_make_the_loop_spin(loop):
+    loop_, side = loop
+    _fork_one()
+    _wait_readable(loop_)
+    loop_._pass()  # the new process schedules title rechecks, the first 0.05 s on
+    time.sleep(main_loop.EVENT_BATCH_S / 2 + 0.01)
+    assert side.inventory.poll_timeout() == 0.0  # a recheck is due ...
+    fds, timeout = loop_._what_to_wait_for()
+    assert timeout > 0.01 and side.inventory.fileno() not in fds  # ... and waits for the batch
