@@ -135,3 +135,21 @@ def test_gone_thread_is_dropped(tmp_path, children):
     children.kill_all()
     outcome = ledger.restore_all()
     assert outcome.gone == 1 and not outcome.failed and not ledger.records
+
+
+def test_an_unchanged_state_is_not_written_again_and_a_change_is(tmp_path, children):
+    child = children.spawn(["led-same"])
+    ledger = RestoreLedger(str(tmp_path))
+    rec = _record(ledger, child.pid, child.threads["led-same"], "led-same")
+    rec.applied[NICE] = 3
+    ledger.save()
+    first = os.stat(ledger.path).st_ino  # write_atomically renames a new file into place
+    ledger.save()
+    assert os.stat(ledger.path).st_ino == first
+    rec.applied[NICE] = 4
+    ledger.save()
+    assert os.stat(ledger.path).st_ino != first
+    assert json.loads(open(ledger.path).read())["threads"][0]["applied"]["nice"] == 4
+    os.unlink(ledger.path)  # gone behind its back: written again even though unchanged
+    ledger.save()
+    assert os.path.exists(ledger.path)

@@ -170,6 +170,7 @@ class RestoreLedger:
         self.records: Dict[Tuple[int, int], ThreadRecord] = {}  # add with record() or add()
         self._by_pid: Dict[int, Dict[Tuple[int, int], ThreadRecord]] = {}
         self.extras: Dict[str, Any] = {}  # the held host settings' sections (PM QoS, cgroup weights, autogroups)
+        self._written: Optional[str] = None  # what the file holds now (threads and extras), as written
 
     # ---- records ------------------------------------------------------------------------------
 
@@ -331,11 +332,16 @@ class RestoreLedger:
         if self.is_empty():
             self.delete()
             return
+        state = self.as_json()
+        content = json.dumps({k: v for k, v in state.items() if k not in ("writer_pid", "written_at")}, sort_keys=True)
+        if content == self._written and os.path.exists(self.path):
+            return  # unchanged: no write and fsync per batch of process events on a busy host
         os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
-        data = json.dumps(self.as_json(), indent=1, sort_keys=True)
-        write_atomically(self.path, data, mode=0o600, sync_dir=True)
+        write_atomically(self.path, json.dumps(state, indent=1, sort_keys=True), mode=0o600, sync_dir=True)
+        self._written = content
 
     def delete(self) -> None:
+        self._written = None
         try:
             os.unlink(self.path)
         except OSError as exc:
