@@ -28,6 +28,13 @@ dir, state dir and control socket.
 - --bpf on|off|both: the bcc telemetry (bpf/runqlat.bpf.c) where it loads, kept off
   (TEMPERD_BPF=0), or both as arms of one run. In a TCG-emulated VM only the ratio of the two
   means anything; absolute figures there are not a host's.
+- --switch-load PAIRS: a further scenario with a context-switch load: PAIRS pairs of processes
+  bouncing a byte over pipes as fast as they can, whose threads are members of a layer (a file
+  profile treats them: the bcc program's whole path, histogram included, runs on each of their
+  wakeups and switches), and PAIRS pairs that match nothing (the program's cost for a non-member:
+  a bit test). The program runs in the context of whatever switches, so its cost lands on the
+  load, not on temperd: the round trips per second of each kind, bpf on against off, are that
+  cost. --threads 0 leaves out the +threads scenario.
 
 Goal: <= 0.13 % of one core, for the median and for the worst window.
 
@@ -43,6 +50,7 @@ import argparse
 import json
 import os
 import pstats
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -73,6 +81,77 @@ while True:
     next_at += period
     time.sleep(max(0.0, next_at - time.monotonic()))
 """
+
+# The context-switch load (--switch-load): a pair of processes named NAME bouncing a byte over two
+# pipes; the parent counts round trips into an 8-byte file it maps (read by the benchmark).
+PINGPONG = r"""
+import mmap, os, struct, sys
+name, path = sys.argv[1], sys.argv[2]
+with open("/proc/self/comm", "w") as handle:
+    handle.write(name)
+ping_r, ping_w = os.pipe()
+pong_r, pong_w = os.pipe()
+if os.fork() == 0:
+    os.close(ping_w); os.close(pong_r)
+    while os.read(ping_r, 1):
+        os.write(pong_w, b"x")
+    os._exit(0)
+os.close(ping_r); os.close(pong_w)
+counter = mmap.mmap(os.open(path, os.O_RDWR), 8)
+n = 0
+while True:
+    os.write(ping_w, b"x")
+    os.read(pong_r, 1)
+    n += 1
+    if n & 63 == 0:
+        struct.pack_into("Q", counter, 0, n)
+"""
+MEMBER, OTHER = "pp-member", "pp-other"
+# Makes the MEMBER pairs' threads members of a latency layer (the OTHER pairs match nothing).
+PINGPONG_PROFILE = f"""schema_version = 1
+id = "bench-pingpong"
+description = "bench/overhead.py --switch-load: the ping-pong pairs whose threads are layer members"
+
+[fingerprint]
+process_names = ["{MEMBER}"]
+
+[[thread_groups]]
+name = "pingpong"
+catch_all = true
+treatment = "latency"
+"""
+
+
+class SwitchLoad:
+    """PAIRS member pairs and PAIRS other pairs (--switch-load), started before temperd."""
+
+    def __init__(self, pairs: int):
+        self.dir = tempfile.mkdtemp(prefix="overhead-pingpong-")
+        self.procs, self.counters = [], {MEMBER: [], OTHER: []}
+        for name in (MEMBER, OTHER):
+            for i in range(pairs):
+                path = os.path.join(self.dir, f"{name}-{i}")
+                with open(path, "wb") as handle:
+                    handle.write(bytes(8))
+                self.counters[name].append(path)
+                self.procs.append(subprocess.Popen([sys.executable, "-c", PINGPONG, name, path]))
+
+    def counts(self) -> dict:
+        out = {}
+        for name, paths in self.counters.items():
+            total = 0
+            for path in paths:
+                with open(path, "rb") as handle:
+                    total += int.from_bytes(handle.read(8), "little")
+            out[name] = total
+        return out
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait(timeout=20)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
 
 # Runs temperd's click entry point under cProfile and writes the stats when it returns (SIGTERM
 # makes the daemon stop, restore and return normally).
@@ -106,6 +185,8 @@ class Result:
     window_reconciles: int = 0  # full /proc scans
     window_forks: int = 0  # processes and threads created on the host (from /proc/loadavg's last pid)
     telemetry: str = ""  # the scheduling-delay source (temperctl status' telemetry, or /observe's latency)
+    member_rtps: float = float("nan")  # --switch-load: round trips a second of the member pairs
+    other_rtps: float = float("nan")  # and of the pairs that match nothing
 
 
 def host_threads() -> int:
@@ -144,9 +225,11 @@ def telemetry_of(port: int) -> str:
 
 def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, command: Optional[Sequence[str]] = None,
             py_spy: Optional[str] = None, py_spy_out: Optional[str] = None,
-            reconcile_interval_s: Optional[float] = None, churn: float = 0.0, bpf: str = "on") -> Result:
+            reconcile_interval_s: Optional[float] = None, churn: float = 0.0, bpf: str = "on",
+            pairs: int = 0) -> Result:
     holder = None
     churner = None
+    load = SwitchLoad(pairs) if pairs else None
     if extra_threads:
         holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(extra_threads)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -158,7 +241,10 @@ def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, 
         settings = f"reconcile_interval_s = {reconcile_interval_s}\n" if reconcile_interval_s else ""
         env = {"TEMPERD_BPF": "0" if bpf == "off" else "1"}  # temperd/sources/runqlat.py
         port = S.free_port()
-        with C.running_temperd(http_port=port, command=command, settings=settings, env=env) as daemon:
+        profiles = {"bench-pingpong.toml": PINGPONG_PROFILE} if load is not None else None
+        # bcc compiles the program before temperd serves its socket: seconds, more under emulation.
+        with C.running_temperd(http_port=port, command=command, settings=settings, env=env, profiles=profiles,
+                               ready_timeout_s=300.0) as daemon:
             startup_ticks = daemon.cpu_ticks()
             threads = host_threads()
             status = daemon.status()
@@ -171,16 +257,23 @@ def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, 
                                         "--nonblocking", "--output", py_spy_out],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
             before = daemon.status()
+            if load is not None and not any(l["name"].endswith(".pingpong") and l["members"] >= 2 * pairs
+                                            for l in before["layers"]):
+                raise SystemExit(f"the {MEMBER} pairs are not members of a layer: {before['layers']}")
             pid0 = last_pid()
+            rt0 = load.counts() if load is not None else {}
             ticks0, ns0, t0 = daemon.cpu_ticks(), C.thread_runtime_ns(daemon.pid), time.monotonic()
             time.sleep(seconds)
             ticks1, ns1, t1 = daemon.cpu_ticks(), C.thread_runtime_ns(daemon.pid), time.monotonic()
+            rt1 = load.counts() if load is not None else {}
             pid1 = last_pid()
             if spy is not None:
                 spy.wait(timeout=seconds + 30)
             status = daemon.status()
             status["telemetry"] = telemetry_of(port)
     finally:
+        if load is not None:
+            load.stop()
         if churner is not None:
             churner.kill()
             churner.wait(timeout=20)
@@ -198,7 +291,8 @@ def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, 
                   inventory.get("events_received", 0) - inventory0.get("events_received", 0),
                   status.get("replans", 0) - before.get("replans", 0),
                   inventory.get("reconciles", 0) - inventory0.get("reconciles", 0),
-                  forks_between(pid0, pid1), str(status.get("telemetry") or ""))
+                  forks_between(pid0, pid1), str(status.get("telemetry") or ""),
+                  *((rt1[name] - rt0[name]) / wall if load is not None else float("nan") for name in (MEMBER, OTHER)))
 
 
 def print_cprofile(path: str, seconds: float, top: int = 25) -> None:
@@ -246,6 +340,9 @@ def main() -> int:
                              "or both, each an arm of the same run (its relative cost; in a TCG VM only the ratio means "
                              "anything)")
     parser.add_argument("--only-churn", action="store_true", help="measure the --churn scenario only")
+    parser.add_argument("--switch-load", type=int, default=0, metavar="PAIRS",
+                        help="also measure under a context-switch load: PAIRS ping-pong pairs that are layer members "
+                             "and PAIRS that are not; their round trips a second are shown (default: off)")
     parser.add_argument("--profile", choices=("cprofile", "py-spy"), help="profile temperd while measuring")
     parser.add_argument("--py-spy", dest="py_spy", default="py-spy", help="py-spy binary for --profile py-spy")
     args = parser.parse_args()
@@ -258,20 +355,22 @@ def main() -> int:
     print(f"host before the run: idle {quiet.idle_pct:.0f} %, steal {quiet.steal_pct:.1f} %, other processes "
           f"{quiet.foreign_core_pct:.1f} % of a core")
     intervals = [float(v) for v in args.reconcile_intervals.split(",") if v.strip()]
-    arms = [("idle host", 0, 0.0), (f"+{args.threads} threads", args.threads, 0.0)]
+    arms = [("idle host", 0, 0.0, 0)] + ([(f"+{args.threads} threads", args.threads, 0.0, 0)] if args.threads else [])
     if args.churn:
-        arms = ([] if args.only_churn else arms) + [(f"+{args.churn:g} forks/s", 0, args.churn)]
+        arms = ([] if args.only_churn else arms) + [(f"+{args.churn:g} forks/s", 0, args.churn, 0)]
+    if args.switch_load:
+        arms.append((f"+{args.switch_load}+{args.switch_load} ping-pong pairs", 0, 0.0, args.switch_load))
     modes = ("on", "off") if args.bpf == "both" else (args.bpf,)
-    scenarios = [(f"{name}, scan {interval:g} s" if len(intervals) > 1 else name, extra, interval, churn)
-                 for interval in intervals for name, extra, churn in arms]
+    scenarios = [(f"{name}, scan {interval:g} s" if len(intervals) > 1 else name, extra, interval, churn, pairs)
+                 for interval in intervals for name, extra, churn, pairs in arms]
     if len(modes) > 1:
-        scenarios = [(f"{label}, bpf {mode}", extra, interval, churn) for label, extra, interval, churn in scenarios
-                     for mode in modes]
+        scenarios = [(f"{label}, bpf {mode}", extra, interval, churn, pairs)
+                     for label, extra, interval, churn, pairs in scenarios for mode in modes]
     results: List[Result] = []
     tmp = tempfile.mkdtemp(prefix="overhead-")
     monitors = []
     for rep in range(args.reps):
-        for label, extra, interval, churn in scenarios:
+        for label, extra, interval, churn, pairs in scenarios:
             command: Optional[List[str]] = None
             prof = os.path.join(tmp, f"{rep}-{len(results)}.prof")
             if args.profile == "cprofile":
@@ -280,7 +379,7 @@ def main() -> int:
             monitor.start()
             result = measure(label, args.seconds, args.settle, extra, command,
                              args.py_spy if args.profile == "py-spy" else None, prof + ".spy", interval, churn,
-                             "off" if label.endswith("bpf off") or args.bpf == "off" else "on")
+                             "off" if label.endswith("bpf off") or args.bpf == "off" else "on", pairs)
             window = monitor.stop()
             monitors.append(window)
             results.append(result)
@@ -289,7 +388,9 @@ def main() -> int:
                   f"other processes {window.foreign_core_pct:.1f} % of a core", flush=True)
             print(f"  {'':<28} in the window: {result.window_forks} tasks created on the host, "
                   f"{result.window_events} process events, {result.window_replans} plans applied, "
-                  f"{result.window_reconciles} full scans; telemetry {result.telemetry}", flush=True)
+                  f"{result.window_reconciles} full scans; telemetry {result.telemetry}"
+                  + (f"; round trips/s: members {result.member_rtps:.0f}, others {result.other_rtps:.0f}" if pairs else ""),
+                  flush=True)
             if args.profile == "cprofile":
                 print_cprofile(prof, args.seconds)
             elif args.profile == "py-spy" and os.path.exists(prof + ".spy"):
@@ -302,7 +403,7 @@ def main() -> int:
     print(head)
     print("-" * len(head))
     verdicts = []
-    for label, _, _, _ in scenarios:
+    for label, _, _, _, _ in scenarios:
         rows = [r for r in results if r.scenario == label]
         steady = C.median([r.steady_core_pct for r in rows])
         verdicts.append((label, steady))
@@ -319,9 +420,32 @@ def main() -> int:
         ok = steady <= GOAL_PCT and worst <= GOAL_PCT
         print(f"{'PASS' if ok else 'MISS'}  {label}: median {steady:.3f} %, worst window {worst:.3f} % of one core "
               f"(goal <= {GOAL_PCT} % for both)")
+    if len(modes) > 1:
+        print_bpf_cost(results, [label for label, *_ in scenarios if label.endswith(", bpf on")])
     if args.profile:
         print("\n(profiled: the numbers above include the profiler's own cost)")
     return 0
+
+
+def print_bpf_cost(results: Sequence[Result], on_labels: Sequence[str]) -> None:
+    """bpf on against off, medians of each scenario: temperd's CPU (start-up: the compile) and,
+    under --switch-load, the load's round trips a second (where the program's own cost lands)."""
+    print("\nbcc telemetry on ÷ off, medians (in a software-emulated VM only these ratios mean anything):")
+    print(f"{'scenario':<30} {'start-up CPU s':>16} {'steady % core':>17} {'member rt/s':>19} {'other rt/s':>19}")
+    for on_label in on_labels:
+        base = on_label[:-len(", bpf on")]
+        on = [r for r in results if r.scenario == on_label]
+        off = [r for r in results if r.scenario == f"{base}, bpf off"]
+
+        def pair(field: str, fmt: str) -> str:
+            a, b = C.median([getattr(r, field) for r in on]), C.median([getattr(r, field) for r in off])
+            if a != a or b != b:  # nan: not measured in this scenario
+                return "-"
+            return f"{a:{fmt}}/{b:{fmt}} {a / b if b else float('nan'):.2f}x"
+
+        print(f"{base:<30} {pair('startup_cpu_s', '.2f'):>16} {pair('steady_core_pct', '.3f'):>17} "
+              f"{pair('member_rtps', '.0f'):>19} {pair('other_rtps', '.0f'):>19}")
+    print("telemetry in each arm: " + ", ".join(sorted({f"{r.scenario.rsplit(', ', 1)[-1]}: {r.telemetry}" for r in results})))
 
 
 if __name__ == "__main__":
