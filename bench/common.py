@@ -1,7 +1,6 @@
-"""Shared helpers for the benchmarks: running temperd from a throwaway config directory, host
-noise (idle, steal, CPU of processes that are not part of the benchmark) and a host description.
-
-Everything here reads /proc and /sys directly; nothing is cached between calls.
+"""Shared helpers for the benchmarks: running temperd from a throwaway config directory and a
+host description. The trial machinery (host noise, spinners, runqueue wait, interleaved arms,
+medians and comparisons) is temperd.training.trials, re-exported here for the scripts.
 """
 
 from __future__ import annotations
@@ -12,13 +11,12 @@ import os
 import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Iterator, Mapping, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -26,14 +24,13 @@ for _path in (ROOT, os.path.join(ROOT, "tests")):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from temperd.sources import procfs  # noqa: E402
+from temperd.training.trials import (  # noqa: E402,F401  (re-exported for the bench scripts)
+    CGROUP2_ROOT, TICK_HZ, HostMonitor, HostWindow, NoiseLimits, median, wait_for_quiet, wait_until,
+)
+from temperd.training.trials import thread_schedstats  # noqa: E402
+
 BINDIR = os.path.dirname(sys.executable)
-TICK_HZ = os.sysconf("SC_CLK_TCK")
-PF_KTHREAD = 0x00200000
-CGROUP2_ROOT = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
 
 
 def read_text(path: str, default: str = "") -> str:
@@ -44,167 +41,19 @@ def read_text(path: str, default: str = "") -> str:
         return default
 
 
-# ---- /proc/PID/stat -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ProcStat:
-    pid: int
-    comm: str
-    ppid: int
-    flags: int
-    cpu_ticks: int  # utime + stime, all threads, exited threads included
-    processor: int  # CPU it last ran on
-
-    @property
-    def kernel_thread(self) -> bool:
-        return bool(self.flags & PF_KTHREAD)
-
-
-def read_stat(pid: int, tid: Optional[int] = None) -> Optional[ProcStat]:
-    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
-    try:
-        close = data.rindex(b")")
-        comm = data[data.index(b"(") + 1:close].decode("utf-8", "replace")
-        rest = data[close + 2:].split()
-        # rest[0] is field 3 (state): field N is rest[N - 3]
-        return ProcStat(pid, comm, int(rest[1]), int(rest[6]), int(rest[11]) + int(rest[12]), int(rest[36]))
-    except (ValueError, IndexError):
-        return None
-
-
-def all_stats() -> Dict[int, ProcStat]:
-    out: Dict[int, ProcStat] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            stat = read_stat(int(name))
-            if stat is not None:
-                out[stat.pid] = stat
-    return out
-
-
-def descendants(root: int, stats: Mapping[int, ProcStat]) -> set:
-    """root and every process below it (by ppid)."""
-    children: Dict[int, List[int]] = {}
-    for stat in stats.values():
-        children.setdefault(stat.ppid, []).append(stat.pid)
-    out, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        if pid not in out:
-            out.add(pid)
-            todo.extend(children.get(pid, ()))
-    return out
-
-
-def schedstat_totals(pid: int) -> Tuple[int, int]:
-    """(run ns, runqueue wait ns) summed over the live threads' /proc/PID/task/*/schedstat
-    (exited threads are not in it)."""
-    run = wait = 0
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0, 0
-    for tid in tids:
-        fields = read_text(f"/proc/{pid}/task/{tid}/schedstat").split()
-        if len(fields) >= 2:
-            run += int(fields[0])
-            wait += int(fields[1])
-    return run, wait
-
-
 def thread_runtime_ns(pid: int) -> int:
     """Run time of the live threads (ns)."""
-    return schedstat_totals(pid)[0]
+    return sum(run for run, _wait in thread_schedstats(pid).values())
 
 
-# ---- host noise -----------------------------------------------------------------------------------
-
-
-def read_cpu_line() -> Tuple[int, ...]:
-    """The aggregate `cpu` line of /proc/stat: user nice system idle iowait irq softirq steal (ticks)."""
-    with open("/proc/stat") as handle:
-        fields = handle.readline().split()
-    return tuple(int(x) for x in fields[1:9])
-
-
-@dataclass(frozen=True)
-class HostWindow:
-    """What the host did during one measurement window."""
-
-    seconds: float
-    idle_pct: float  # of all CPUs (idle + iowait)
-    steal_pct: float  # of all CPUs: time the hypervisor ran something else
-    foreign_core_pct: float  # user-space processes outside the benchmark, % of one core
-    foreign_top: str  # the busiest foreign process, "comm pct"
-
-    def noisy(self, foreign_limit_pct: float, steal_limit_pct: float) -> bool:
-        return self.foreign_core_pct > foreign_limit_pct or self.steal_pct > steal_limit_pct
-
-
-class HostMonitor:
-    """Idle and steal from /proc/stat deltas; foreign CPU = utime+stime deltas of user-space
-    processes that are not descendants of `ours` (the benchmark process by default). Processes
-    that start and exit inside the window are not seen; kernel threads are left out (they mostly
-    work for the benchmark: softirq for loopback traffic)."""
-
-    def __init__(self, ours: Optional[int] = None):
-        self.ours = ours if ours is not None else os.getpid()
-        self._t0 = 0.0
-        self._cpu0: Tuple[int, ...] = ()
-        self._stats0: Dict[int, ProcStat] = {}
-
-    def start(self) -> None:
-        self._stats0 = all_stats()
-        self._cpu0 = read_cpu_line()
-        self._t0 = time.monotonic()
-
-    def stop(self) -> HostWindow:
-        cpu1 = read_cpu_line()
-        seconds = time.monotonic() - self._t0
-        stats1 = all_stats()
-        delta = [b - a for a, b in zip(self._cpu0, cpu1)]
-        total = sum(delta) or 1
-        idle = 100.0 * (delta[3] + delta[4]) / total
-        steal = 100.0 * delta[7] / total
-        ours = descendants(self.ours, stats1) | descendants(self.ours, self._stats0)
-        foreign: Dict[int, int] = {}
-        for pid, stat in stats1.items():
-            if pid in ours or stat.kernel_thread or pid == 2 or stat.ppid == 2:
-                continue
-            before = self._stats0.get(pid)
-            start = before.cpu_ticks if before is not None and before.comm == stat.comm else 0
-            used = stat.cpu_ticks - start
-            if used > 0:
-                foreign[pid] = used
-        ticks = sum(foreign.values())
-        top = ""
-        if foreign:
-            pid = max(foreign, key=foreign.get)
-            top = f"{stats1[pid].comm} {100.0 * foreign[pid] / TICK_HZ / seconds:.0f}%"
-        return HostWindow(seconds, idle, steal, 100.0 * ticks / TICK_HZ / max(seconds, 1e-6), top)
+def last_cpu(pid: int) -> Optional[int]:
+    """The CPU the process's main thread last ran on."""
+    stat = procfs.read_thread_stat(pid)
+    return stat.last_cpu if stat is not None else None
 
 
 def load_average() -> float:
     return float(read_text("/proc/loadavg", "0").split()[0])
-
-
-def wait_for_quiet(limit_s: float, max_load: float = 0.5, window_s: float = 2.0,
-                   foreign_limit_pct: float = 10.0) -> HostWindow:
-    """Wait (at most limit_s) for a window in which other processes use little CPU; return the last window."""
-    deadline = time.monotonic() + limit_s
-    while True:
-        monitor = HostMonitor()
-        monitor.start()
-        time.sleep(window_s)
-        window = monitor.stop()
-        if window.foreign_core_pct <= foreign_limit_pct or time.monotonic() >= deadline:
-            return window
 
 
 # ---- the host ---------------------------------------------------------------------------------------
@@ -259,8 +108,7 @@ class TemperdProcess:
         return read_text(self.log_path)[-chars:]
 
     def cpu_ticks(self) -> int:
-        stat = read_stat(self.pid)
-        return stat.cpu_ticks if stat else 0
+        return procfs.read_process_cpu_ticks(self.pid) or 0
 
     def stop(self, timeout: float = 20.0) -> Optional[int]:
         if self.proc.poll() is None:
@@ -318,16 +166,6 @@ def running_temperd(*, bindings: str = "", profiles: Optional[Mapping[str, str]]
         daemon.stop()
         log.close()
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def wait_until(condition, timeout_s: float, interval_s: float = 0.05):
-    """condition() until truthy or timeout; returns the last value."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval_s)
 
 
 def affinity_of(pid: int) -> Optional[frozenset]:

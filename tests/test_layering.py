@@ -11,14 +11,15 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Earlier stages first. A stage may import any stage listed before it (and itself), never one after.
-# `plan`, `paths` and `files` are the shared base; trace sits beside the backends (both read sources).
+# `plan`, `paths` and `files` are the shared base; trace sits beside the backends (both read sources);
+# training sits beside observe (it reads traces and samples, and judges profiles by measuring them).
 STAGES = [
     ("plan", "paths", "files"),
     ("config",),
     ("sources",),
     ("decide",),
     ("backends", "trace"),
-    ("observe",),
+    ("observe", "training"),
     ("daemon",),
 ]
 RANK = {name: rank for rank, names in enumerate(STAGES) for name in names}

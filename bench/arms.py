@@ -1,0 +1,287 @@
+"""The arms of the isolation bench: ways of scheduling a host that runs one server beside CPU
+spinners. Each is a trials.Arm; `make_arms()` builds them for one server.
+
+  stock         nothing changed: the kernel's scheduler as installed.
+  by-hand       what a careful operator does without temperd (BY_HAND_COMMANDS says it exactly):
+                the server pinned with taskset to the CPUs temperd would give it, the spinners
+                started with `nice -n 19 chrt --idle 0`.
+  temperd       `[[binding]] cgroup = <server's> tier = "critical" profile = <builtin> cpus = 1.0`;
+                the spinners untagged (standard tier).
+  temperd+bg    the same plus `[[binding]] cgroup = <spinners'> tier = "background"`.
+  temperd+pmqos, temperd+bg+pmqos
+                those with a file profile overriding the builtin: idle_resume_us = 0 on the
+                exclusive group (pm_qos_resume_latency_us "n/a" on its CPU).
+  scx, scx+bg   temperd and temperd+bg with backend = "scx": scx_layered carries the plan.
+  trained       temperd+bg with a profile file given on the command line (what `temperctl train`
+                wrote) instead of the builtin.
+
+A new arm is one more entry in the table `make_arms()` returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence
+
+import common as C
+
+from temperd.plan import CONFINED  # noqa: E402
+from temperd.training.trials import Arm, ScratchCgroup  # noqa: E402
+
+STOCK, BY_HAND, TEMPERD, TEMPERD_BG = "stock", "by-hand", "temperd", "temperd+bg"
+PMQOS, PMQOS_BG = "temperd+pmqos", "temperd+bg+pmqos"
+SCX, SCX_BG = "scx", "scx+bg"
+TRAINED = "trained"
+DEFAULT_ARMS = (STOCK, BY_HAND, TEMPERD, TEMPERD_BG)
+PMQOS_OF = {TEMPERD: PMQOS, TEMPERD_BG: PMQOS_BG}
+SCX_STATE = "/sys/kernel/sched_ext/state"
+SCX_STATS_SOCKET = "/var/run/scx/root/stats"
+SCX_ATTACH_S = 180.0  # scx_layered's BPF load and attach (about 30 s under software emulation)
+PMQOS_FILE = "/sys/devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us"
+
+# The operator's commands, exactly as the by-hand arm runs them ({cpus}, {pid}: the server's).
+BY_HAND_SERVER = "taskset -a -p -c {cpus} {pid}"  # every thread of the running server (CPUAffinity= in its unit)
+BY_HAND_SPINNERS = ("nice", "-n", "19", "chrt", "--idle", "0")  # prefix of the batch job's command line
+BY_HAND_COMMANDS = (f"server: `{BY_HAND_SERVER}` (each process of the server); "
+                    f"batch job: `{' '.join(BY_HAND_SPINNERS)} <command>`")
+
+
+@dataclass(frozen=True)
+class BenchArm(Arm):
+    """An arm plus what must hold once the spinners run under it."""
+
+    spinners_kept_off: bool = False  # the spinners' affinity excludes the exclusive CPUs (native temperd)
+    spinner_policy: Optional[int] = None  # the policy the spinners must have (SCHED_IDLE)
+
+
+@dataclass
+class ServerUnderTest:
+    """What the arms need to know about the server: its processes, cgroup, profile."""
+
+    name: str
+    profile_id: str
+    exclusive_group: str
+    server_cgroup: ScratchCgroup
+    spinner_cgroup: ScratchCgroup
+    pids: Callable[[], List[int]]  # the server's processes now (process-per-connection servers change)
+    treated: Callable[[FrozenSet[int]], bool]  # the plan is in force for the server (given exclusive CPUs)
+    trained_profile: Optional[str] = None  # a profile file for the trained arm
+
+
+def temperd_bindings(server: ServerUnderTest, background: bool, profile_id: str) -> str:
+    binding = (f'[[binding]]\ncgroup = "{server.server_cgroup.relative}"\ntier = "critical"\n'
+               f'profile = "{profile_id}"\ncpus = 1.0\n')
+    if background:
+        binding += f'[[binding]]\ncgroup = "{server.spinner_cgroup.relative}"\ntier = "background"\n'
+    return binding
+
+
+def pmqos_profile(server: ServerUnderTest, resume_us: int) -> str:
+    """The builtin profile with idle_resume_us on its exclusive group (a file profile overrides the builtin)."""
+    with open(os.path.join(C.ROOT, "profiles", f"{server.profile_id}.toml")) as handle:
+        text = handle.read()
+    marker = f'name = "{server.exclusive_group}"\n'
+    if marker not in text:
+        raise SystemExit(f"profiles/{server.profile_id}.toml has no thread group {server.exclusive_group!r}")
+    return text.replace(marker, marker + f"idle_resume_us = {resume_us}\n", 1)
+
+
+def profile_id_of(text: str) -> str:
+    match = re.search(r'^id\s*=\s*"([^"]+)"', text, re.M)
+    if not match:
+        raise SystemExit("the trained profile has no id")
+    return match.group(1)
+
+
+def exclusive_cpus(status: dict) -> FrozenSet[int]:
+    return frozenset(c for layer in status["layers"] if layer["kind"] == CONFINED for c in layer["cpus"])
+
+
+@contextlib.contextmanager
+def temperd_arm(server: ServerUnderTest, background: bool, backend: str = "native",
+                profiles: Optional[Dict[str, str]] = None, profile_id: str = "") -> Iterator[Dict[str, object]]:
+    """temperd running with the server's critical-tier binding (and the spinners' background one);
+    yields once the plan is in force: notes with the exclusive CPUs."""
+    bindings = temperd_bindings(server, background, profile_id or server.profile_id)
+    with C.running_temperd(bindings=bindings, profiles=profiles or {}, backend=backend) as daemon:
+        status = daemon.status()
+        if status["profiles"]["failed"]:
+            raise RuntimeError(f"temperd did not load a profile: {status['profiles']['failed']}")
+        exclusive = C.wait_until(lambda: exclusive_cpus(daemon.status()), 10.0)
+        if not exclusive:
+            raise RuntimeError(f"temperd made no exclusive layer for {server.name}: {daemon.status()['workloads']}")
+        if backend == "scx":
+            wait_for_scx(daemon)
+        elif not C.wait_until(lambda: server.treated(exclusive), 10.0):
+            raise RuntimeError(f"{server.name} is not on CPUs {C.cpulist(exclusive)} after 10 s")
+        yield {"exclusive": C.cpulist(exclusive),
+               "pmqos": "/".join(C.read_text(PMQOS_FILE.format(cpu=c), "?") for c in sorted(exclusive))}
+
+
+@contextlib.contextmanager
+def by_hand_arm(server: ServerUnderTest, cpus: FrozenSet[int]) -> Iterator[Dict[str, object]]:
+    """The server's processes pinned with taskset to `cpus`; put back on every online CPU after."""
+    online = C.cpulist(_online())
+    pinned: List[int] = []
+    try:
+        for pid in server.pids():
+            _taskset(BY_HAND_SERVER.format(cpus=C.cpulist(cpus), pid=pid))
+            pinned.append(pid)
+        yield {"exclusive": C.cpulist(cpus)}
+    finally:
+        for pid in pinned:
+            with contextlib.suppress(RuntimeError):
+                _taskset(BY_HAND_SERVER.format(cpus=online, pid=pid))
+
+
+def _taskset(command: str) -> None:
+    out = subprocess.run(command.split(), capture_output=True, text=True, timeout=10)
+    if out.returncode != 0:
+        raise RuntimeError(f"{command}: {out.stderr.strip()[-200:]}")
+
+
+def _online() -> FrozenSet[int]:
+    from temperd.backends.native import sched
+
+    return frozenset(sched.online_cpus())
+
+
+def planned_cpus(server: ServerUnderTest) -> FrozenSet[int]:
+    """The exclusive CPUs temperd gives the server (its builtin profile, critical tier): the CPUs
+    the by-hand arm pins it to. Asked of a short temperd run, once."""
+    with temperd_arm(server, background=False) as notes:
+        return frozenset(int(c) for c in str(notes["exclusive"]).split(","))
+
+
+@contextlib.contextmanager
+def stock_arm() -> Iterator[Dict[str, object]]:
+    yield {}
+
+
+def make_arms(server: ServerUnderTest, by_hand_cpus: FrozenSet[int]) -> Dict[str, BenchArm]:
+    idle = os.SCHED_IDLE
+    pm = {f"{server.profile_id}.toml": pmqos_profile(server, 0)} if server.exclusive_group else {}
+    arms = [
+        BenchArm(STOCK, "the kernel's scheduler as installed", stock_arm),
+        BenchArm(BY_HAND, f"by hand: {BY_HAND_COMMANDS}", lambda: by_hand_arm(server, by_hand_cpus),
+                 spinner_wrapper=BY_HAND_SPINNERS, spinner_policy=idle),
+        BenchArm(TEMPERD, "temperd, builtin profile, critical tier; spinners untagged",
+                 lambda: temperd_arm(server, False), spinners_kept_off=True),
+        BenchArm(TEMPERD_BG, "temperd, builtin profile, critical tier; spinners in the background tier",
+                 lambda: temperd_arm(server, True), spinners_kept_off=True, spinner_policy=idle),
+        BenchArm(PMQOS, "temperd with idle_resume_us = 0 on the exclusive group",
+                 lambda: temperd_arm(server, False, profiles=pm), spinners_kept_off=True),
+        BenchArm(PMQOS_BG, "temperd+bg with idle_resume_us = 0 on the exclusive group",
+                 lambda: temperd_arm(server, True, profiles=pm), spinners_kept_off=True, spinner_policy=idle),
+        BenchArm(SCX, "temperd with backend = scx (scx_layered places the threads)",
+                 lambda: temperd_arm(server, False, backend="scx"), during=scx_window),
+        BenchArm(SCX_BG, "temperd+bg with backend = scx",
+                 lambda: temperd_arm(server, True, backend="scx"), during=scx_window),
+    ]
+    if server.trained_profile:
+        with open(server.trained_profile) as handle:
+            text = handle.read()
+        arms.append(BenchArm(TRAINED, f"temperd+bg with the trained profile {profile_id_of(text)!r}",
+                             lambda: temperd_arm(server, True, profiles={"trained.toml": text},
+                                                 profile_id=profile_id_of(text)),
+                             spinners_kept_off=True, spinner_policy=idle))
+    return {arm.name: arm for arm in arms}
+
+
+# ---- scx_layered: attach and per-layer stats over a run ---------------------------------------------------
+
+
+def scx_state() -> str:
+    return C.read_text(SCX_STATE, "-")
+
+
+def wait_for_scx(daemon: C.TemperdProcess) -> None:
+    """scx_layered places the threads itself (affinities stay as they were): wait until it
+    carries the plan and temperd has read its stats."""
+    def attached():
+        backend_status = daemon.status()["backend"]
+        supervisor = backend_status.get("scx_layered") or {}
+        return (backend_status.get("carried_by") == "scx" and supervisor.get("state") == "running"
+                and supervisor.get("stats_reads", 0) > 0), backend_status
+
+    ok, last = attached()
+    deadline = time.monotonic() + SCX_ATTACH_S
+    while not ok and time.monotonic() < deadline and last.get("carried_by") != "native":
+        time.sleep(1.0)
+        ok, last = attached()
+    if not ok:
+        raise RuntimeError(f"scx_layered does not carry the plan (sched_ext {scx_state()}): "
+                           f"backend {last.get('active')}, {last.get('reason') or last.get('safe_mode_reason')}")
+
+
+class ScxStats:
+    """scx_layered's stats socket on one connection of our own: each reply holds the deltas since
+    the previous request on it, so a request before the run and one after give the run's stats."""
+
+    def __init__(self, path: str = SCX_STATS_SOCKET, timeout_s: float = 10.0):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(timeout_s)
+        self.sock.connect(path)
+        self.reader = self.sock.makefile("r")
+
+    def read(self) -> dict:
+        self.sock.sendall(b'{"req":"stats","args":{"target":"top"}}\n')
+        reply = json.loads(self.reader.readline())
+        if reply.get("errno"):
+            raise RuntimeError(f"scx_layered stats: errno {reply['errno']}")
+        return reply["args"]["resp"]
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+
+def scx_summary(stats: dict) -> Dict[str, dict]:
+    """What scx_layered said about each layer over a run: tasks, CPUs it held, CPU use (100 = one
+    CPU), the share of it on protected CPUs, and its own affinity violations; "" = the whole system."""
+    out = {"": {k: stats.get(k) for k in ("busy", "util", "affn_viol", "lo_fb", "antistall")}}
+    for name, layer in (stats.get("layers") or {}).items():
+        out[name] = {k: layer.get(k) for k in ("tasks", "cur_nr_cpus", "util", "util_protected_frac", "affn_viol")}
+        out[name]["cpus"] = C.cpulist({64 * i + b for i, w in enumerate(layer.get("cpus") or []) for b in range(64) if w >> b & 1})
+    return out
+
+
+@contextlib.contextmanager
+def scx_window() -> Iterator[Dict[str, object]]:
+    """Around the measured window: scx_layered's per-layer stats over it, kept as notes["scx"]."""
+    notes: Dict[str, object] = {}
+    stats = ScxStats()
+    try:
+        stats.read()
+        yield notes
+        notes["scx"] = scx_summary(stats.read())
+    finally:
+        stats.close()
+
+
+def restored_host(server_pids: Sequence[int], pmqos_originals: Dict[int, str]) -> str:
+    """Why the host is not back to what it was before any arm ran ("" when it is): our affinity and
+    the server's, PM QoS values, sched_ext."""
+    online = _online()
+    for who, pid in (("this benchmark", os.getpid()), *(("the server", p) for p in server_pids)):
+        found = C.affinity_of(pid)
+        if found is not None and found != online:
+            return f"{who} (pid {pid}) has affinity {C.cpulist(found)} before a stock run: not restored"
+    for cpu, original in pmqos_originals.items():
+        found = C.read_text(PMQOS_FILE.format(cpu=cpu), "?")
+        if found != original:
+            return f"CPU {cpu} pm_qos_resume_latency_us is {found!r}, was {original!r}: not restored"
+    if os.path.exists(SCX_STATE) and not C.wait_until(lambda: scx_state() == "disabled", 20.0):
+        return f"sched_ext is {scx_state()} before a stock run: scx_layered did not exit"
+    return ""
+
+
+def pmqos_values() -> Dict[int, str]:
+    return {cpu: C.read_text(PMQOS_FILE.format(cpu=cpu), "?") for cpu in sorted(_online())}
