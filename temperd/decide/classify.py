@@ -21,7 +21,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 from temperd.config.profile import Traits
 
 # ---- signal names (WorkloadSignals.measured keys) ---------------------------------------------
-CPU_DEMAND = "cpu.demand_cpus"  # sum of its threads' (on-CPU + runqueue wait) / wall
+CPU_DEMAND = "cpu.demand_cpus"  # the CPUs its threads wanted: on-CPU time over the time not kept waiting
 CPU_USED = "cpu.used_cpus"  # on-CPU only
 CPU_CAPACITY = "cpu.capacity_cpus"  # what avgUtilizationPct is a share of
 HOT_THREADS = "cpu.hot_threads"  # threads whose average demand is >= HOT_THREAD_CPUS, mostly not stalled

@@ -37,7 +37,7 @@ class ThreadSample:
     start_time: int
     comm: str
     group: Optional[str]
-    cpus: float  # on-CPU plus runqueue wait, per second of wall (at most 1)
+    cpus: float  # the share of a CPU it wanted (workload_watch.wanted_cpus), at most 1
 
 
 class ThreadHistory:

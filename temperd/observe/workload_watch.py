@@ -7,8 +7,8 @@ A sample costs one read of /proc/PID/stat per process; only where the process us
 the previous sample are its kept threads (the keep_threads busiest of the workload) read, one
 schedstat and one stat each: a sleeping workload of thousands of threads costs one read a second.
 Which threads are kept is decided anew every RERANK_S from every thread's runtime, read only for
-processes that ran meanwhile. A thread's usage is its on-CPU time plus its runqueue wait (what it
-would have run with a CPU free; a throttled thread waits there too), at most one CPU.
+processes that ran meanwhile. A thread's usage is what it wants (wanted_cpus): its on-CPU time as
+a share of the time it was not kept waiting on a runqueue or by its quota, at most one CPU.
 
 Workloads are named by their unit, else the cgroup of their binding, else their profile (no pid:
 labels stay bounded and histories outlive processes); two that would share a name get #2, #3.
@@ -54,6 +54,7 @@ class _Thread:
     run_ns: int = 0
     wait_ns: int = 0
     blkio_ticks: int = 0
+    read_at: float = 0.0  # monotonic time of the last read
     seen: bool = False
 
 
@@ -79,6 +80,14 @@ class _Tracked:
     reranked_at: float = 0.0
     rerank_runtime: Dict[int, int] = field(default_factory=dict)  # tid -> run ns at the last rerank
     psi_missing: str = ""
+
+
+def wanted_cpus(ran_s: float, waited_s: float, interval_s: float) -> float:
+    """The share of a CPU a thread wants: of the time it was not kept waiting on a runqueue (or by
+    its quota), the part it ran. A spinning thread wants 1.0 however crowded its CPUs are; one
+    doing 10 ms of work in every 100 ms wants about 0.1 even when each wakeup waits."""
+    free = max(ran_s, interval_s - min(waited_s, interval_s))
+    return min(1.0, ran_s / free) if free > 0 else 0.0
 
 
 def workload_labels(workloads: Sequence) -> Dict[str, str]:
@@ -226,7 +235,7 @@ class WorkloadWatch:
                 moved.append(pid)
                 residual += grown / CLOCK_TICKS / dt
                 elapsed = dt
-        if now - t.reranked_at >= RERANK_S or not t.kept:
+        if now - t.reranked_at >= RERANK_S or len(t.kept) < min(self.settings.keep_threads, len(w.threads)):
             self._rerank(t, w, now)
         dt = elapsed or self.settings.sample_interval_s
         samples = []
@@ -239,11 +248,16 @@ class WorkloadWatch:
                 task = read_task_counters(thread.pid, tid)
                 if sched is None or task is None or task.start_time != thread.start_time:
                     continue
-                if thread.seen:
-                    run_cpus = max(0, sched[0] - thread.run_ns) / 1e9 / dt
-                    cpus = min(1.0, run_cpus + max(0, sched[1] - thread.wait_ns) / 1e9 / dt)
+                read_at = time.monotonic()  # this thread's own interval: the sampler itself may be delayed
+                interval = read_at - thread.read_at
+                if thread.seen and interval > 0:
+                    ran = max(0, sched[0] - thread.run_ns) / 1e9
+                    waited = max(0, sched[1] - thread.wait_ns) / 1e9
+                    run_cpus = min(1.0, ran / interval)
+                    cpus = wanted_cpus(ran, waited, interval)
                     t.counters.blkio_ticks += max(0, task.blkio_ticks - thread.blkio_ticks)
-                thread.run_ns, thread.wait_ns, thread.blkio_ticks, thread.seen = sched[0], sched[1], task.blkio_ticks, True
+                thread.run_ns, thread.wait_ns, thread.blkio_ticks = sched[0], sched[1], task.blkio_ticks
+                thread.read_at, thread.seen = read_at, True
                 totals = t.counters.threads.setdefault(tid, W.ThreadTotals())
                 totals.samples += 1
                 if task.state in SLEEPING:

@@ -20,7 +20,7 @@ MIN_STATE_SAMPLES = 5
 
 @dataclass
 class ThreadTotals:
-    demand_s: float = 0.0  # on-CPU + runqueue wait
+    demand_s: float = 0.0  # CPU-seconds wanted (workload_watch.wanted_cpus x interval)
     d_samples: int = 0
     samples: int = 0
 

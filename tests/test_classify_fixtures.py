@@ -1,0 +1,83 @@
+"""Classification of real workloads, each in a cgroup of its own and bound in temperd.toml, all
+run at once for RUN_S: a CPU burner (compute, high), a memory hog held below its working set
+(memory), an fsync-heavy writer (io), a mostly sleeping service (low) and a burner beside a writer
+(mixed); each reason names the signals that decided it, and the confidence says what the host
+could not measure. /metrics carries the classes under bounded labels."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+import urllib.request
+
+import pytest
+
+import cgroup_fixtures as F
+from test_rightsize_fixtures import KnowledgeTemperd, bindings
+
+pytestmark = [pytest.mark.slow]
+
+RUN_S = 60.0
+SLEEPER = "import time\nwhile True:\n    sum(range(2000))\n    time.sleep(0.5)\n"
+
+
+@pytest.fixture
+def io_dir():
+    """On the root file system (a tmpfs /tmp would make fsync free)."""
+    path = f"/var/tmp/temperd-classify-{os.getpid()}"
+    os.makedirs(path, exist_ok=True)
+    yield path
+    for name in os.listdir(path):
+        os.unlink(os.path.join(path, name)) if os.path.isfile(os.path.join(path, name)) else None
+
+
+def stress(*args: str):
+    return ["stress-ng", *args, "--timeout", f"{RUN_S + 30:g}", "--quiet"]
+
+
+@pytest.mark.skipif(F.needs("stress-ng") is not None, reason=str(F.needs("stress-ng")))
+def test_fixtures_are_classified_with_reasons_naming_their_signals(tmp_path, io_dir):
+    with F.cgroup_parent("temperd-classify") as make, F.temporary_swap("/var/tmp") as swap:
+        compute, memory, io, sleeper, mix = (make(n) for n in ("compute", "memory", "io", "sleeper", "mix"))
+        bound_by = memory.memory_bound(96 * 2**20)
+        daemon = KnowledgeTemperd(tmp_path, f'[classify]\nwindow_s = {RUN_S:g}\n[rightsizing]\n'
+                                             f'history_file = "{tmp_path}/history.json"\n'
+                                             + bindings(compute, memory, io, sleeper, mix))
+        daemon.start()
+        try:
+            compute.spawn(stress("--cpu", "1"))
+            memory.spawn(stress("--vm", "1", "--vm-bytes", "192M"))
+            io.spawn(stress("--hdd", "1", "--hdd-opts", "fsync", "--hdd-bytes", "4M", "--temp-path", io_dir))
+            sleeper.spawn([sys.executable, "-c", SLEEPER])
+            mix.spawn(stress("--cpu", "1", "--hdd", "1", "--hdd-opts", "fsync", "--hdd-bytes", "4M",
+                             "--temp-path", io_dir))
+            time.sleep(RUN_S)
+            got = daemon.ask("classify")
+            print(f"\nmemory bounded by {bound_by}" + (f", temporary swap {swap}" if swap else ""))
+            print(daemon.temperctl("classify").stdout)
+            with urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/metrics", timeout=10) as reply:
+                metrics = reply.read().decode()
+        finally:
+            daemon.stop()
+
+    c = {name: got[cg.path] for name, cg in (("compute", compute), ("memory", memory), ("io", io),
+                                             ("sleeper", sleeper), ("mix", mix))}
+    assert (c["compute"]["cpu"]["intensity"], c["compute"]["cpu"]["bound"]) == ("high", "compute")
+    assert "util" in c["compute"]["classificationReason"] and "hot thread" in c["compute"]["classificationReason"]
+    assert c["memory"]["cpu"]["bound"] == "memory"
+    assert "memory pressure" in c["memory"]["classificationReason"]
+    assert c["io"]["cpu"]["bound"] == "io"
+    assert re.search(r"io pressure|D state", c["io"]["classificationReason"])
+    assert c["sleeper"]["cpu"]["intensity"] == "low"
+    assert c["mix"]["cpu"]["bound"] == "mixed"
+    assert "compute: " in c["mix"]["classificationReason"] and "io: " in c["mix"]["classificationReason"]
+    for item in c.values():
+        assert item["window_s"] >= RUN_S - 10
+        missing = [s["name"] for s in item["signals"] if "missing" in s]
+        if missing:  # a host without a PMU, RAPL, ... says so, and its confidence is below 1
+            assert item["confidence"] < 1 and "without " + missing[0] in item["classificationReason"]
+    info = [line for line in metrics.splitlines() if line.startswith("temperd_workload_class_info{")]
+    assert any(f'workload="{compute.path}"' in line and 'cpu_bound="compute"' in line for line in info)
+    assert not any(re.search(r'pid\d', line) for line in info)  # labels name cgroups, never a pid

@@ -1,0 +1,112 @@
+"""Thread-aware rightsizing of real processes whose threads run fixed duty cycles, each in a cgroup
+of its own and bound in temperd.toml, all at once (one minute): one hot thread plus seven light
+ones needs one exclusive core and a small shared remainder (the per-container figure beside it
+gives none); eight threads at 15 % need no exclusive core; a thread busy 2 s in every 10 s is hot
+at p95; a cgroup whose CPU quota is below its hot thread's need is at risk, with nr_throttled.
+Then the history survives a restart of temperd."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import cgroup_fixtures as F
+from test_daemon_e2e import Temperd
+
+pytestmark = [pytest.mark.slow]
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PHASE_S = 30.0
+
+
+class KnowledgeTemperd(Temperd):
+    """temperd with the [classify]/[rightsizing] settings and bindings the test gives."""
+
+    def __init__(self, tmp_path, extra: str):
+        self.extra = extra
+        super().__init__(tmp_path)
+
+    def write_config(self, port=None, listen="127.0.0.1", socket=None):
+        super().write_config(port, listen, socket)
+        with open(self.config_dir / "temperd.toml", "a") as handle:
+            handle.write(self.extra)
+
+    def ask(self, command, *args):
+        out = self.temperctl(command, "--json", *args)
+        assert out.returncode == 0, out.stderr
+        return {item["workload"]: item for item in json.loads(out.stdout)}
+
+
+def duty_cycle(cgroup, *threads):
+    proc = cgroup.spawn([sys.executable, os.path.join(HERE, "duty_cycle.py"), *threads], stdout=subprocess.PIPE,
+                        text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def bindings(*cgroups) -> str:
+    return "".join(f'[[binding]]\ncgroup = "{c.path}"\n' for c in cgroups)
+
+
+def test_rightsizing_counts_hot_threads_and_keeps_its_history_across_a_restart(tmp_path):
+    """Two phases of PHASE_S, so the fixtures never ask for more than this host's two CPUs at once:
+    hot + seven light and the bursty thread, then eight at 15 % and the capped one; temperd runs
+    through both, then restarts."""
+    history = tmp_path / "state" / "usage-history.json"
+    with F.cgroup_parent("temperd-rightsize") as make:
+        hot, bursty, even, capped = make("hot-plus-seven"), make("bursty"), make("eight-at-15"), make("capped")
+        capped.cpu_max(0.5)
+        settings = (f'[classify]\nwindow_s = {PHASE_S:g}\n[rightsizing]\nhistory_file = "{history}"\n'
+                    + bindings(hot, bursty, even, capped))
+        daemon = KnowledgeTemperd(tmp_path, settings)
+        daemon.start()
+        try:
+            first = [duty_cycle(hot, "hot=100/100", *(f"light{i}=10/100" for i in range(7))),
+                     duty_cycle(bursty, "burst=burst:2/10")]
+            time.sleep(PHASE_S)
+            phase_a = daemon.ask("rightsize")
+            print(daemon.temperctl("rightsize").stdout)
+            for proc in first:
+                proc.kill()
+            duty_cycle(even, *(f"even{i}=15/100" for i in range(8)))
+            duty_cycle(capped, "capped=100/100")
+            time.sleep(PHASE_S)
+            phase_b = daemon.ask("rightsize")
+            print(daemon.temperctl("rightsize").stdout)
+        finally:
+            daemon.stop()
+        assert "Traceback" not in daemon.logtext(), daemon.logtext()
+
+        one_hot = phase_a[hot.path]
+        assert one_hot["exclusive_cores"] == 1 and [t["comm"] for t in one_hot["hot_threads"]] == ["hot"]
+        assert one_hot["shared_cpus"] < one_hot["per_container_cpus"] - 0.5  # the hot thread is not in the remainder
+        assert "per-container view p90" in one_hot["reason"]
+
+        assert [t["comm"] for t in phase_a[bursty.path]["hot_threads"]] == ["burst"]
+        assert phase_a[bursty.path]["hot_threads"][0]["p50_cpus"] < 0.1  # idle most of the time, hot at p95
+
+        assert phase_b[even.path]["exclusive_cores"] == 0 and phase_b[even.path]["hot_threads"] == []
+
+        short = phase_b[capped.path]
+        assert short["declared_cpus"] == 0.5 and short["exclusive_cores"] == 1
+        assert short["savings_cpus"] < 0 and "nr_throttled" in short["risk"]
+        assert int(short["risk"].split("throttled in ")[1].split()[0]) > 0
+
+        # The history outlives temperd: the next start answers at once with the same threads.
+        saved = json.loads(history.read_text())
+        assert set(saved["workloads"]) >= {hot.path, even.path, bursty.path, capped.path}
+        samples_before = saved["workloads"][capped.path]["samples"]
+        again = KnowledgeTemperd(tmp_path / "again", settings)
+        again.start()
+        try:
+            time.sleep(3)
+            after = again.ask("rightsize", "--unit", capped.path)
+        finally:
+            again.stop()
+        assert [t["comm"] for t in after[capped.path]["hot_threads"]] == ["capped"]
+        assert json.loads(history.read_text())["workloads"][capped.path]["samples"] > samples_before
