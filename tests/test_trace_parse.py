@@ -62,6 +62,28 @@ def test_runtime_switches_and_edges_are_exact():
     assert [t.tid for t in summary.top_runtime(1)] == [501]
 
 
+def test_bursts_runqueue_wait_d_sleeps_and_cpu_per_second():
+    lines = [header({"test": "yes"}),
+             # 700 woken at 1.0 s, switched in 100 us later, runs 300 us, sleeps in D
+             waking("swapper/0", 0, 0, 0, 1_000_000, "reader", 700, flags="d.s2"),
+             switch(0, 1_000_100, "swapper/0", 0, "R", "reader", 700),
+             switch(0, 1_000_400, "reader", 700, "D", "spinner", 800),
+             # 800 runs from 1.000400 across a second boundary, preempted at 2.500400, back at 2.500500
+             switch(0, 2_500_400, "spinner", 800, "R", "reader", 700),
+             switch(0, 2_500_500, "reader", 700, "S", "spinner", 800)]
+    summary = parse_trace("".join(lines).splitlines(True))
+    reader, spinner = summary.threads[700], summary.threads[800]
+    assert (reader.blocked_d, reader.blocked) == (1, 2)
+    assert (reader.wait_ns, reader.waits) == (100_000, 1)  # its second switch-in had no wakeup: not counted
+    assert (spinner.wait_ns, spinner.waits) == (100_000, 1)  # preempted at 2.500400, in again at 2.500500
+    # bursts: 300 us (bucket 8: 256..512), 100 us (bucket 6: 64..128); 1.5 s (bucket 20)
+    assert reader.bursts[8] == 1 and reader.bursts[6] == 1 and sum(reader.bursts) == 2
+    assert spinner.bursts[20] == 1
+    # seconds counted from the first event (1.000000): 0.9996 s in second 0, 0.5004 s in second 1
+    assert spinner.cpu_by_second == {0: 999_600_000, 1: 500_400_000}
+    assert sum(spinner.cpu_by_second.values()) == spinner.runtime_ns
+
+
 def test_kernel_lines_as_printed_and_gzip_input(tmp_path):
     # five flag characters and no tgid column, as trace_pipe prints without record-tgid
     text = ("# tracer: nop\n"

@@ -1,6 +1,8 @@
 """Reading a captured ftrace text trace back into per-thread facts: CPU time from sched_switch,
 how often each thread was switched in, preempted, blocked, woken and migrated, and who woke whom
-(waker -> wakee edges from sched_waking, which runs in the waker's context).
+(waker -> wakee edges from sched_waking, which runs in the waker's context), and what training
+reads of each thread's behaviour: on-CPU burst lengths (a log2 histogram), sleeps in D state,
+runqueue wait (woken or preempted until switched in) and CPU time per second of the trace.
 
 It streams: one pass over the lines, memory proportional to the threads and the distinct
 waker/wakee pairs seen, never to the number of events. Plain or gzip input.
@@ -21,6 +23,28 @@ _MIGRATE_FIELDS = re.compile(r"comm=.* pid=(\d+) prio=-?\d+ orig_cpu=(\d+) dest_
 # Third flag character: the event ran in hard or soft interrupt (or NMI) context.
 _IRQ_FLAGS = frozenset("hHsSzZ")
 _RUNNABLE_STATES = ("R", "R+")
+BURST_BUCKETS = 32
+_NS_PER_S = 1_000_000_000
+
+
+def burst_bucket_bounds_us(index: int) -> Tuple[float, float]:
+    """The burst lengths (microseconds) ThreadStats.bursts[index] counts."""
+    return (0.0 if index == 0 else float(2 ** index), float(2 ** (index + 1)))
+
+
+def _ran(stats: "ThreadStats", start: int, end: int, first: int) -> None:
+    """Book an on-CPU stretch: runtime, its burst bucket, and its time per second of the trace."""
+    length = end - start
+    stats.runtime_ns += length
+    stats.bursts[min(BURST_BUCKETS - 1, max(0, (length // 1000).bit_length() - 1))] += 1
+    by_second = stats.cpu_by_second
+    second, offset = divmod(start - first, _NS_PER_S)
+    while length > 0:
+        part = min(length, _NS_PER_S - offset)
+        by_second[second] = by_second.get(second, 0) + part
+        length -= part
+        second += 1
+        offset = 0
 
 
 @dataclass
@@ -37,6 +61,12 @@ class ThreadStats:
     migrations: int = 0
     forked: bool = False  # created during the trace
     exited: bool = False
+    blocked_d: int = 0  # of `blocked`: asleep uninterruptibly (D), usually on I/O
+    wait_ns: int = 0  # runnable but not running: woken or preempted until switched in
+    waits: int = 0  # switch-ins that `wait_ns` covers
+    # bursts[i]: on-CPU stretches of 2**i to 2**(i+1) microseconds (i = 0 also holds shorter ones)
+    bursts: List[int] = field(default_factory=lambda: [0] * BURST_BUCKETS)
+    cpu_by_second: Dict[int, int] = field(default_factory=dict)  # second of the trace -> on-CPU ns
 
 
 @dataclass
@@ -77,6 +107,7 @@ def _parse(lines: Union[IO[str], Iterable[str]]) -> TraceSummary:
     edges = summary.edges
     by_event = summary.by_event
     running: Dict[int, Tuple[int, int]] = {}  # cpu -> (tid, since ns)
+    ready_since: Dict[int, int] = {}  # tid -> when it became runnable (woken or preempted)
     head_match = _HEAD.match
     switch_match = SWITCH_FIELDS.match
     wake_match = WAKE_FIELDS.match
@@ -136,13 +167,18 @@ def _parse(lines: Union[IO[str], Iterable[str]]) -> TraceSummary:
                     p = threads[prev] = ThreadStats(prev, s.group(1))
                 current = running.get(cpu)
                 if current is None:
-                    p.runtime_ns += ts - first  # ran since before the trace began
+                    _ran(p, first, ts, first)  # ran since before the trace began
                 elif current[0] == prev:
-                    p.runtime_ns += ts - current[1]
-                if s.group(4) in _RUNNABLE_STATES:
+                    _ran(p, current[1], ts, first)
+                state = s.group(4)
+                if state in _RUNNABLE_STATES:
                     p.preempted += 1
+                    ready_since[prev] = ts
                 else:
                     p.blocked += 1
+                    ready_since.pop(prev, None)  # a wakeup seen while it still ran is no wait
+                    if state[:1] == "D":
+                        p.blocked_d += 1
             if nxt:
                 n = threads.get(nxt)
                 if n is None:
@@ -150,6 +186,10 @@ def _parse(lines: Union[IO[str], Iterable[str]]) -> TraceSummary:
                 else:
                     n.comm = s.group(5)  # the name it runs under now (after exec or rename)
                 n.switches_in += 1
+                since = ready_since.pop(nxt, None)
+                if since is not None:
+                    n.wait_ns += ts - since
+                    n.waits += 1
             running[cpu] = (nxt, ts)
         elif event == "sched_waking":
             saw_waking = True
@@ -159,6 +199,7 @@ def _parse(lines: Union[IO[str], Iterable[str]]) -> TraceSummary:
                 continue
             wakee = int(w.group(2))
             target = thread(wakee, w.group(1))
+            ready_since.setdefault(wakee, ts)
             if (flags and len(flags) > 2 and flags[2] in irq_flags) or tid == 0:
                 target.irq_wakeups += 1
             else:
@@ -172,6 +213,8 @@ def _parse(lines: Union[IO[str], Iterable[str]]) -> TraceSummary:
                 continue
             wakee = int(w.group(2))
             thread(wakee, w.group(1))
+            if not saw_waking or event == "sched_wakeup_new":
+                ready_since.setdefault(wakee, ts)
             if not saw_waking:
                 wakeup_only[wakee] = wakeup_only.get(wakee, 0) + 1
         elif event == "sched_migrate_task":
@@ -190,7 +233,7 @@ def _parse(lines: Union[IO[str], Iterable[str]]) -> TraceSummary:
                 thread(int(r.group(1)), r.group(3)).comm = r.group(3)
     for tid_, since in running.values():
         if tid_:
-            threads[tid_].runtime_ns += ts - since  # still running when the trace ended
+            _ran(threads[tid_], since, ts, first)  # still running when the trace ended
     if not saw_waking:
         for wakee, count in wakeup_only.items():
             threads[wakee].wakeups += count
