@@ -52,7 +52,7 @@ def test_runtime_switches_and_edges_are_exact():
     assert (a.switches_in, a.blocked, a.preempted) == (2, 1, 0)
     assert (b.switches_in, b.blocked, b.preempted) == (1, 0, 1)
     assert summary.edges == {(501, 601): 1, (601, 501): 1}
-    assert (b.wakeups, b.irq_wakeups, a.wakeups) == (1, 1, 1)
+    assert (b.wakeups, b.irq_wakeups, b.softirq_wakeups, a.wakeups) == (1, 1, 0, 1)
     assert b.migrations == 1
     assert a.comm == "renamed" and b.comm == "db writer"
     assert 0 not in summary.threads
@@ -74,6 +74,7 @@ def test_bursts_runqueue_wait_d_sleeps_and_cpu_per_second():
     summary = parse_trace("".join(lines).splitlines(True))
     reader, spinner = summary.threads[700], summary.threads[800]
     assert (reader.blocked_d, reader.blocked) == (1, 2)
+    assert (reader.irq_wakeups, reader.softirq_wakeups) == (1, 1)  # woken from a softirq (network receive)
     assert (reader.wait_ns, reader.waits) == (100_000, 1)  # its second switch-in had no wakeup: not counted
     assert (spinner.wait_ns, spinner.waits) == (100_000, 1)  # preempted at 2.500400, in again at 2.500500
     # bursts: 300 us (bucket 8: 256..512), 100 us (bucket 6: 64..128); 1.5 s (bucket 20)

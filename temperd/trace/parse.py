@@ -58,6 +58,7 @@ class ThreadStats:
     blocked: int = 0  # switched out to sleep (S, D, ...)
     wakeups: int = 0  # woken by a task
     irq_wakeups: int = 0  # woken from interrupt context (no waker thread)
+    softirq_wakeups: int = 0  # of irq_wakeups: from a softirq (network receive, loopback included)
     migrations: int = 0
     forked: bool = False  # created during the trace
     exited: bool = False
@@ -202,6 +203,8 @@ def _parse(lines: Union[IO[str], Iterable[str]]) -> TraceSummary:
             ready_since.setdefault(wakee, ts)
             if (flags and len(flags) > 2 and flags[2] in irq_flags) or tid == 0:
                 target.irq_wakeups += 1
+                if flags and len(flags) > 2 and flags[2] == "s":
+                    target.softirq_wakeups += 1
             else:
                 target.wakeups += 1
                 key = (tid, wakee)
