@@ -640,6 +640,42 @@ step_remove() {
     check "memcached untouched, still active" systemctl is-active --quiet memcached.service
 }
 
+# A unit with CPUQuota=200% running one hot thread and three light ones, bound in temperd.toml:
+# temperd declares 2.0 CPUs for it, recommends 1 exclusive core + a shared remainder, and the saving.
+step_rightsize_quota() {
+  local toml=/etc/temper/temperd.toml saved="$W/temperd.toml.before-rightsize" out="$W/rightsize.json"
+  cat >"$W/one_hot.py" <<'PY'
+import hashlib, threading, time
+BUF = bytes(32 << 20)
+def hot():
+    while True:
+        hashlib.sha256(BUF).digest()  # the GIL is released while it hashes: a whole core
+def light():
+    while True:
+        hashlib.sha256(memoryview(BUF)[: 1 << 20]).digest()
+        time.sleep(0.05)
+for target in [hot] + [light] * 3:
+    threading.Thread(target=target, daemon=True).start()
+while True:
+    time.sleep(3600)
+PY
+  cp -p "$toml" "$saved" 2>/dev/null || : >"$saved"
+  printf '\n[[binding]]\nunit = "e2e-one-hot.service"\n' >>"$toml"
+  systemctl reload temperd
+  systemd-run --unit=e2e-one-hot --quiet -p CPUQuota=200% python3 "$W/one_hot.py" || return 1
+  sleep 70
+  temperctl rightsize --unit e2e-one-hot.service
+  temperctl rightsize --unit e2e-one-hot.service --json >"$out"
+  local ok=0
+  check "declared 2.0 CPUs (CPUQuota=200%)" $HELPER json 'd[0]["declared_cpus"] == 2.0' <"$out" || ok=1
+  check "1 exclusive core for the hot thread" $HELPER json 'd[0]["exclusive_cores"] == 1' <"$out" || ok=1
+  check "a shared remainder below one CPU" $HELPER json '0 < d[0]["shared_cpus"] < 1.0' <"$out" || ok=1
+  check "a saving: declared - needed > 0" $HELPER json 'd[0]["savings_cpus"] > 0' <"$out" || ok=1
+  systemctl stop e2e-one-hot.service
+  cp -p "$saved" "$toml" && systemctl reload temperd
+  return $ok
+}
+
 export -f $(declare -F | awk '$3 ~ /^step_/ {print $3}')
 
 # ---- runner -----------------------------------------------------------------------------------------
@@ -719,6 +755,7 @@ run_step scx_safe_mode 300 "scx_load" "kill -9 scx_layered twice: safe mode, the
 run_step scx_recover 240 "scx_safe_mode" "temperctl reload brings scx_layered back"
 run_step scx_stop_restores 120 "scx_load" "systemctl stop temperd: scx_layered exits, sched_ext disabled"
 run_step bcc 600 "" "bcc programs in bpf/ load"
+run_step rightsize_quota 240 "enable" "CPUQuota=200% unit with one hot thread: declared 2.0, 1 exclusive core + remainder, a saving"
 run_step journal 60 "enable" "temperd's journal has no traceback"
 run_step remove 240 "install" "apt remove/purge temperd"
 
