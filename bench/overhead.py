@@ -25,6 +25,11 @@ dir, state dir and control socket.
   it; and the scheduling-delay source (/observe's latency: bpf, or schedstat and why).
 - --churn RATE: a further scenario with RATE short-lived foreign processes forked per second (a
   busy host's cron jobs, health checks, test runs): temperd's cost per process event.
+- --knowledge on|off|both: classification and rightsizing ([classify], [rightsizing]; on by
+  default) kept on, switched off, or both as arms of one run. With --track, the +N threads holder
+  runs in a cgroup of its own bound in temperd.toml, so it is a workload temperd tracks (samples
+  every second, classifies, keeps a usage history for); the daemon's RSS at the end of the window
+  and the size of the history file it saved are printed.
 - --bpf on|off|both: the bcc telemetry (bpf/runqlat.bpf.c) where it loads, kept off
   (TEMPERD_BPF=0), or both as arms of one run. In a TCG-emulated VM only the ratio of the two
   means anything; absolute figures there are not a host's.
@@ -185,6 +190,8 @@ class Result:
     window_reconciles: int = 0  # full /proc scans
     window_forks: int = 0  # processes and threads created on the host (from /proc/loadavg's last pid)
     telemetry: str = ""  # the scheduling-delay source (temperctl status' telemetry, or /observe's latency)
+    rss_mib: float = 0.0  # the daemon's resident memory at the end of the window
+    history_bytes: int = 0  # the rightsizing history file temperd saved when it stopped (0: none)
     member_rtps: float = float("nan")  # --switch-load: round trips a second of the member pairs
     other_rtps: float = float("nan")  # and of the pairs that match nothing
 
@@ -223,15 +230,39 @@ def telemetry_of(port: int) -> str:
     return latency.get("source", "?") + (f" ({latency['reason']})" if latency.get("reason") else "")
 
 
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
+def own_cgroup(name: str) -> str:
+    """A cgroup v2 directory for the holder (under the root on unified hosts, unified/ on hybrid ones)."""
+    root = "/sys/fs/cgroup" if os.path.exists("/sys/fs/cgroup/cgroup.controllers") else "/sys/fs/cgroup/unified"
+    path = os.path.join(root, name)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
 def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, command: Optional[Sequence[str]] = None,
             py_spy: Optional[str] = None, py_spy_out: Optional[str] = None,
             reconcile_interval_s: Optional[float] = None, churn: float = 0.0, bpf: str = "on",
-            pairs: int = 0) -> Result:
+            pairs: int = 0, knowledge: bool = True, track: bool = False) -> Result:
     holder = None
     churner = None
+    cgroup_dir = None
     load = SwitchLoad(pairs) if pairs else None
     if extra_threads:
-        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(extra_threads)],
+        enter = None
+        if track:
+            cgroup_dir = own_cgroup(f"temperd-overhead-{os.getpid()}")
+
+            def enter() -> None:
+                with open(os.path.join(cgroup_dir, "cgroup.procs"), "w") as handle:
+                    handle.write(str(os.getpid()))
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(extra_threads)], preexec_fn=enter,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         if holder.stdout.readline().strip() != "ready":
             raise SystemExit("the thread holder did not start")
@@ -239,12 +270,16 @@ def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, 
         churner = subprocess.Popen([sys.executable, "-c", CHURNER, str(churn)])
     try:
         settings = f"reconcile_interval_s = {reconcile_interval_s}\n" if reconcile_interval_s else ""
+        history = os.path.join(tempfile.mkdtemp(prefix="overhead-history-"), "usage-history.json")
+        settings += (f'[rightsizing]\nhistory_file = "{history}"\n' if knowledge else
+                     "[classify]\nenabled = false\n[rightsizing]\nenabled = false\n")
+        bindings = f'[[binding]]\ncgroup = "/{os.path.basename(cgroup_dir)}"\n' if cgroup_dir else ""
         env = {"TEMPERD_BPF": "0" if bpf == "off" else "1"}  # temperd/sources/runqlat.py
         port = S.free_port()
         profiles = {"bench-pingpong.toml": PINGPONG_PROFILE} if load is not None else None
         # bcc compiles the program before temperd serves its socket: seconds, more under emulation.
         with C.running_temperd(http_port=port, command=command, settings=settings, env=env, profiles=profiles,
-                               ready_timeout_s=300.0) as daemon:
+                               ready_timeout_s=300.0, bindings=bindings) as daemon:
             startup_ticks = daemon.cpu_ticks()
             threads = host_threads()
             status = daemon.status()
@@ -267,6 +302,7 @@ def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, 
             ticks1, ns1, t1 = daemon.cpu_ticks(), C.thread_runtime_ns(daemon.pid), time.monotonic()
             rt1 = load.counts() if load is not None else {}
             pid1 = last_pid()
+            rss = rss_mib(daemon.pid)
             if spy is not None:
                 spy.wait(timeout=seconds + 30)
             status = daemon.status()
@@ -280,7 +316,10 @@ def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, 
         if holder is not None:
             holder.stdin.close()
             holder.wait(timeout=20)
+        if cgroup_dir is not None:
+            os.rmdir(cgroup_dir)
     wall = t1 - t0
+    history_bytes = os.path.getsize(history) if os.path.exists(history) else 0
     overhead = status.get("overhead") or {}
     inventory = status.get("inventory") or {}
     inventory0 = before.get("inventory") or {}
@@ -291,7 +330,7 @@ def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, 
                   inventory.get("events_received", 0) - inventory0.get("events_received", 0),
                   status.get("replans", 0) - before.get("replans", 0),
                   inventory.get("reconciles", 0) - inventory0.get("reconciles", 0),
-                  forks_between(pid0, pid1), str(status.get("telemetry") or ""),
+                  forks_between(pid0, pid1), str(status.get("telemetry") or ""), rss, history_bytes,
                   *((rt1[name] - rt0[name]) / wall if load is not None else float("nan") for name in (MEMBER, OTHER)))
 
 
@@ -339,6 +378,10 @@ def main() -> int:
                         help="the bcc telemetry: on (where it loads; else the schedstat fallback), off (TEMPERD_BPF=0), "
                              "or both, each an arm of the same run (its relative cost; in a TCG VM only the ratio means "
                              "anything)")
+    parser.add_argument("--knowledge", choices=("on", "off", "both"), default="on",
+                        help="classification and rightsizing: on (temperd's default), off, or both as arms of one run")
+    parser.add_argument("--track", action="store_true",
+                        help="the +N threads holder is a tracked workload (its own cgroup, bound in temperd.toml)")
     parser.add_argument("--only-churn", action="store_true", help="measure the --churn scenario only")
     parser.add_argument("--switch-load", type=int, default=0, metavar="PAIRS",
                         help="also measure under a context-switch load: PAIRS ping-pong pairs that are layer members "
@@ -366,6 +409,13 @@ def main() -> int:
     if len(modes) > 1:
         scenarios = [(f"{label}, bpf {mode}", extra, interval, churn, pairs)
                      for label, extra, interval, churn, pairs in scenarios for mode in modes]
+    if args.track:
+        scenarios = [(label.replace(" threads", " threads tracked"), extra, interval, churn, pairs)
+                     for label, extra, interval, churn, pairs in scenarios]
+    knowledge_modes = ("on", "off") if args.knowledge == "both" else (args.knowledge,)
+    if len(knowledge_modes) > 1:
+        scenarios = [(f"{label}, knowledge {mode}", extra, interval, churn, pairs)
+                     for label, extra, interval, churn, pairs in scenarios for mode in knowledge_modes]
     results: List[Result] = []
     tmp = tempfile.mkdtemp(prefix="overhead-")
     monitors = []
@@ -379,7 +429,8 @@ def main() -> int:
             monitor.start()
             result = measure(label, args.seconds, args.settle, extra, command,
                              args.py_spy if args.profile == "py-spy" else None, prof + ".spy", interval, churn,
-                             "off" if label.endswith("bpf off") or args.bpf == "off" else "on", pairs)
+                             "off" if "bpf off" in label or args.bpf == "off" else "on", pairs,
+                             not ("knowledge off" in label or args.knowledge == "off"), args.track)
             window = monitor.stop()
             monitors.append(window)
             results.append(result)
@@ -391,6 +442,8 @@ def main() -> int:
                   f"{result.window_reconciles} full scans; telemetry {result.telemetry}"
                   + (f"; round trips/s: members {result.member_rtps:.0f}, others {result.other_rtps:.0f}" if pairs else ""),
                   flush=True)
+            print(f"  {'':<28} daemon RSS {result.rss_mib:.1f} MiB, rightsizing history file "
+                  f"{result.history_bytes} bytes", flush=True)
             if args.profile == "cprofile":
                 print_cprofile(prof, args.seconds)
             elif args.profile == "py-spy" and os.path.exists(prof + ".spy"):
