@@ -4,8 +4,8 @@ remainder), one per thread group for the same, and one for the whole workload (t
 container-average view). Kept across restarts in one JSON file (state directory, atomic writes).
 
 Bounded: at most keep_threads threads per workload individually (the usage sampler picks the
-busiest), the rest aggregated; a thread that left (a workload restarted: new thread ids) hands its
-history to the next thread of the same name and group that arrives; the least busy entries go
+busiest), the rest aggregated; a thread known only from the file (the workload restarted while
+temperd was down: new thread ids) hands its history to the first thread of the same name and group; the least busy entries go
 first when there are more than keep_threads. Workloads are keyed by their label (unit, binding
 or profile: no pid), so the history outlives processes and temperd's restarts."""
 
@@ -44,6 +44,7 @@ class ThreadHistory:
     def __init__(self, tid: int, start_time: int, comm: str, group: Optional[str], hist: DecayingHistogram):
         self.tid, self.start_time, self.comm, self.group, self.hist = tid, start_time, comm, group, hist
         self.hot = False
+        self.from_file = False  # loaded and not sampled since: its thread may be gone (new ids)
 
     @property
     def key(self) -> str:
@@ -93,7 +94,7 @@ class WorkloadHistory:
         key = f"{sample.tid}:{sample.start_time}"
         entry = self.threads.get(key)
         if entry is not None:
-            entry.comm = sample.comm
+            entry.comm, entry.from_file = sample.comm, False
             return entry
         heir = self._departed_namesake(sample)
         if heir is not None:  # the same thread of a restarted workload (or of a restarted temperd's lost ids)
@@ -106,9 +107,9 @@ class WorkloadHistory:
         return entry
 
     def _departed_namesake(self, sample: ThreadSample) -> Optional[ThreadHistory]:
+        """A thread of the same name and group known only from the file (before a restart)."""
         for entry in self.threads.values():
-            if (entry.comm == sample.comm and entry.group == sample.group and entry.tid != sample.tid
-                    and not os.path.exists(f"/proc/{entry.tid}")):
+            if entry.from_file and entry.comm == sample.comm and entry.group == sample.group:
                 return entry
         return None
 
@@ -140,6 +141,7 @@ class WorkloadHistory:
         for item in data.get("threads", []):
             entry = ThreadHistory(int(item["tid"]), int(item["start_time"]), str(item["comm"]), item.get("group"),
                                   DecayingHistogram.from_json(item["hist"], half_life_s))
+            entry.from_file = True
             history.threads[entry.key] = entry
         history.rest = DecayingHistogram.from_json(data.get("rest", {}), half_life_s)
         history.total = DecayingHistogram.from_json(data.get("total", {}), half_life_s)

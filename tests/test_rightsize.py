@@ -1,0 +1,104 @@
+"""Rightsizing as a pure function (temperd/decide/rightsize.py) over the decaying per-thread
+history (temperd/observe/usage_history.py, histogram.py): hot threads get cores of their own, the
+remainder is shared, the per-container figure stays beside it; the history decays, stays bounded
+and survives a save and load."""
+
+import json
+
+from temperd.decide.rightsize import Declared, history_confidence, rightsize
+from temperd.observe.histogram import DecayingHistogram
+from temperd.observe.usage_history import ThreadSample, UsageHistory
+
+DAY = 86400.0
+
+
+def one_hot_seven_light(history: UsageHistory, seconds: int = 600, start: float = 1_000.0) -> None:
+    w = history.of("app.service")
+    for i in range(seconds):
+        threads = [ThreadSample(100, 1, "hot", "workers", 1.0)]
+        threads += [ThreadSample(101 + k, 1, f"light{k}", "workers", 0.1) for k in range(7)]
+        w.record(start + i, threads, 0.0, history.keep_threads)
+
+
+def test_one_hot_thread_and_seven_light_need_one_core_and_a_small_remainder(tmp_path):
+    history = UsageHistory(str(tmp_path / "h.json"), DAY, 16)
+    one_hot_seven_light(history)
+    r = rightsize(history.workloads["app.service"].summary(), Declared(None, "nothing", 8), 0.15)
+    assert r.exclusive_cores == 1 and [t["comm"] for t in r.hot_threads] == ["hot"]
+    assert 0.7 < r.shared_cpus < 0.9  # seven at 0.1, p95 x 1.15
+    assert 1.9 < r.per_container_cpus < 2.1  # the VPA-style figure: ~1.96 shared, no core for the hot thread
+    assert "hot thread without a core of its own" in r.reason
+
+
+def test_eight_threads_at_15_percent_need_no_exclusive_core(tmp_path):
+    history = UsageHistory(str(tmp_path / "h.json"), DAY, 16)
+    w = history.of("even")
+    for i in range(300):
+        w.record(float(i), [ThreadSample(k, 1, f"even{k}", None, 0.15) for k in range(8)], 0.0, 16)
+    r = rightsize(w.summary(), Declared(2.0, "cpu.max", 8), 0.15)
+    assert r.exclusive_cores == 0 and 1.3 < r.shared_cpus < 1.5 and r.savings_cpus > 0 and r.risk is None
+
+
+def test_a_thread_busy_2_s_in_10_is_hot_at_p95_but_not_at_p50(tmp_path):
+    history = UsageHistory(str(tmp_path / "h.json"), DAY, 16)
+    w = history.of("bursty")
+    for i in range(300):
+        w.record(float(i), [ThreadSample(1, 1, "burst", None, 1.0 if i % 10 < 2 else 0.0)], 0.0, 16)
+    r = rightsize(w.summary(), Declared(None, "nothing", 8), 0.15)
+    assert r.exclusive_cores == 1 and r.hot_threads[0]["p50_cpus"] < 0.05
+
+
+def test_a_quota_below_the_hot_threads_need_is_a_risk_naming_nr_throttled(tmp_path):
+    history = UsageHistory(str(tmp_path / "h.json"), DAY, 16)
+    w = history.of("capped")
+    for i in range(120):
+        w.record(float(i), [ThreadSample(1, 1, "capped", None, 1.0)], 0.0, 16)
+    r = rightsize(w.summary(), Declared(0.5, "cpu.max 50000 100000", 8, throttled=(1200, 1190, 60.2)), 0.15)
+    assert r.savings_cpus < 0 and "throttled in 1190 of 1200 periods (nr_throttled)" in r.risk
+
+
+def test_old_samples_weigh_less_after_half_lives():
+    hist = DecayingHistogram(half_life_s=60.0)
+    for i in range(100):
+        hist.add(1.0, float(i))  # busy long ago
+    for i in range(100):
+        hist.add(0.0, 600.0 + i)  # idle ten half-lives later
+    assert hist.percentile(0.95) <= 0.011
+
+
+def test_history_keeps_the_busiest_threads_and_survives_save_and_load(tmp_path):
+    path = tmp_path / "state" / "history.json"
+    history = UsageHistory(str(path), DAY, keep_threads=4)
+    one_hot_seven_light(history, seconds=60)
+    assert len(history.workloads["app.service"].threads) == 4
+    size = history.save()
+    assert size == path.stat().st_size and size < 20_000
+    loaded = UsageHistory(str(path), DAY, keep_threads=4)
+    assert "1 workload(s)" in loaded.load()
+    before, after = history.workloads["app.service"].summary(), loaded.workloads["app.service"].summary()
+    assert after == before
+
+
+def test_a_damaged_history_is_set_aside_not_trusted(tmp_path):
+    path = tmp_path / "history.json"
+    path.write_text(json.dumps({"version": 99}))
+    history = UsageHistory(str(path), DAY, 16)
+    assert "unreadable" in history.load() and history.workloads == {}
+    assert (tmp_path / "history.json.bad").exists()
+
+
+def test_confidence_grows_with_history_length():
+    assert history_confidence(0) == 0.0 < history_confidence(60) < history_confidence(3600) < history_confidence(DAY) == 1.0
+
+
+def test_a_restarted_workloads_thread_inherits_its_namesakes_history(tmp_path):
+    path = tmp_path / "history.json"
+    history = UsageHistory(str(path), DAY, 16)
+    one_hot_seven_light(history, seconds=60)
+    history.save()
+    loaded = UsageHistory(str(path), DAY, 16)
+    loaded.load()
+    w = loaded.workloads["app.service"]
+    w.record(2_000.0, [ThreadSample(900, 7, "hot", "workers", 1.0)], 0.0, 16)  # new ids, same thread
+    hot = [e for e in w.threads.values() if e.comm == "hot"]
+    assert [e.tid for e in hot] == [900] and hot[0].hist.total > 60
