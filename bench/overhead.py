@@ -29,7 +29,8 @@ dir, state dir and control socket.
   default) kept on, switched off, or both as arms of one run. With --track, the +N threads holder
   runs in a cgroup of its own bound in temperd.toml, so it is a workload temperd tracks (samples
   every second, classifies, keeps a usage history for); the daemon's RSS at the end of the window
-  and the size of the history file it saved are printed.
+  and the size of the history file it saved are printed, and the usage thread's own CPU over the
+  window (temperctl status' knowledge): its cost apart from whatever else the host makes temperd do.
 - --bpf on|off|both: the bcc telemetry (bpf/runqlat.bpf.c) where it loads, kept off
   (TEMPERD_BPF=0), or both as arms of one run. In a TCG-emulated VM only the ratio of the two
   means anything; absolute figures there are not a host's.
@@ -192,6 +193,7 @@ class Result:
     telemetry: str = ""  # the scheduling-delay source (temperctl status' telemetry, or /observe's latency)
     rss_mib: float = 0.0  # the daemon's resident memory at the end of the window
     history_bytes: int = 0  # the rightsizing history file temperd saved when it stopped (0: none)
+    usage_core_pct: float = 0.0  # the usage thread (classification, rightsizing) alone, % of a core
     member_rtps: float = float("nan")  # --switch-load: round trips a second of the member pairs
     other_rtps: float = float("nan")  # and of the pairs that match nothing
 
@@ -236,6 +238,11 @@ def rss_mib(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024.0
     return 0.0
+
+
+def usage_cpu(status: dict) -> float:
+    """CPU seconds of temperd's usage thread so far (temperctl status' knowledge)."""
+    return (status.get("knowledge") or {}).get("sample_cpu_s_total") or 0.0
 
 
 def own_cgroup(name: str) -> str:
@@ -331,6 +338,7 @@ def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, 
                   status.get("replans", 0) - before.get("replans", 0),
                   inventory.get("reconciles", 0) - inventory0.get("reconciles", 0),
                   forks_between(pid0, pid1), str(status.get("telemetry") or ""), rss, history_bytes,
+                  100.0 * (usage_cpu(status) - usage_cpu(before)) / wall,
                   *((rt1[name] - rt0[name]) / wall if load is not None else float("nan") for name in (MEMBER, OTHER)))
 
 
@@ -442,8 +450,9 @@ def main() -> int:
                   f"{result.window_reconciles} full scans; telemetry {result.telemetry}"
                   + (f"; round trips/s: members {result.member_rtps:.0f}, others {result.other_rtps:.0f}" if pairs else ""),
                   flush=True)
-            print(f"  {'':<28} daemon RSS {result.rss_mib:.1f} MiB, rightsizing history file "
-                  f"{result.history_bytes} bytes", flush=True)
+            print(f"  {'':<28} usage thread (classification, rightsizing) {result.usage_core_pct:.4f} % of a core; "
+                  f"daemon RSS {result.rss_mib:.1f} MiB, rightsizing history file {result.history_bytes} bytes",
+                  flush=True)
             if args.profile == "cprofile":
                 print_cprofile(prof, args.seconds)
             elif args.profile == "py-spy" and os.path.exists(prof + ".spy"):

@@ -38,6 +38,7 @@ def status_json(daemon: "Daemon") -> Dict[str, Any]:
         "overhead": dataclasses.asdict(sampler.observation.overhead) if sampler.observation is not None else None,
         "inventory": dataclasses.asdict(daemon.inventory.stats),
         "replans": daemon.replans,
+        "knowledge": daemon.watch.describe() if daemon.watch is not None else None,  # classification, rightsizing
         "http": f"http://{http.address}" if http else None,  # where it really listens
     }
 

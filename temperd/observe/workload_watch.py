@@ -128,6 +128,8 @@ class WorkloadWatch:
         self._next_snapshot = 0.0
         self._saved_at = time.monotonic()
         self.last_sample_cpu_s = 0.0
+        self.cpu_s_total = 0.0  # this thread's CPU for samples since start (its whole cost)
+        self.samples = 0
         self.history_bytes = 0
         self.static_missing = self._static_missing()
         self.delayacct = delayacct_state()[0]
@@ -210,6 +212,8 @@ class WorkloadWatch:
             self.metrics.update(self.classifications() if self.settings.classify else [],
                                 self.recommendations() if self.settings.rightsizing else [], self.history_bytes)
         self.last_sample_cpu_s = time.thread_time() - started
+        self.cpu_s_total += self.last_sample_cpu_s
+        self.samples += 1
 
     def _sample_workload(self, t: _Tracked, w, now: float) -> None:
         moved: List[int] = []
@@ -326,6 +330,13 @@ class WorkloadWatch:
         t.window.add(W.snapshot(now, t.counters, pressure, psi.host_pressure(), memory, energy), self.settings.window_s)
 
     # ---- what readers ask -------------------------------------------------------------------------
+
+    def describe(self) -> dict:
+        """Its own cost and state, for temperctl status."""
+        return {"workloads": len(self.tracked), "samples": self.samples,
+                "sample_cpu_s_total": round(self.cpu_s_total, 6), "last_sample_cpu_s": round(self.last_sample_cpu_s, 6),
+                "history_file": self.history.path, "history_bytes": self.history_bytes,
+                "history": self.history.loaded_from}
 
     def _declared(self, w) -> Declared:
         throttled = cgroups.throttling(w.cgroup) if w.cgroup else None
