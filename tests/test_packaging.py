@@ -126,14 +126,15 @@ def test_bpf_telemetry_dropin_adds_back_exactly_what_bcc_needs(tmp_path):
     assert "ProtectKernelModules=yes" in UNIT.read_text().splitlines()
     lines = BPF_DROPIN.read_text().splitlines()
     settings = [line for line in lines if line and not line.startswith("#")]
-    assert settings == ["[Service]", "CapabilityBoundingSet=CAP_BPF CAP_PERFMON", "SystemCallFilter=bpf perf_event_open",
-                        "ProtectKernelModules=no"]
+    assert settings == ["[Service]", "CapabilityBoundingSet=CAP_SYS_ADMIN CAP_BPF CAP_PERFMON",
+                        "SystemCallFilter=bpf perf_event_open", "ProtectKernelModules=no"]
     comments = "\n".join(line for line in lines if line.startswith("#"))
-    for word in ("CAP_BPF", "CAP_PERFMON", "perf_event_open", "ProtectKernelModules", "/usr/share/temperd/bpf-telemetry.conf"):
+    for word in ("CAP_BPF", "CAP_PERFMON", "CAP_SYS_ADMIN", "perf_event_paranoid", "perf_event_open",
+                 "ProtectKernelModules", "/usr/share/temperd/bpf-telemetry.conf"):
         assert word in comments, word
     from temperd.sources.runqlat import BCC_CAPABILITIES, DROPIN_HINT
 
-    assert {name for name, _ in BCC_CAPABILITIES} == set(settings[1].split("=", 1)[1].split())
+    assert {name for name, _ in BCC_CAPABILITIES} | {"CAP_SYS_ADMIN"} == set(settings[1].split("=", 1)[1].split())
     assert "bpf-telemetry.conf" in DROPIN_HINT and "bpf-telemetry.conf" in _man_text("temperd.8")
     _verify_with_dropin(tmp_path, BPF_DROPIN)
 

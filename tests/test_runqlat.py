@@ -97,24 +97,35 @@ def _status(tmp_path, capeff: int):
 
 def test_missing_privileges_and_hidden_modules_name_the_drop_in(tmp_path):
     """Under the hardened unit without bpf-telemetry.conf: no CAP_BPF/CAP_PERFMON, and
-    ProtectKernelModules=yes shows /lib/modules empty. Each reason names the drop-in."""
+    ProtectKernelModules=yes shows /lib/modules empty; on a kernel with perf_event_paranoid 3
+    (Debian's, Ubuntu's) the attach needs CAP_SYS_ADMIN. Each reason names the drop-in."""
     if R.bcc_unavailable(status_path=_status(tmp_path, 0)) == "bcc: python3-bpfcc not installed":
         pytest.skip("python3-bpfcc not installed: its absence is the reason given first")
+    paranoid = tmp_path / "perf_event_paranoid"
+    paranoid.write_text("2\n")
+
+    def why(modules, capeff):
+        return R.bcc_unavailable("9.9.9-test", str(modules), str(tmp_path), _status(tmp_path, capeff), str(paranoid))
+
     unit_caps = (1 << 23) | (1 << 12) | (1 << 19) | (1 << 2) | (1 << 1)  # the unit's five capabilities
-    reason = R.bcc_unavailable("9.9.9-test", str(tmp_path), str(tmp_path), _status(tmp_path, unit_caps))
+    reason = why(tmp_path, unit_caps)
     assert reason.startswith("bcc: temperd lacks CAP_PERFMON, CAP_BPF (") and "bpf-telemetry.conf" in reason
     bcc_caps = unit_caps | (1 << 38) | (1 << 39)
     modules = tmp_path / "modules"
     modules.mkdir()
-    reason = R.bcc_unavailable("9.9.9-test", str(modules), str(tmp_path), _status(tmp_path, bcc_caps))
+    reason = why(modules, bcc_caps)
     assert reason.startswith(f"bcc: {modules} is hidden from temperd (") and "bpf-telemetry.conf" in reason
     (modules / "6.1.0-other").mkdir()
-    assert R.bcc_unavailable("9.9.9-test", str(modules), str(tmp_path), _status(tmp_path, bcc_caps)) == \
-        "bcc: no headers for 9.9.9-test"
+    assert why(modules, bcc_caps) == "bcc: no headers for 9.9.9-test"
     (modules / "9.9.9-test" / "build").mkdir(parents=True)
-    assert R.bcc_unavailable("9.9.9-test", str(modules), str(tmp_path), _status(tmp_path, bcc_caps)) is None
+    assert why(modules, bcc_caps) is None
+    paranoid.write_text("3\n")
+    reason = why(modules, bcc_caps)
+    assert reason.startswith("bcc: kernel.perf_event_paranoid is 3, where attaching to tracepoints needs "
+                             "CAP_SYS_ADMIN, which temperd lacks (") and "bpf-telemetry.conf" in reason
+    assert why(modules, bcc_caps | (1 << 21)) is None
     # CAP_SYS_ADMIN alone covers both (kernels before 5.8 know no CAP_BPF or CAP_PERFMON)
-    assert R.bcc_unavailable("9.9.9-test", str(modules), str(tmp_path), _status(tmp_path, 1 << 21)) is None
+    assert why(modules, 1 << 21) is None
 
 
 def test_this_host_says_why_bcc_is_not_used():

@@ -169,14 +169,18 @@ def bucket_quantile(slots: List[int], q: float) -> Optional[float]:
 # ---- where bcc cannot run ------------------------------------------------------------------------
 
 # Loading a tracepoint program needs CAP_BPF and CAP_PERFMON (Linux >= 5.8; before, CAP_SYS_ADMIN,
-# which also covers both on newer kernels). temperd.service leaves them out.
+# which also covers both on newer kernels). Attaching it (perf_event_open) needs CAP_SYS_ADMIN too
+# where kernel.perf_event_paranoid is above 2: Debian's and Ubuntu's kernels add that level and
+# default to it. temperd.service leaves all three out.
 BCC_CAPABILITIES = (("CAP_PERFMON", 38), ("CAP_BPF", 39))
 CAP_SYS_ADMIN = 21
+PERF_PARANOID = "/proc/sys/kernel/perf_event_paranoid"
 DROPIN_HINT = "under systemd, the bpf-telemetry.conf drop-in grants what bcc needs: see temperd(8)"
 
 
 def bcc_unavailable(release: Optional[str] = None, modules_root: str = "/lib/modules",
-                    sys_kernel: str = "/sys/kernel", status_path: str = "/proc/self/status") -> Optional[str]:
+                    sys_kernel: str = "/sys/kernel", status_path: str = "/proc/self/status",
+                    paranoid_path: str = PERF_PARANOID) -> Optional[str]:
     """Why the bcc program cannot be loaded here, or None. Checked before bcc is asked, so that
     libbcc never prints its own complaint to temperd's stderr."""
     release = release or os.uname().release
@@ -189,6 +193,11 @@ def bcc_unavailable(release: Optional[str] = None, modules_root: str = "/lib/mod
     missing = procfs.missing_capabilities(BCC_CAPABILITIES, status_path, covered_by=CAP_SYS_ADMIN)
     if missing:
         return f"bcc: temperd lacks {', '.join(missing)} ({DROPIN_HINT})"
+    paranoid = (procfs.read_bytes(paranoid_path, 64) or b"").strip()
+    if paranoid.lstrip(b"-").isdigit() and int(paranoid) > 2 and \
+            procfs.missing_capabilities((("CAP_SYS_ADMIN", CAP_SYS_ADMIN),), status_path):
+        return (f"bcc: kernel.perf_event_paranoid is {int(paranoid)}, where attaching to tracepoints needs "
+                f"CAP_SYS_ADMIN, which temperd lacks ({DROPIN_HINT})")
     if os.environ.get("BCC_KERNEL_SOURCE"):
         return None
     for path in (os.path.join(modules_root, release, "build"), os.path.join(modules_root, release, "source"),

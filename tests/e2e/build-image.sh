@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds (or reuses) the VM image of the end-to-end test: Debian trixie with systemd as PID 1,
-# the trixie-backports kernel (Debian's 6.12 lacks CONFIG_SCHED_CLASS_EXT), memcached, bcc,
+# the trixie-backports kernel (Debian's 6.12 lacks CONFIG_SCHED_CLASS_EXT) and its headers (for
+# bcc), memcached, redis (its unit disabled: the steps start it when they need it), stress-ng, bcc,
 # bpftool and a prebuilt minimal sched_ext scheduler. Prints the image directory on stdout.
 #
 # usage: build-image.sh CACHE_DIR
@@ -81,7 +82,7 @@ chmod 755 "$work/prep.sh"
 deb_deps=python3-click,python3-prometheus-client,python3-psutil,python3-pyudev,python3-sdnotify,python3-watchdog
 attempt=0
 until rm -rf "$rootfs" && timeout 1200 mmdebstrap --variant=minbase --mode=root --skip=cleanup/apt/lists \
-  --include=systemd-sysv,udev,dbus,kmod,initramfs-tools,zstd,python3,iproute2,procps,util-linux,bsdextrautils,memcached,passwd,$deb_deps \
+  --include=systemd-sysv,udev,dbus,kmod,initramfs-tools,zstd,python3,iproute2,procps,util-linux,bsdextrautils,memcached,redis-server,redis-tools,stress-ng,passwd,$deb_deps \
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
   --dpkgopt='path-exclude=/usr/share/locale/*' \
   --aptopt='Acquire::Languages "none"' --aptopt='APT::Install-Recommends "false"' \
@@ -90,7 +91,7 @@ until rm -rf "$rootfs" && timeout 1200 mmdebstrap --variant=minbase --mode=root 
   --customize-hook="upload $here/scx_minimal.bpf.c /usr/local/lib/scx_minimal.bpf.c" \
   --chrooted-customize-hook='clang-19 --target=bpf -O2 -g -c /usr/local/lib/scx_minimal.bpf.c -o /usr/local/lib/scx_minimal.bpf.o' \
   --customize-hook="$work/prep.sh \"\$1\"" \
-  --chrooted-customize-hook='passwd -d root; systemctl enable e2e-harness.service systemd-networkd.service; systemctl mask apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer fstrim.timer 2>/dev/null || true' \
+  --chrooted-customize-hook='passwd -d root; systemctl enable e2e-harness.service systemd-networkd.service; systemctl disable redis-server.service; systemctl mask apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer fstrim.timer 2>/dev/null || true' \
   trixie "$rootfs" \
   "deb $mirror trixie main" "deb $mirror trixie-backports main" >"$work/mmdebstrap.log" 2>&1; do
   attempt=$((attempt + 1))

@@ -622,6 +622,115 @@ step_bcc() {
   return "$failed"
 }
 
+# ---- the bcc telemetry inside the packaged service ---------------------------------------------------
+# redis (Debian's redis-server.service, its builtin profile: the event loop on an exclusive core)
+# under redis-benchmark, four stress-ng spinners in a unit bound to the background tier; temperd's
+# bcc program measures each layer's wakeup-to-run delay in the kernel.
+bcc_service_cleanup() {
+  systemctl stop e2e-spinners.service redis-server.service temperd.service 2>/dev/null
+  systemctl reset-failed e2e-spinners.service 2>/dev/null
+  rm -rf /etc/systemd/system/temperd.service.d
+  systemctl daemon-reload
+  [ -f "$W/temperd.toml.orig" ] && cp "$W/temperd.toml.orig" /etc/temper/temperd.toml
+}
+redis_layer() { echo redis-server.service.event-loop; }
+export -f bcc_service_cleanup redis_layer
+
+step_bcc_service() {
+  [ -f "$W/temperd.toml.orig" ] || cp /etc/temper/temperd.toml "$W/temperd.toml.orig"
+  trap bcc_service_cleanup EXIT
+  systemctl stop temperd.service
+  rm -rf /etc/systemd/system/temperd.service.d /etc/temper/profiles.d/*.toml
+  cp "$W/temperd.toml.orig" /etc/temper/temperd.toml
+  systemctl daemon-reload
+  # 1. The packaged unit as it is: no CAP_BPF/CAP_PERFMON, so schedstat, and the reason says what to do.
+  systemctl start temperd.service || return 1
+  wait_for 90 "temperd active" systemctl is-active --quiet temperd.service || return 1
+  status_json | $HELPER json 'd["telemetry"]'
+  check "without the drop-in: schedstat, and the reason names bpf-telemetry.conf" \
+    status_is 'd["telemetry"].startswith("schedstat (bcc: ") and "bpf-telemetry.conf" in d["telemetry"]' || return 1
+  # 2. The drop-in the package ships.
+  install -D -m 0644 /usr/share/temperd/bpf-telemetry.conf /etc/systemd/system/temperd.service.d/bpf-telemetry.conf
+  systemctl daemon-reload
+  echo "with bpf-telemetry.conf: CapabilityBoundingSet $(systemctl show -p CapabilityBoundingSet --value temperd.service)"
+  systemd-analyze security --no-pager temperd.service | tail -n 1
+  echo "kernel.perf_event_paranoid = $(cat /proc/sys/kernel/perf_event_paranoid)"
+  printf '\n[[binding]]\nunit = "e2e-spinners.service"\ntier = "background"\n' >>/etc/temper/temperd.toml
+  systemctl start redis-server.service || return 1
+  local t0=$SECONDS
+  systemctl restart temperd.service || { journalctl -u temperd.service -b --no-pager -n 20; return 1; }
+  wait_for 240 "temperd active, telemetry bpf (bcc compiled and attached inside the service)" \
+    status_is 'd["telemetry"] == "bpf"' || { journalctl -u temperd.service -b --no-pager -n 30 | cut -c1-300; return 1; }
+  echo "from systemctl restart to telemetry bpf: $((SECONDS - t0)) s"
+  journalctl -u temperd.service -b --no-pager -n 40 | grep -i telemetry | tail -n 2 | cut -c1-240
+  wait_for 60 "redis-server.service treated by its builtin profile" \
+    status_is "any(l['name'] == '$(redis_layer)' and l['members'] > 0 for l in d['layers'])" || return 1
+  systemd-run --unit=e2e-spinners --quiet stress-ng --cpu 4 --cpu-method int64 --timeout 120s || return 1
+  wait_for 60 "the spinners in their background layer" \
+    status_is "any(l['name'] == 'e2e-spinners.service.tier' and l['members'] >= 4 for l in d['layers'])" || return 1
+  status_json | $HELPER json '[(l["name"], l["kind"], l["treatment"], l["members"], l["cpus"]) for l in d["layers"]]'
+  # 3. Load: 50 redis-benchmark clients for 30 s with the spinners running; /observe's 5 s windows
+  # are read in the middle of it.
+  (timeout 30 redis-benchmark -t get -c 50 -n 100000000 -q >"$W/redis-benchmark.out" 2>&1 || true) &
+  local load=$!
+  sleep 14
+  $HELPER get /observe >"$W/observe-load-1.json"
+  sleep 8
+  $HELPER get /observe >"$W/observe-load-2.json"
+  wait "$load"
+  tr '\r' '\n' <"$W/redis-benchmark.out" | grep -v '^$' | tail -n 1
+  $HELPER get /metrics >"$W/metrics-bpf.txt"
+  $HELPER get /observe >"$W/observe-after.json"
+  for f in observe-load-1 observe-load-2; do echo "--- /observe during the load ($f):"; $HELPER latency <"$W/$f.json"; done
+  grep -E '^temperd_(layer_runqueue_latency_seconds_(count|sum)|telemetry_source|layer_offcpu_total)' "$W/metrics-bpf.txt" |
+    grep -E 'redis|spinners|telemetry_source' | head -n 20
+  temperctl status | grep -E '^telemetry:' | tee "$W/telemetry-line"
+  local layer busiest
+  layer="$(redis_layer)"
+  # the window under load in which the event loop woke most (the load's pace varies under emulation)
+  busiest="$(for f in observe-load-1 observe-load-2; do
+    echo "$($HELPER json "[l['window_count'] for l in d['latency']['layers'] if l['layer'] == '$layer'][0]" <"$W/$f.json" || echo 0) $f"
+  done | sort -n | tail -n 1 | cut -d' ' -f2)"
+  check "temperctl status: telemetry: bpf" grep -qE '^telemetry: +bpf$' "$W/telemetry-line" &&
+    check "/metrics: $layer's histogram from bpf has counts" \
+      sh -c "grep -E '^temperd_layer_runqueue_latency_seconds_count\{layer=\"$layer\",source=\"bpf\"\} [1-9]' '$W/metrics-bpf.txt'" &&
+    check "/metrics: the spinners' layer too" \
+      sh -c "grep -E '^temperd_layer_runqueue_latency_seconds_count\{layer=\"e2e-spinners.service.tier\",source=\"bpf\"\} [1-9]' '$W/metrics-bpf.txt'" &&
+    check "/metrics: temperd_telemetry_source{source=\"bpf\"} 1" grep -qE '^temperd_telemetry_source\{source="bpf"\} 1' "$W/metrics-bpf.txt" &&
+    check "/observe, $busiest: the protected layer's p99 below the spinners' (both measured)" \
+      $HELPER json "(lambda ls: ls['$layer']['window_count'] > 0 and ls['e2e-spinners.service.tier']['window_count'] > 0 and ls['$layer']['p99_s'] < ls['e2e-spinners.service.tier']['p99_s'])({l['layer']: l for l in d['latency']['layers']})" <"$W/$busiest.json"
+}
+
+# ---- benchmarks (run-vm-test.sh --bench): under software emulation only ratios within a run mean anything
+bench_asked() { [[ " $(cat "$H/bench" 2>/dev/null) " == *" $1 "* ]]; }
+# bench_run NAME ARGS...: bench/NAME.py from the checkout in the share, output into $H/bench-results
+bench_run() {
+  local name=$1
+  shift
+  systemctl stop temperd.service  # the benchmark runs its own temperd in the foreground
+  mkdir -p "$H/bench-results"
+  echo "\$ python3 bench/$name.py $*"
+  (cd "$H/checkout" && python3 "bench/$name.py" "$@") 2>&1 | tee "$H/bench-results/$name.txt"
+  return "${PIPESTATUS[0]}"
+}
+export -f bench_asked bench_run
+
+step_bench_isolation() {
+  local arms=stock,temperd+bg
+  if [ -f "$H/scx_layered" ]; then
+    install -m 0755 "$H/scx_layered" /usr/bin/scx_layered
+    arms="$arms,scx+bg"
+  else
+    echo "no real scx_layered in the share (run-vm-test.sh --scx-layered FILE): no scx arm"
+  fi
+  bench_run isolation --server redis --clients 50 --ladder 0,1,2,4 --reps 3 --arms "$arms" --no-pmqos \
+    --seconds 4 --max-minutes 75 --json "$H/bench-results/isolation.json"
+}
+
+step_bench_overhead() {
+  bench_run overhead --bpf both --switch-load 1 --threads 0 --reps 3 --seconds 20
+}
+
 step_journal() {
   journalctl -u temperd.service -b --no-pager -o short-monotonic | tail -n 60
   if journalctl -u temperd.service -b --no-pager | grep -q 'Traceback'; then
@@ -755,6 +864,13 @@ run_step scx_safe_mode 300 "scx_load" "kill -9 scx_layered twice: safe mode, the
 run_step scx_recover 240 "scx_safe_mode" "temperctl reload brings scx_layered back"
 run_step scx_stop_restores 120 "scx_load" "systemctl stop temperd: scx_layered exits, sched_ext disabled"
 run_step bcc 600 "" "bcc programs in bpf/ load"
+run_step bcc_service 600 "install" "bpf-telemetry.conf: the bcc program inside temperd.service fills the latency histograms"
+if bench_asked overhead; then
+  run_step bench_overhead 1800 "install" "bench/overhead.py: the bcc telemetry on against off, same load"
+fi
+if bench_asked isolation; then
+  run_step bench_isolation 5400 "install" "bench/isolation.py: redis under spinners, stock / native / scx"
+fi
 run_step rightsize_quota 240 "enable" "CPUQuota=200% unit with one hot thread: declared 2.0, 1 exclusive core + remainder, a saving"
 run_step journal 60 "enable" "temperd's journal has no traceback"
 run_step remove 240 "install" "apt remove/purge temperd"

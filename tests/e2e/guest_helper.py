@@ -9,12 +9,15 @@
                                              like 0-1,3 or "all")
   guest_helper.py json EXPR                  evaluate EXPR on the JSON document on stdin (as d), print it;
                                              exit 1 when it is false or fails
+  guest_helper.py get PATH                   print temperd's http://127.0.0.1:9477PATH (/metrics, /observe)
+  guest_helper.py latency                    the scheduling delay per layer of the /observe document on stdin
 """
 
 import fnmatch
 import json
 import os
 import sys
+import urllib.request
 
 POLICIES = {0: "other", 1: "fifo", 2: "rr", 3: "batch", 5: "idle", 6: "deadline"}
 
@@ -115,6 +118,19 @@ def evaluate(expr: str) -> int:
     return 0 if value else 1
 
 
+def latency() -> int:
+    found = json.load(sys.stdin).get("latency") or {}
+    print(f"latency source {found.get('source')} ({found.get('reason')})")
+
+    def ms(value):
+        return "-" if value is None else f"{value * 1e3:.3f}"
+
+    for layer in found.get("layers", []):
+        print(f"  {layer['layer']:36} window {layer['window_count']:6} total {layer['count']:7}  p50 {ms(layer['p50_s'])} ms  "
+              f"p99 {ms(layer['p99_s'])} ms  max {ms(layer['max_s'])} ms  off-CPU {layer.get('offcpu', {})}")
+    return 0
+
+
 def main(argv) -> int:
     if len(argv) >= 3 and argv[0] == "snap":
         with open(argv[2], "w") as handle:
@@ -128,6 +144,12 @@ def main(argv) -> int:
         return expect(int(argv[1]), argv[2], argv[3:])
     if len(argv) == 2 and argv[0] == "json":
         return evaluate(argv[1])
+    if argv == ["latency"]:
+        return latency()
+    if len(argv) == 2 and argv[0] == "get":
+        with urllib.request.urlopen(f"http://127.0.0.1:9477{argv[1]}", timeout=20) as reply:
+            sys.stdout.write(reply.read().decode())
+        return 0
     print(__doc__, file=sys.stderr)
     return 2
 

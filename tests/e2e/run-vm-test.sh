@@ -8,11 +8,13 @@
 # thread, systemd-analyze security, sched_ext detection, backend "scx" without the
 # scx-privileges.conf drop-in and beside another BPF scheduler, the scx backend on the real
 # scx_layered (--scx-layered: loaded, its layers and CPU masks, a batched restart, the crash limit
-# and safe mode, recovery, stop), the bcc programs of bpf/, and removal. Prints each step's result
-# and time; exits 1 on a failure.
+# and safe mode, recovery, stop), the bcc programs of bpf/ (standalone, and inside temperd.service
+# with the bpf-telemetry.conf drop-in: redis and spinners, the latency histograms filled), and
+# removal. Prints each step's result and time; exits 1 on a failure. Opt-in (--bench): benchmarks
+# in the guest after the steps.
 #
 # usage: tests/e2e/run-vm-test.sh [--cache DIR] [--deb FILE] [--scx-layered FILE] [--timeout MIN] [--keep]
-#                                  [--rebuild-image] [--only STEPS]
+#                                  [--rebuild-image] [--only STEPS] [--bench "NAME..."] [--bench-out DIR]
 #        tests/e2e/run-vm-test.sh --check-console LOG
 #   --cache DIR      image cache (default $TEMPERD_E2E_CACHE or /var/cache/temperd-e2e)
 #   --deb FILE       test this .deb instead of building one with scripts/build-packages.sh
@@ -24,6 +26,14 @@
 #   --keep           keep the run directory (console log, guest logs) and print its path
 #   --rebuild-image  build the image even if a fresh one is cached
 #   --only "STEP..." run only these guest steps (names as in guest-steps.sh), e.g. "install enable tier"
+#   --bench "NAME..."  also run these benchmarks in the guest, after the steps (tens of minutes under
+#                    software emulation: give --timeout room, e.g. 120; not part of CI):
+#                    isolation  bench/isolation.py's ladder: redis, spinners 0/1/2/4 in the background
+#                               tier, 50 clients, 3 repetitions, arms stock / temperd+bg (native) /
+#                               scx+bg (the real scx_layered, when there is one)
+#                    overhead   bench/overhead.py --bpf both --switch-load 1 --threads 0: the bcc
+#                               telemetry on against off, same load
+#   --bench-out DIR  copy the benchmarks' output (text and JSON) into DIR
 #   --check-console LOG  boot nothing: print the kernel panic or oops a guest console log shows, on
 #                    one line, and exit 0, or exit 1 if it shows none (the check behind a panic retry)
 # A guest kernel panic (under multi-threaded TCG, registering a sched_ext scheduler can panic the
@@ -70,7 +80,7 @@ panic_excerpt() {
     on && !/Code: |\] (R[ABCDS][XPI]|RBP|RSI|RDI|R[0-9]+|[CDEFG]S|CR[0-9]|DR[0-9]): |\]  \? / && n++ < 20'
 }
 cache="${TEMPERD_E2E_CACHE:-/var/cache/temperd-e2e}"
-deb="" timeout_min=25 keep=0 only="" scx_layered="${TEMPERD_SCX_LAYERED:-}"
+deb="" timeout_min=25 keep=0 only="" scx_layered="${TEMPERD_SCX_LAYERED:-}" bench="" bench_out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --cache) cache="${2:?}"; shift ;;
@@ -79,6 +89,8 @@ while [ $# -gt 0 ]; do
     --timeout) timeout_min="${2:?}"; shift ;;
     --keep) keep=1 ;;
     --only) only="${2:?}"; shift ;;
+    --bench) bench="${2:?}"; shift ;;
+    --bench-out) bench_out="$(realpath -m "${2:?}")"; shift ;;
     --rebuild-image) export E2E_REBUILD=1 ;;
     --check-console) if guest_panic "${2:?}"; then exit 0; else exit 1; fi ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -94,6 +106,12 @@ declare -a TIMES=()
 timed() { TIMES+=("$(printf '%-34s %6d s' "$1" "$2")"); }
 
 missing=()
+for name in $bench; do
+  case "$name" in
+    isolation|overhead) ;;
+    *) echo "run-vm-test.sh: unknown benchmark $name (isolation, overhead)" >&2; exit 2 ;;
+  esac
+done
 for tool in qemu-system-x86_64 mmdebstrap mke2fs zstd timeout; do command -v "$tool" >/dev/null || missing+=("$tool"); done
 if [ -z "$deb" ]; then
   for tool in dpkg-buildpackage dh; do command -v "$tool" >/dev/null || missing+=("$tool"); done
@@ -157,6 +175,15 @@ else
 fi
 printf '#!/bin/sh\nexec /bin/bash /mnt/host/guest-steps.sh\n' >"$share/run.sh"
 [ -z "$only" ] || echo "$only" >"$share/only"
+if [ -n "$bench" ]; then
+  # The benchmarks as in the checkout (bench/, and tests/servers.py they start servers with); they
+  # run the packaged temperd.
+  mkdir -p "$share/checkout/bench" "$share/checkout/tests"
+  cp "$root"/bench/*.py "$share/checkout/bench/"
+  cp "$root/tests/servers.py" "$share/checkout/tests/"
+  echo "$bench" >"$share/bench"
+  say "benchmarks in the guest after the steps: $bench"
+fi
 chmod 755 "$share/run.sh" "$share/guest-steps.sh"
 
 # 4. Boot. KVM only where it really is: hardware virtualization flags, a writable /dev/kvm, and not
@@ -193,7 +220,7 @@ while true; do
   say "booting (attempt $attempt, $accel_name, limit $limit s)"
   # Nothing an earlier attempt wrote may pass for this one's results (its disk is gone: -snapshot).
   rm -rf "$share/boot-state" "$share/out.log" "$share/rc" "$share/results.tsv" "$share/exposure" \
-    "$share/journal.txt" "$share/guest-work" "$share/inject-panic"
+    "$share/journal.txt" "$share/guest-work" "$share/inject-panic" "$share/bench-results"
   if [ -n "$inject" ] && [ "$panics" -lt "$inject_boots" ]; then
     echo "$inject" >"$share/inject-panic"
     say "E2E_INJECT_PANIC (test knob): the guest crashes its kernel as step $inject begins"
@@ -281,6 +308,14 @@ if [ -s "$share/results.tsv" ]; then
   awk -F '\t' '{ printf "%-5s %7.1f s  %-22s %s\n", $1, $2, $3, $4 }' "$share/results.tsv"
 fi
 [ -f "$share/exposure" ] && echo "systemd-analyze security exposure: $(cat "$share/exposure") (goal <= 2.5)"
+if [ -n "$bench" ] && [ -d "$share/bench-results" ]; then
+  if [ -n "$bench_out" ]; then
+    mkdir -p "$bench_out" && cp -r "$share/bench-results/." "$bench_out/"
+    echo "benchmark output: $bench_out ($(ls "$bench_out" | tr '\n' ' '))"
+  else
+    echo "benchmark output: $share/bench-results (kept with --keep, or name a directory with --bench-out)"
+  fi
+fi
 
 fail=0
 if [ -n "$panic" ]; then
