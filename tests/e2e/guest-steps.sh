@@ -723,7 +723,7 @@ step_bench_isolation() {
   else
     echo "no real scx_layered in the share (run-vm-test.sh --scx-layered FILE): no scx arm"
   fi
-  bench_run isolation --server redis --clients 50 --ladder 0,1,2,4 --reps 3 --arms "$arms" --no-pmqos \
+  bench_run isolation --server redis --variants c=50 --ladder 0,1,2,4 --reps 3 --arms "$arms" \
     --seconds 4 --max-minutes 75 --json "$H/bench-results/isolation.json"
 }
 
