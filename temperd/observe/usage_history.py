@@ -66,16 +66,35 @@ class WorkloadHistory:
         self.first_at: Optional[float] = None
         self.last_at: Optional[float] = None
         self.samples = 0
+        self.idle_at: List[float] = []  # idle intervals not yet added (record_idle)
+
+    def record_idle(self, at: float) -> None:
+        """One sampling interval in which none of its processes ran: counted now, added to every
+        histogram at once when it next runs (or is summarised), so an idle workload costs nothing."""
+        self.idle_at.append(at)
+
+    def _flush_idle(self) -> None:
+        if not self.idle_at:
+            return
+        times, self.idle_at = self.idle_at, []
+        for hist in [e.hist for e in self.threads.values()] + [self.rest, self.total, *self.group_rest.values()]:
+            for at in times:
+                hist.add(0.0, at)
+        self.first_at = times[0] if self.first_at is None else self.first_at
+        self.last_at = times[-1]
+        self.samples += len(times)
 
     def record(self, at: float, threads: Iterable[ThreadSample], unattributed_cpus: float, keep: int) -> None:
         """One sampling interval: each kept thread's usage, and what the rest of the workload used."""
+        self._flush_idle()
         rest = max(0.0, unattributed_cpus)
         total = rest
         group_rest: Dict[str, float] = {OTHER_THREADS: rest}
         for sample in threads:
             entry = self._entry(sample)
             entry.hist.add(sample.cpus, at)
-            entry.hot = entry.hist.percentile(0.95) >= HOT_THREAD_CPUS
+            if entry.hot or sample.cpus >= HOT_THREAD_CPUS:  # only a busy sample can make it hot, a hot one cool
+                entry.hot = entry.hist.percentile(0.95) >= HOT_THREAD_CPUS
             total += sample.cpus
             if not entry.hot:
                 rest += sample.cpus
@@ -120,6 +139,7 @@ class WorkloadHistory:
         self.threads = {e.key: e for e in ranked[:keep]}
 
     def summary(self) -> UsageSummary:
+        self._flush_idle()
         threads = tuple(ThreadUsage(e.tid, e.comm, e.group, min(1.0, e.hist.percentile(0.5)),
                                     min(1.0, e.hist.percentile(0.95)))
                         for e in sorted(self.threads.values(), key=lambda e: e.tid))
@@ -129,6 +149,7 @@ class WorkloadHistory:
                             {g: h.percentile(0.95) for g, h in self.group_rest.items() if h.total > 0})
 
     def to_json(self) -> dict:
+        self._flush_idle()
         return {"first_at": self.first_at, "last_at": self.last_at, "samples": self.samples,
                 "threads": [e.to_json() for e in self.threads.values()], "rest": self.rest.to_json(),
                 "total": self.total.to_json(), "group_rest": {g: h.to_json() for g, h in self.group_rest.items()}}

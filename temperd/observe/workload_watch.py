@@ -40,6 +40,7 @@ from temperd.sources.task_counters import CLOCK_TICKS, read_process_counters, re
 log = logging.getLogger("temperd.knowledge")
 
 SNAPSHOT_S = 5.0
+METRICS_EVERY_S = 30.0  # /metrics' classes and recommendations (temperctl and /observe compute theirs when asked)
 RERANK_S = 60.0
 SAVE_EVERY_S = 300.0
 SLEEPING = ("S", "D")
@@ -79,6 +80,7 @@ class _Tracked:
     window: W.Window = field(default_factory=W.Window)
     reranked_at: float = 0.0
     rerank_runtime: Dict[int, int] = field(default_factory=dict)  # tid -> run ns at the last rerank
+    cgroup_usage_us: Optional[int] = None  # its cgroup's cpu.stat usage_usec at the last sample
     psi_missing: str = ""
 
 
@@ -126,6 +128,7 @@ class WorkloadWatch:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._next_snapshot = 0.0
+        self._next_metrics = 0.0
         self._saved_at = time.monotonic()
         self.last_sample_cpu_s = 0.0
         self.cpu_s_total = 0.0  # this thread's CPU for samples since start (its whole cost)
@@ -206,9 +209,12 @@ class WorkloadWatch:
             snapshot_due = now >= self._next_snapshot
             if snapshot_due:
                 self._next_snapshot = now + SNAPSHOT_S
+                host_pressure = psi.host_pressure()
                 for w in workloads:
-                    self._snapshot(self.tracked[self._labels[w.key]], w, now)
-        if snapshot_due and self.metrics is not None:
+                    self._snapshot(self.tracked[self._labels[w.key]], w, now, host_pressure)
+        metrics_due = snapshot_due and now >= self._next_metrics
+        if metrics_due and self.metrics is not None:
+            self._next_metrics = now + METRICS_EVERY_S
             self.metrics.update(self.classifications() if self.settings.classify else [],
                                 self.recommendations() if self.settings.rightsizing else [], self.history_bytes)
         self.last_sample_cpu_s = time.thread_time() - started
@@ -216,6 +222,15 @@ class WorkloadWatch:
         self.samples += 1
 
     def _sample_workload(self, t: _Tracked, w, now: float) -> None:
+        # Its own cgroup's CPU time unchanged and the same processes: nothing ran, nothing to read
+        # (/proc/PID/stat of a process with thousands of threads costs the kernel a walk over them).
+        usage = cgroups.cpu_usage_us(w.cgroup) if w.cgroup and w.cgroup != "/" else None
+        unchanged = usage is not None and usage == t.cgroup_usage_us and set(w.pids) == set(t.processes)
+        t.cgroup_usage_us = usage
+        if unchanged and t.kept:
+            if self.settings.rightsizing:
+                self.history.of(t.label).record_idle(now)
+            return
         moved: List[int] = []
         residual = 0.0
         elapsed = None
@@ -239,6 +254,11 @@ class WorkloadWatch:
                 moved.append(pid)
                 residual += grown / CLOCK_TICKS / dt
                 elapsed = dt
+        if not moved and t.kept:  # nothing ran: a zero for every kept thread, counted in one go
+            if self.settings.rightsizing:
+                self.history.of(t.label).record_idle(now)
+            t.counters.sampled = True
+            return
         if now - t.reranked_at >= RERANK_S or len(t.kept) < min(self.settings.keep_threads, len(w.threads)):
             self._rerank(t, w, now)
         dt = elapsed or self.settings.sample_interval_s
@@ -311,7 +331,7 @@ class WorkloadWatch:
         t.reranked_at = now
         t.counters.threads = {tid: v for tid, v in t.counters.threads.items() if tid in groups}
 
-    def _snapshot(self, t: _Tracked, w, now: float) -> None:
+    def _snapshot(self, t: _Tracked, w, now: float, host_pressure) -> None:
         io_total, readable = 0, False
         for pid in w.pids:
             io = read_process_io(pid)
@@ -327,7 +347,7 @@ class WorkloadWatch:
         t.psi_missing = "" if pressure else f"no pressure files for cgroup {w.cgroup or '-'}"
         energy = rapl.read_energy()[0] if "rapl" not in self.static_missing else None
         memory = cgroups.memory_use(w.cgroup) if w.cgroup else None
-        t.window.add(W.snapshot(now, t.counters, pressure, psi.host_pressure(), memory, energy), self.settings.window_s)
+        t.window.add(W.snapshot(now, t.counters, pressure, host_pressure, memory, energy), self.settings.window_s)
 
     # ---- what readers ask -------------------------------------------------------------------------
 

@@ -114,3 +114,12 @@ def memory_use(cgroup: str, root: str = CGROUP_ROOT) -> Optional[Tuple[int, Opti
         bound = int(limit) if limit and limit.isdigit() and int(limit) < UNLIMITED_BYTES else None
         return int(usage), bound
     return None
+
+
+def cpu_usage_us(cgroup: str, root: str = CGROUP_ROOT) -> Optional[int]:
+    """CPU time of every task in the cgroup so far, in microseconds (cpu.stat usage_usec, which
+    cgroup v2 keeps with or without the cpu controller); None where there is none."""
+    directory = v2_dir(cgroup, root)
+    if directory is None:
+        return None
+    return _keyed(read_stripped(os.path.join(directory, "cpu.stat"))).get("usage_usec")
