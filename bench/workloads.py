@@ -7,16 +7,25 @@ of work is sized once per variant so a stock run on a quiet host takes about --s
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
+import os
 import re
+import shutil
 import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Dict, FrozenSet, List, Sequence
+from typing import Callable, ContextManager, Dict, FrozenSet, Iterator, List, Sequence
 
 import common as C
 
 import servers as S  # noqa: E402  (tests/servers.py: real servers on loopback)
+from temperd.sources import procfs  # noqa: E402
+
+ML_WORKER = os.path.join(C.HERE, "ml_worker.py")
+ML_PYTHON = os.environ.get("BENCH_ML_PYTHON", sys.executable)  # a Python with onnxruntime/onnx or torch
 
 
 @dataclass(frozen=True)
@@ -49,8 +58,9 @@ class Workload:
         return [server.pid]
 
     def treated(self, server, exclusive: FrozenSet[int]) -> bool:
-        """temperd's plan is in force: the server's main thread is on the exclusive CPUs."""
-        return C.affinity_of(server.pid) == exclusive
+        """temperd's plan is in force: some thread of the server is on the exclusive CPUs."""
+        return any(C.affinity_of(tid) == exclusive for pid in self.pids(server)
+                   for tid in (procfs.list_tids(pid) or ()))
 
     def size(self, server, variant: str, seconds: float, timeout_s: float) -> int:
         """The amount of work for a run of about `seconds` (stock, no spinners)."""
@@ -161,4 +171,145 @@ def log2_quantile(buckets: Dict[int, int], q: float) -> float:
     return float("nan")
 
 
-WORKLOADS: Dict[str, Callable[[], Workload]] = {"redis": Redis, "memcached": Memcached}
+class MariaDB(Workload):
+    name = "mariadb"
+    profile_id = "mysql-innodb"
+    exclusive_group = "connections"
+    tool = "sysbench"
+    rate_unit = "tps"
+    variants = ("threads=8",)
+    notes = ("MariaDB 10.11 leaves its threads unnamed (every comm is mariadbd): the builtin mysql-innodb "
+             "profile's exclusive `connections` group finds no thread and its `unnamed` group (latency, nice -5) "
+             "takes them all; p50 is the middle of sysbench's latency histogram, p99 its --percentile=99")
+
+    def server(self):
+        return S.mariadb_server(performance_schema=False)
+
+    def version(self, server) -> str:
+        found = re.search(r"Ver (\S+)", server.version)
+        return found.group(1) if found else server.version
+
+    def treated(self, server, exclusive: FrozenSet[int]) -> bool:
+        """No thread is in the exclusive group on 10.11: the plan is in force once the unnamed
+        threads got their nice."""
+        return any(os.getpriority(os.PRIO_PROCESS, tid) == -5 for tid in procfs.list_tids(server.pid) or ())
+
+    def load_argv(self, server, variant: str, amount: int) -> List[str]:
+        return ["sysbench", "oltp_read_write", f"--mysql-host={S.LOOPBACK}", f"--mysql-port={server.port}",
+                "--mysql-user=sb", "--mysql-password=sb", "--mysql-db=sbtest", "--db-driver=mysql",
+                "--tables=1", "--table-size=2000", f"--threads={variant.split('=')[1]}", f"--time={amount}",
+                "--percentile=99", "--histogram=on", "run"]
+
+    def parse(self, stdout: str) -> Measurement:
+        tps = re.search(r"transactions:\s+\d+\s+\(([\d.]+) per sec", stdout)
+        p99 = re.search(r"99th percentile:\s+([\d.]+)", stdout)
+        if not tps or not p99:
+            raise ValueError(f"unexpected sysbench output: {stdout.strip()[-300:]!r}")
+        histogram = [(float(v), int(n)) for v, n in re.findall(r"^\s+([\d.]+) \|\*+\s+(\d+)$", stdout, re.M)]
+        return Measurement(float(tps.group(1)), histogram_quantile(histogram, 0.5), float(p99.group(1)))
+
+    def describe(self, variant: str, amount: int) -> str:
+        return f"sysbench oltp_read_write --{variant} --time={amount} --percentile=99 (1 table, 2 000 rows)"
+
+
+def histogram_quantile(rows: Sequence[tuple], q: float) -> float:
+    """The value at quantile q of (value, count) rows in ascending order."""
+    total = sum(n for _, n in rows)
+    seen = 0
+    for value, count in rows:
+        seen += count
+        if total and seen >= q * total:
+            return value
+    return float("nan")
+
+
+@dataclass
+class MlServer:
+    pid: int
+    port: int
+    version: str
+
+
+@contextlib.contextmanager
+def ml_worker(mode: str, *extra: str) -> Iterator[MlServer]:
+    """bench/ml_worker.py MODE in its own session, as a service manager starts it; stopped on exit."""
+    log = tempfile.TemporaryFile(mode="w+")
+    port = S.free_port()
+    proc = subprocess.Popen([ML_PYTHON, ML_WORKER, mode, "--port", str(port), *extra], stdout=log,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        S.wait_for_port(port, proc, f"ml_worker {mode}", timeout=120)
+        version = subprocess.run([ML_PYTHON, "-c", f"import {'onnxruntime as m' if mode == 'onnx' else 'torch as m'};"
+                                  "print(m.__version__)"], capture_output=True, text=True, timeout=60).stdout.strip()
+        yield MlServer(proc.pid, port, version)
+    except S.ServerUnavailable:
+        log.seek(0)
+        raise S.ServerUnavailable(f"ml_worker {mode} did not start: {log.read()[-500:]}")
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+class MlWorkload(Workload):
+    mode = ""
+    worker_args: Sequence[str] = ()
+
+    def server(self):
+        return ml_worker(self.mode, *self.worker_args)
+
+    def pids(self, server) -> List[int]:
+        return [server.pid, *S.child_pids(server.pid)]
+
+    def size(self, server, variant: str, seconds: float, timeout_s: float) -> int:
+        return max(2, int(round(seconds)))
+
+    def load_argv(self, server, variant: str, amount: int) -> List[str]:
+        return [ML_PYTHON, ML_WORKER, "client", "--port", str(server.port), "--seconds", str(amount)]
+
+    def parse(self, stdout: str) -> Measurement:
+        import json
+
+        found = json.loads(stdout.strip().splitlines()[-1])
+        return Measurement(found["rate"], found["p50_ms"], found["p99_ms"])
+
+
+class Onnx(MlWorkload):
+    name = "onnx"
+    profile_id = "onnx-inference"
+    exclusive_group = "intra-op"
+    tool = "ml_worker onnx"
+    rate_unit = "inf/s"
+    variants = ("batch=64",)
+    mode = "onnx"
+    notes = ("ONNX Runtime (PyPI) on a model built with onnx.helper: 8 x MatMul 512x512 + Relu, batch 64, "
+             "default intra-op threads (2 here); p50/p99 per inference")
+
+    def describe(self, variant: str, amount: int) -> str:
+        return f"ONNX Runtime, 8 x MatMul 512 + Relu, {variant}, {amount} s per run"
+
+
+class DataLoaderFeed(MlWorkload):
+    name = "dataloader"
+    profile_id = "pytorch-training"
+    exclusive_group = "data-workers"
+    tool = "ml_worker dataloader"
+    rate_unit = "samp/s"
+    variants = ("workers=2",)
+    mode = "dataloader"
+    worker_args = ("--sample-ms", "1.0", "--step-ms", "20")
+    notes = ("torch DataLoader (PyPI torch), 2 persistent worker processes, 1 ms of CPU per sample, batch 16, "
+             "feeding a SIMULATED accelerator: a consumer that sleeps 20 ms per batch, standing in for a GPU step "
+             "(ideal 800 samples/s); p50/p99 = how long the accelerator waited for each batch")
+
+    def describe(self, variant: str, amount: int) -> str:
+        return f"DataLoader {variant} -> simulated accelerator (20 ms/batch), {amount} s per run"
+
+
+WORKLOADS: Dict[str, Callable[[], Workload]] = {"redis": Redis, "memcached": Memcached, "mariadb": MariaDB,
+                                                 "onnx": Onnx, "dataloader": DataLoaderFeed}
