@@ -162,13 +162,7 @@ class Memcached(Workload):
 
 def log2_quantile(buckets: Dict[int, int], q: float) -> float:
     """Upper bound (ms) of the log2 microsecond bucket holding the q-quantile."""
-    total = sum(buckets.values())
-    seen = 0
-    for exp in sorted(buckets):
-        seen += buckets[exp]
-        if total and seen >= q * total:
-            return 2.0 ** (exp + 1) / 1000.0
-    return float("nan")
+    return histogram_quantile([(2.0 ** (exp + 1) / 1000.0, buckets[exp]) for exp in sorted(buckets)], q)
 
 
 class MariaDB(Workload):
