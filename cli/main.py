@@ -6,12 +6,14 @@ import click
 
 from temperd import __version__
 
+from .bind_cmd import bind_command, bindings_command, unbind_command
 from .daemon_cmd import reload_command, status_command
 from .knowledge_cmd import classify_command, rightsize_command
 from .plan_cmd import explain_command, plan_command
 from .profiles_cmd import profiles
 from .scx_cmd import scx
 from .trace_cmd import trace_command
+from .train_cmd import train_command
 
 # Exit codes: 0 ok, 1 invalid input or failed check, 2 usage error (click's own), 3 `temperctl status`:
 # temperd is not running (daemon_cmd.NOT_RUNNING).
@@ -32,6 +34,10 @@ main.add_command(scx)
 main.add_command(trace_command)
 main.add_command(classify_command)
 main.add_command(rightsize_command)
+main.add_command(train_command)
+main.add_command(bind_command)
+main.add_command(unbind_command)
+main.add_command(bindings_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -23,6 +23,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -554,6 +555,32 @@ def mariadb_server(performance_schema: bool = True) -> Iterator[RunningServer]:
                                 extra={"socket": sock, "client": client})
 
 
+# ---- a JVM service --------------------------------------------------------------------------------
+
+JVM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jvm")
+
+
+@contextlib.contextmanager
+def jvm_service(pool_threads: int = 4) -> Iterator[RunningServer]:
+    """tests/jvm/TrainingService.java (default-jdk-headless) on a free loopback port: an HTTP
+    server with a "req-handler-N" pool and a CPU-heavy "report-builder" thread in the same
+    process, Parallel GC (GC Thread#N); load = tests/jvm/http_load.py, 4 keep-alive clients."""
+    java = require("java", "default-jdk-headless")
+    require("javac", "default-jdk-headless")
+    port = free_port()
+    with _workdir("jvm", None) as workdir:
+        argv = [java, "-Xmx64m", "-XX:+UseParallelGC", os.path.join(JVM_DIR, "TrainingService.java"),
+                str(port), str(pool_threads)]
+        with _supervised(argv, os.path.join(workdir, "java.log"), None, cwd=workdir) as proc:
+            wait_for_port(port, proc, "TrainingService", timeout=60)
+
+            def start_load(seconds: float) -> Load:
+                return Load("http_load", [[sys.executable, os.path.join(JVM_DIR, "http_load.py"), str(port),
+                                           str(seconds), "4"]], seconds, workdir, self_limited=True)
+
+            yield RunningServer("jvm-service", _version([java, "-version"]), proc.pid, port, workdir, start_load)
+
+
 def mariadb_thread_roles(server: RunningServer) -> Dict[int, str]:
     """tid -> performance_schema.threads NAME (e.g. thread/sql/one_connection) of a running mariadbd."""
     out = _mariadb_client(server.extra["socket"], "SELECT THREAD_OS_ID, NAME FROM performance_schema.threads "
@@ -583,6 +610,7 @@ __all__ = [
     "child_pids",
     "cpu_ms_by_name",
     "free_port",
+    "jvm_service",
     "mariadb_server",
     "mariadb_thread_roles",
     "memcached_server",

@@ -1,5 +1,6 @@
 """The commands temperd serves on its control socket (control.py), one handler each:
-status, reload, plan, explain, trace (trace_commands.py), classify and rightsize (knowledge_commands.py). Each runs on the socket's thread
+status, reload, plan, explain, trace (trace_commands.py), train (training_commands.py), bind, unbind and
+bindings (bind_commands.py), classify and rightsize (knowledge_commands.py). Each runs on the socket's thread
 for that client and holds the daemon's lock while it reads or changes its state."""
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from typing import TYPE_CHECKING, Any, Dict
 
 from temperd.daemon.control import ControlError, Handler, Progress, task_id
 from temperd.decide.explain import NoSuchTask, explain
+from temperd.daemon.bind_commands import BindCommands
 from temperd.daemon.trace_commands import trace_handler
+from temperd.daemon.training_commands import train_handler
 from temperd.daemon.knowledge_commands import KnowledgeCommands
 
 if TYPE_CHECKING:
@@ -25,8 +28,10 @@ class ControlCommands:
 
     def handlers(self) -> Dict[str, Handler]:
         knowledge = KnowledgeCommands(self.daemon)
-        return {"status": self.status, "reload": self.reload, "plan": self.plan, "explain": self.explain,
-                "trace": trace_handler, "classify": knowledge.classify, "rightsize": knowledge.rightsize}
+        binds = BindCommands(self.daemon)
+        return {"bind": binds.bind, "unbind": binds.unbind, "bindings": binds.bindings,
+                "status": self.status, "reload": self.reload, "plan": self.plan, "explain": self.explain,
+                "trace": trace_handler, "train": train_handler, "classify": knowledge.classify, "rightsize": knowledge.rightsize}
 
     def status(self, request: Request, progress: Progress) -> Reply:
         """{"status": what `temperctl status` shows}."""

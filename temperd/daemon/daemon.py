@@ -21,7 +21,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from temperd import __version__
 from temperd.backends import Backend, BackendStatus
@@ -36,7 +36,7 @@ from temperd.daemon.notify import Notifier
 from temperd.daemon.reload import ReloadResult, ViewLoader, restart_only_changes, summary_of
 from temperd.daemon.services import Services
 from temperd.decide.hostview import HostView, decide, make_matcher
-from temperd.decide.matcher import Matcher, MatchResult
+from temperd.decide.matcher import Matcher, MatchResult, RuntimeBinding
 from temperd.observe.journal import Journal
 from temperd.observe.metrics import Metrics
 from temperd.observe.sampler import Sampler
@@ -76,6 +76,7 @@ class Daemon:
         self.generation = 0
         self.view: Optional[HostView] = None
         self.matcher: Optional[Matcher] = None
+        self.runtime_bindings: Dict[int, RuntimeBinding] = {}  # temperctl bind: until unbind, exit or stop
         self.match = MatchResult()
         self.plan: Optional[LayerPlan] = None
         self.last_reload: Optional[ReloadResult] = None
@@ -116,7 +117,7 @@ class Daemon:
                 raise StartupError(f"error: {exc.strerror or exc}") from None
             try:
                 self._start_backend(view)
-                self.matcher = make_matcher(view)
+                self.matcher = self._make_matcher(view)
                 if not self.inventory.start():
                     log.warning("process events unavailable (%s): scanning /proc every %.0f s instead",
                                 self.inventory.unavailable_reason, self.config.scan_interval(False))
@@ -137,6 +138,19 @@ class Daemon:
             self.notifier.notify("READY=1")
             self._notify_status()
             log.info("temperd %s running: %s", __version__, self.status_line())
+
+    def _make_matcher(self, view: HostView) -> Matcher:
+        matcher = make_matcher(view)
+        matcher.set_runtime_bindings(self.runtime_bindings)  # bindings outlive a reload
+        return matcher
+
+    def set_runtime_bindings(self, bindings: Dict[int, RuntimeBinding], trigger: str) -> None:
+        """Bind or unbind at run time (under the lock): replan now; threads that leave their
+        group are put back as on any other change."""
+        assert self.matcher is not None
+        self.runtime_bindings = dict(bindings)
+        self.matcher.set_runtime_bindings(self.runtime_bindings)
+        self.replan(trigger)
 
     def _first_view(self) -> HostView:
         try:
@@ -280,7 +294,7 @@ class Daemon:
             old = self.view
             self.view = view
             self.generation += 1
-            self.matcher = make_matcher(view)
+            self.matcher = self._make_matcher(view)
             if self.backend.retry():  # a reload is the operator's way to leave scx safe mode
                 log.info("reload (%s): scx backend leaves safe mode", trigger)
             if old is not None and old.shape != view.shape:

@@ -91,10 +91,9 @@ def _share(path: str, mode: int) -> None:
     os.chmod(path, mode)
 
 
-def trace_handler(request: Dict[str, Any], progress: Progress) -> Dict[str, Any]:
-    """{"cmd": "trace", "duration": "10s", "max_size": "64M", "pid"|"unit": ..., "gzip": bool,
-    "requester": "..."} -> {"trace": CaptureResult as a dict}; progress notes while it runs."""
-    duration = _limit(parse_duration, request.get("duration", trace_capture.DEFAULT_DURATION_S), "duration")
+def capture_request(request: Dict[str, Any], prefix: str, default_duration_s: float) -> CaptureRequest:
+    """The capture a request asks for, written to a new file in TRACE_DIR (the oldest pruned)."""
+    duration = _limit(parse_duration, request.get("duration", default_duration_s), "duration")
     max_bytes = _limit(parse_size, request.get("max_size", trace_capture.DEFAULT_MAX_BYTES), "max size")
     pid = _optional_pid(request)
     unit = _optional_unit(request)
@@ -102,22 +101,36 @@ def trace_handler(request: Dict[str, Any], progress: Progress) -> Dict[str, Any]
     os.makedirs(directory, mode=0o750, exist_ok=True)
     _share(directory, 0o750)
     _prune(directory, KEEP_TRACES - 1)
-    name = time.strftime("trace-%Y%m%d-%H%M%S") + f"-{time.monotonic_ns() % 1_000_000:06d}.txt"
+    name = time.strftime(f"{prefix}-%Y%m%d-%H%M%S") + f"-{time.monotonic_ns() % 1_000_000:06d}.txt"
     if request.get("gzip"):
         name += ".gz"
-    output = os.path.join(directory, name)
     requester = str(request.get("requester") or "control socket")[:200]
+    return CaptureRequest(output=os.path.join(directory, name), duration_s=duration, max_bytes=max_bytes, pid=pid,
+                          unit=unit, requester=requester)
 
+
+def relayed(progress: Progress, what: str) -> Progress:
+    """progress, ending the work with a ControlError when temperctl has gone away."""
     def relay(note: Dict[str, Any]) -> None:
         try:
             progress(note)
         except OSError:
-            raise ControlError("temperctl went away; capture stopped") from None
+            raise ControlError(f"temperctl went away; {what} stopped") from None
+    return relay
 
+
+def shared_output(path: str) -> None:
+    """A finished trace, readable by group temper."""
+    _share(path, 0o640)
+
+
+def trace_handler(request: Dict[str, Any], progress: Progress) -> Dict[str, Any]:
+    """{"cmd": "trace", "duration": "10s", "max_size": "64M", "pid"|"unit": ..., "gzip": bool,
+    "requester": "..."} -> {"trace": CaptureResult as a dict}; progress notes while it runs."""
+    wanted = capture_request(request, "trace", trace_capture.DEFAULT_DURATION_S)
     try:
-        result = capture(CaptureRequest(output=output, duration_s=duration, max_bytes=max_bytes, pid=pid,
-                                        unit=unit, requester=requester), progress=relay)
+        result = capture(wanted, progress=relayed(progress, "capture"))
     except TraceError as exc:
         raise ControlError(str(exc)) from None
-    _share(result.output, 0o640)
+    shared_output(result.output)
     return {"trace": result.as_dict()}

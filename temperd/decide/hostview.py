@@ -55,7 +55,8 @@ def planner_settings(config: DaemonConfig) -> PlannerSettings:
 
 def decide(view: HostView, matcher: Matcher, processes: Iterable) -> Tuple[MatchResult, LayerPlan]:
     match = matcher.match(processes)
-    return match, plan(view.shape, match.workloads, view.profiles.active, planner_settings(view.config))
+    profiles = {**view.profiles.active, **matcher.runtime_profiles()}
+    return match, plan(view.shape, match.workloads, profiles, planner_settings(view.config))
 
 
 __all__ = ["ConfigError", "HostView", "decide", "load_host_view", "make_matcher", "planner_settings"]

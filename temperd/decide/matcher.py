@@ -1,7 +1,8 @@
 """Which profile and tier apply to each process, and which thread group each thread is in — and why.
 
-Precedence: TEMPER_WORKLOAD_PROFILE=<id> in the process environment, then a
-[[binding]] naming its unit or cgroup, then profile fingerprints (executable, unit, cgroup,
+Precedence: a runtime binding (`temperctl bind --pid P --profile FILE`: the process and its
+descendants, until unbound or the process ends), then TEMPER_WORKLOAD_PROFILE=<id> in the process
+environment, then a [[binding]] naming its unit or cgroup, then profile fingerprints (executable, unit, cgroup,
 process name, command line). Processes of one workload (one unit, or one process tree
 without a unit) are matched together so a process-per-connection server is one workload.
 
@@ -33,6 +34,22 @@ ENV_PROFILE = "TEMPER_WORKLOAD_PROFILE"
 
 
 @dataclass(frozen=True)
+class RuntimeBinding:
+    """A profile bound to one process (pid, start time) at run time, over the control socket.
+    Its profile's id is made unique to the process, so it never replaces a loaded profile."""
+
+    pid: int
+    start_time: int
+    profile: Profile
+    tier: Optional[str]
+    requester: str
+
+    @staticmethod
+    def bound_id(profile_id: str, pid: int) -> str:
+        return f"{profile_id}-bound-{pid}"
+
+
+@dataclass(frozen=True)
 class ThreadMatch:
     tid: int
     pid: int
@@ -48,7 +65,7 @@ class Workload:
     tier: str
     budget: Optional[float]  # CPUs
     budget_reason: str
-    source: str  # "env" | "binding" | "fingerprint"
+    source: str  # "bind" | "env" | "binding" | "fingerprint"
     reason: str
     unit: Optional[str]
     cgroup: Optional[str]
@@ -135,6 +152,15 @@ class Matcher:
         self._env_cache: Dict[Tuple[int, int, int], Optional[str]] = {}
         self._decisions: Dict[tuple, Optional[_ProcessDecision]] = {}
         self._last_runtime: Dict[Tuple[int, int], int] = {}
+        self.runtime_bindings: Dict[int, RuntimeBinding] = {}  # pid -> binding (temperctl bind)
+        self._bound: Dict[int, RuntimeBinding] = {}  # pid -> the binding of it or an ancestor, this match
+
+    def set_runtime_bindings(self, bindings: Mapping[int, RuntimeBinding]) -> None:
+        self.runtime_bindings = dict(bindings)
+
+    def runtime_profiles(self) -> Dict[str, Profile]:
+        """The profiles of the runtime bindings, by their (per-process) ids: the planner's too."""
+        return {b.profile.id: b.profile for b in self.runtime_bindings.values()}
 
     # ---- per process -----------------------------------------------------------------------
 
@@ -144,7 +170,7 @@ class Matcher:
         if proc.is_kernel_thread:
             return None
         key = (proc.pid, proc.start_time, proc.execs, proc.uid, proc.name, proc.exe, tuple(proc.cmdline or ()),
-               proc.unit, proc.cgroup)
+               proc.unit, proc.cgroup, self._bound.get(proc.pid))
         if key not in self._decisions:
             decision = self._decide(proc)
             if decision is not None:
@@ -160,6 +186,11 @@ class Matcher:
         binding = binding_for(self.config, proc)
         tier = binding.tier if binding else self.config.default_tier
         tier_reason = f"tier {tier} from {binding.describe()}" if binding else f"default tier {tier}"
+        bound = self._bound.get(proc.pid)
+        if bound is not None:
+            tier = bound.tier or tier
+            return _ProcessDecision(bound.profile, tier, "bind", f"profile {bound.profile.id} bound to pid {bound.pid} "
+                                    f"by {bound.requester}; tier {tier}", binding)
         key = (proc.pid, proc.start_time, proc.execs)
         if key not in self._env_cache:
             self._env_cache[key] = self._env_reader(proc.pid, ENV_PROFILE)
@@ -197,6 +228,7 @@ class Matcher:
         live = {(p.pid, p.start_time) for p in procs.values()}
         self._decisions = {k: v for k, v in self._decisions.items() if (k[0], k[1]) in live}
         self._env_cache = {k: v for k, v in self._env_cache.items() if (k[0], k[1]) in live}
+        self._bound = _bound_processes(procs, self.runtime_bindings)
         decisions = {}
         for pid, proc in procs.items():
             decision = self.decide(proc)
@@ -225,7 +257,7 @@ class Matcher:
         proc, decision = procs[pid], decisions[pid]
         pid_of = decision.profile.id if decision.profile else "tier"
         if proc.unit:
-            return f"{proc.unit}" if decision.source != "env" else f"{proc.unit}/{pid_of}"
+            return f"{proc.unit}" if decision.source not in ("env", "bind") else f"{proc.unit}/{pid_of}"
         # Without a unit: the topmost ancestor with the same decision roots the workload.
         root = pid
         parent = procs[root].ppid
@@ -315,6 +347,23 @@ class Matcher:
                     out[tid] = ThreadMatch(tid, proc.pid, match.comm, None,
                                            f"{match.reason}; {treatment[match.group]} not granted: {distrust}")
         return list(out.values())
+
+
+def _bound_processes(procs: Mapping[int, object], bindings: Mapping[int, RuntimeBinding]) -> Dict[int, RuntimeBinding]:
+    """pid -> the runtime binding of the process itself or of its nearest bound ancestor; a
+    binding whose process is gone (or whose pid now names another process) binds nothing."""
+    live = {pid: b for pid, b in bindings.items() if pid in procs and procs[pid].start_time == b.start_time}
+    out: Dict[int, RuntimeBinding] = {}
+    for pid in procs:
+        seen = set()
+        ancestor = pid
+        while ancestor in procs and ancestor not in seen:
+            if ancestor in live:
+                out[pid] = live[ancestor]
+                break
+            seen.add(ancestor)
+            ancestor = procs[ancestor].ppid
+    return out
 
 
 def _threads(proc) -> List:

@@ -101,6 +101,25 @@ def list_tids(pid: int) -> Optional[List[int]]:
     return _int_entries(f"{PROC}/{pid}/task")
 
 
+def process_tree(root: int) -> List[int]:
+    """root and every process descended from it, as /proc shows them now (sorted)."""
+    children: Dict[int, List[int]] = {}
+    for pid in list_pids():
+        data = read_bytes(f"{PROC}/{pid}/stat", 2048, single=True)
+        if data:
+            try:
+                children.setdefault(int(split_stat(data)[1][1]), []).append(pid)
+            except (ValueError, IndexError):
+                continue
+    seen, todo = {root}, [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+    return sorted(seen)
+
+
 def split_stat(data: bytes) -> Tuple[str, List[bytes]]:
     """A stat line's comm and the fields after it. comm may hold spaces and parentheses, so the
     split is after the last ')'; fields[0] is field 3 (state): field N of proc(5) is fields[N - 3]."""

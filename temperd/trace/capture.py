@@ -363,13 +363,15 @@ def unit_pids(unit: str) -> List[int]:
 
 
 def filter_tids(pid: Optional[int], unit: Optional[str]) -> List[int]:
-    """The thread ids for set_event_pid (the kernel filters by thread, not by process); empty
-    when the capture is host-wide. Raises TraceError when the workload has no live process."""
+    """The thread ids for set_event_pid (the kernel filters by thread, not by process): those of
+    the unit's processes, or of the process and the processes it has forked (a PostgreSQL
+    postmaster's backends); empty when the capture is host-wide. Raises TraceError when the
+    workload has no live process."""
     if pid is None and not unit:
         return []
     if pid is not None and unit:
         raise TraceError("give either a pid or a unit, not both")
-    pids = [pid] if pid is not None else unit_pids(str(unit))
+    pids = procfs.process_tree(pid) if pid is not None else unit_pids(str(unit))
     tids: List[int] = []
     for one in pids:
         tids.extend(procfs.list_tids(one) or [])

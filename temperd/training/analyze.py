@@ -1,0 +1,364 @@
+"""From what each thread did to thread groups: pure functions over WorkloadFeatures.
+
+1. The request path. Threads woken from outside the workload but not by a timer (network
+   receive, loopback clients, other processes) serve requests: the seeds. A thread joins the
+   path when the path drives it (most of its wakeups come from path threads and it is busy or
+   woken at CHAIN_RATE or more: I/O threads, dispatched workers, a WAL writer) or when the path
+   waits on it (it wakes a path thread at CHAIN_RATE or more, at least WAITED_ON_SHARE of that
+   thread's wakeups), or when it polls for work (wants POLLING_DEMAND CPUs and never slept). With
+   no seed (a batch or self-driven workload) the busiest threads are the seeds.
+2. Each thread's class: on the path, a thread using HOT_CPU or more is **sync compute** (its
+   median burst is LONG_BURST_US or more) or **latency critical** (short bursts) and gets
+   exclusive cores; below that a path thread is latency critical, or an **I/O wake chain** when it
+   is not a seed and IO_D_SHARE of its sleeps are in D state (waiting on I/O), both latency; off the path, **sporadic / background**: yield (SCHED_BATCH, never
+   SCHED_IDLE, which a thread someone waits on now and then must not get).
+3. Threads are grouped by normalised name (names.name_key); a group takes the class of its
+   foremost member (on the path first, then the busiest). Where names do not separate (every
+   thread carries the process name: MariaDB 10.11, ONNX Runtime, PostgreSQL) the members are
+   split by behaviour: across processes by process title (`process_titles`), inside one process
+   as the N busiest (`busiest = N`) with the rest in the catch-all.
+4. Groups of one class and treatment are one cluster: one [[thread_groups]] of the profile.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+from temperd.plan import EXCLUSIVE, LATENCY, YIELD
+from temperd.training.features import (INTERRUPT, NETWORK, OUTSIDE, SAME_PROCESS, WORKLOAD, ThreadFeatures,
+                                       WorkloadFeatures, top)
+from temperd.training.names import name_key
+
+SYNC_COMPUTE = "sync compute"
+LATENCY_CRITICAL = "latency critical"
+IO_WAKE_CHAIN = "I/O wake chain"
+BACKGROUND = "sporadic / background"
+CLASSES = (SYNC_COMPUTE, LATENCY_CRITICAL, IO_WAKE_CHAIN, BACKGROUND)
+TREATMENT_OF = {SYNC_COMPUTE: EXCLUSIVE, LATENCY_CRITICAL: LATENCY, IO_WAKE_CHAIN: LATENCY, BACKGROUND: YIELD}
+RANK = {YIELD: 0, LATENCY: 1, EXCLUSIVE: 2}
+
+SERVING_RATE = 5.0  # external wakeups/s that make a thread a request-path seed
+CHAIN_RATE = 5.0  # wakeups/s along an edge that couple two threads
+DRIVEN_SHARE = 0.5  # of a thread's wakeups, from path threads: the path drives it
+WAITED_ON_SHARE = 0.1  # of a path thread's wakeups, by one thread: the path waits on that thread
+BUSY_CPU = 0.02  # CPUs: a thread below this is idle for sizing
+HOT_CPU = 0.3  # CPUs: a path thread this busy gets exclusive cores
+LONG_BURST_US = 200.0  # median on-CPU burst of sync compute
+SELF_DRIVEN_SHARE = 0.5  # no seed: threads with this share of the busiest thread's CPU drive the workload
+POLLING_DEMAND = 0.5  # CPUs wanted by a thread that never slept: it polls for work
+IO_D_SHARE = 0.3  # of a path thread's sleeps, in D state: it waits on I/O for the path
+
+
+@dataclass
+class Verdict:
+    """One thread's place: on the request path or not and why, its class and treatment."""
+
+    tid: int
+    on_path: bool
+    why: str
+    cls: str
+    treatment: str
+
+
+@dataclass
+class Cluster:
+    name: str
+    cls: str
+    treatment: str
+    selector: str  # thread_names | process_titles | busiest | catch_all
+    patterns: Tuple[str, ...] = ()  # globs (thread_names) or regular expressions (process_titles)
+    busiest: Optional[int] = None
+    tids: Tuple[int, ...] = ()
+    cores: int = 0  # exclusive: the whole cores its busy threads need
+    note: str = ""  # why this selector, when names did not separate
+
+
+@dataclass
+class Analysis:
+    features: WorkloadFeatures
+    verdicts: Dict[int, Verdict]
+    clusters: List[Cluster]
+    seeds: Tuple[int, ...]
+    budget: float  # CPUs the sizing is for
+    budget_reason: str
+
+    def cluster_of(self, tid: int) -> Optional[Cluster]:
+        for cluster in self.clusters:
+            if tid in cluster.tids:
+                return cluster
+        return None
+
+
+# ---- 1. the request path -------------------------------------------------------------------------
+
+
+def request_path(wf: WorkloadFeatures) -> Tuple[Dict[int, str], Tuple[int, ...]]:
+    """tid -> why it is on the request path, and the seeds."""
+    threads = wf.threads
+    path: Dict[int, str] = {}
+    for t in threads.values():
+        rate = t.external_wakeups_per_s(wf.duration_s)
+        if rate >= SERVING_RATE:
+            path[t.tid] = f"serves requests: {rate:.0f} wakeups/s from the network or other processes"
+    if not path:
+        top = max((t.cpu_share for t in threads.values()), default=0.0)
+        for t in threads.values():
+            if t.cpu_share >= max(BUSY_CPU, top * SELF_DRIVEN_SHARE):
+                path[t.tid] = (f"drives the workload: {t.cpu_share:.2f} CPUs, among its busiest threads, and nothing "
+                               "wakes the workload from outside")
+    seeds = tuple(sorted(path))
+    changed = True
+    while changed:
+        changed = False
+        for t in threads.values():
+            if t.tid in path:
+                continue
+            why = _joins_path(t, path, wf)
+            if why:
+                path[t.tid] = why
+                changed = True
+    return path, seeds
+
+
+def _joins_path(t: ThreadFeatures, path: Dict[int, str], wf: WorkloadFeatures) -> Optional[str]:
+    if t.wakeups_per_s == 0 and t.demand >= POLLING_DEMAND:
+        return f"polls for work: wants {t.demand:.2f} CPUs and never slept in the window (an I/O thread spinning)"
+    wakeups = t.wakeups_per_s * wf.duration_s  # timers and the network included
+    from_path = sum(n for waker, n in t.wakers.items() if waker in path)
+    if from_path and wakeups:
+        share = min(1.0, from_path / wakeups)
+        rate = from_path / wf.duration_s
+        if share >= DRIVEN_SHARE and (rate >= CHAIN_RATE or t.cpu_share >= BUSY_CPU):
+            return f"driven by the request path: {share:.0%} of its wakeups ({rate:.1f}/s) come from it"
+    for wakee, n in sorted(t.wakees.items(), key=lambda item: -item[1]):
+        if wakee not in path:
+            continue
+        target = wf.threads[wakee]
+        rate = n / wf.duration_s
+        received = max(1.0, target.wakeups_per_s * wf.duration_s)
+        if rate >= CHAIN_RATE and n / received >= WAITED_ON_SHARE:
+            return (f"the request path waits on it: it gives {target.comm} {n / received:.0%} of its wakeups "
+                    f"({rate:.1f}/s)")
+    return None
+
+
+# ---- 2. classes ------------------------------------------------------------------------------
+
+
+def classify_thread(t: ThreadFeatures, path_why: Optional[str], seed: bool) -> Verdict:
+    if path_why is None:
+        return Verdict(t.tid, False, "not on the request path", BACKGROUND, YIELD)
+    if t.cpu_share >= HOT_CPU:
+        cls = SYNC_COMPUTE if t.burst_p50_us >= LONG_BURST_US else LATENCY_CRITICAL
+        return Verdict(t.tid, True, path_why, cls, EXCLUSIVE)
+    cls = IO_WAKE_CHAIN if not seed and t.d_share >= IO_D_SHARE else LATENCY_CRITICAL
+    return Verdict(t.tid, True, path_why, cls, LATENCY)
+
+
+# ---- 3. groups ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Group:
+    """Threads selected together: by a name key, a title key or as the busiest of a process."""
+
+    selector: str
+    pattern: Optional[str]  # the glob or title regex; None for busiest / catch-all
+    tids: List[int] = field(default_factory=list)
+    cls: str = BACKGROUND
+    treatment: str = YIELD
+    note: str = ""
+
+
+def _foremost(tids: Sequence[int], verdicts: Dict[int, Verdict], wf: WorkloadFeatures) -> Verdict:
+    return max((verdicts[t] for t in tids),
+               key=lambda v: (RANK[v.treatment], v.on_path, wf.threads[v.tid].cpu_share, -v.tid))
+
+
+def _split_titles(tids: Sequence[int], verdicts, wf: WorkloadFeatures, titles_seen: Dict[int, List[str]]) -> List[_Group]:
+    """Threads of a process-per-connection server, one group per role: processes of one
+    treatment, selected by the keys of their titles."""
+    by_pid: Dict[int, List[int]] = {}
+    for tid in tids:
+        by_pid.setdefault(wf.threads[tid].pid, []).append(tid)
+    per_key: Dict[str, List[int]] = {}
+    for pid, members in sorted(by_pid.items()):
+        titles_seen.setdefault(pid, [wf.titles.get(pid, "")])
+        per_key.setdefault(title_key(titles_seen[pid]), []).extend(members)
+    groups = []
+    for key, members in per_key.items():
+        lead = _foremost(members, verdicts, wf)
+        groups.append(_Group("process_titles", key, sorted(members), lead.cls, lead.treatment,
+                             "every process carries the same thread name; process titles tell them apart"))
+    return _merge_title_keys(groups, titles_seen, {tid: wf.threads[tid].pid for tid in tids})
+
+
+def _merge_title_keys(groups: List[_Group], titles: Dict[int, List[str]], pid_of: Dict[int, int]) -> List[_Group]:
+    """Keys of one treatment that differ only in their last word (a backend's state: idle,
+    SELECT ...) become their common prefix, unless that prefix would also select a process of
+    another treatment."""
+    out: List[_Group] = []
+    for group in groups:
+        assert group.pattern is not None
+        words = group.pattern.split(" ")
+        for other in out:
+            other_words = (other.pattern or "").split(" ")
+            if not (other.treatment == group.treatment and len(words) == len(other_words) >= 4
+                    and words[:-1] == other_words[:-1]):
+                continue
+            prefix = " ".join(words[:-1])
+            strangers = [t for g in groups if g.treatment != group.treatment for t in g.tids]
+            if any(re.search(title_regex([prefix]), title) for tid in strangers
+                   for title in titles.get(pid_of[tid], ())):
+                continue
+            other.pattern = prefix
+            other.tids = sorted(other.tids + group.tids)
+            break
+        else:
+            out.append(group)
+    return out
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _title_words(title: str) -> List[str]:
+    words = title.split()
+    if words and words[0].startswith("/"):  # a command line: the program, not its options
+        cut = next((i for i, w in enumerate(words) if w.startswith("-")), len(words))
+        words = words[:max(1, cut)][:1]
+    return words[:8]
+
+
+def title_key(titles: Sequence[str]) -> str:
+    """The words every title of a process shared, digits generalised: a regex body (escaped,
+    runs of digits as \\d+) for `process_titles`."""
+    word_lists = [[_DIGITS.sub("#", w) for w in _title_words(t)] for t in titles if t]
+    if not word_lists:
+        return ""
+    common: List[str] = []
+    for column in zip(*word_lists):
+        if any(w != column[0] for w in column):
+            break
+        common.append(column[0])
+    return " ".join(re.escape(w).replace("\\#", "#").replace("#", r"\d+") for w in common)
+
+
+def title_regex(keys: Iterable[str]) -> str:
+    alternatives = sorted(set(keys), key=lambda k: (-len(k), k))
+    body = alternatives[0] if len(alternatives) == 1 else "(?:" + "|".join(alternatives) + ")"
+    return f"^{body}(\\s|$)"
+
+
+def _groups(wf: WorkloadFeatures, verdicts: Dict[int, Verdict], titles_seen: Dict[int, List[str]]) -> List[_Group]:
+    by_key: Dict[str, List[int]] = {}
+    for tid, t in sorted(wf.threads.items()):
+        by_key.setdefault(t.key, []).append(tid)
+    groups: List[_Group] = []
+    for key, tids in sorted(by_key.items()):
+        process_names = {name_key(wf.threads[t].process_name) for t in tids}
+        treatments = {verdicts[t].treatment for t in tids}
+        pids = {wf.threads[t].pid for t in tids}
+        if key not in process_names or len(treatments) == 1 and len(pids) == 1:
+            lead = _foremost(tids, verdicts, wf)
+            groups.append(_Group("thread_names", key, tids, lead.cls, lead.treatment))
+        elif len(pids) > 1:
+            groups.extend(_split_titles(tids, verdicts, wf, titles_seen))
+        else:
+            top_rank = max(RANK[verdicts[t].treatment] for t in tids)
+            hot = [t for t in tids if RANK[verdicts[t].treatment] == top_rank]
+            rest = [t for t in tids if t not in hot]
+            lead = _foremost(hot, verdicts, wf)
+            note = (f"every thread is named {wf.threads[tids[0]].comm!r}; the {len(hot)} busiest are this group, "
+                    "picked by recent CPU time")
+            groups.append(_Group("busiest", None, hot, lead.cls, lead.treatment, note))
+            if rest:
+                lead = _foremost(rest, verdicts, wf)
+                groups.append(_Group("catch_all", None, rest, lead.cls, lead.treatment,
+                                     f"the other threads named {wf.threads[tids[0]].comm!r}"))
+    return groups
+
+
+# ---- 4. clusters and sizing ---------------------------------------------------------------------
+
+
+CLUSTER_NAMES = {SYNC_COMPUTE: "sync-compute", LATENCY_CRITICAL: "latency-critical", IO_WAKE_CHAIN: "io-wake-chain",
+                 BACKGROUND: "background"}
+
+
+def cores_needed(threads: Sequence[ThreadFeatures]) -> int:
+    """Whole cores for an exclusive group: one per hot thread, at least its busy threads' CPU
+    rounded up, never more than its busy threads."""
+    busy = [t for t in threads if t.cpu_share >= BUSY_CPU]
+    hot = sum(1 for t in busy if t.cpu_share >= HOT_CPU)
+    demand = math.ceil(round(sum(t.cpu_share for t in busy), 2) - 0.05)
+    return max(1, min(len(busy) or 1, max(hot, demand)))
+
+
+def _clusters(groups: List[_Group], wf: WorkloadFeatures) -> List[Cluster]:
+    merged: Dict[Tuple[str, str, str], Cluster] = {}
+    catch_all = [g for g in groups if g.selector == "catch_all"]
+    background_is_catch_all = not catch_all
+    for g in groups:
+        selector = g.selector
+        if background_is_catch_all and g.cls == BACKGROUND and selector == "thread_names":
+            selector = "catch_all"
+        merge_key = (g.cls, g.treatment, selector)
+        cluster = merged.get(merge_key)
+        if cluster is None or selector == "busiest":
+            name = CLUSTER_NAMES[g.cls]
+            if any(c.name == name for c in merged.values()):
+                name = f"{name}-{len(merged) + 1}"
+            cluster = Cluster(name, g.cls, g.treatment, selector, note=g.note)
+            merged[merge_key if selector != "busiest" else (g.cls, g.treatment, f"busiest{len(merged)}")] = cluster
+        if selector == "busiest":
+            cluster.busiest = len(g.tids)
+        elif g.pattern is not None and selector != "catch_all":
+            cluster.patterns = cluster.patterns + (g.pattern,)
+        cluster.tids = tuple(sorted(cluster.tids + tuple(g.tids)))
+    clusters = list(merged.values())
+    for cluster in clusters:
+        if cluster.selector == "process_titles":
+            cluster.patterns = (title_regex(cluster.patterns),)
+        if cluster.treatment == EXCLUSIVE:
+            cluster.cores = cores_needed([wf.threads[t] for t in cluster.tids])
+    # The matcher tries groups in order and the first match wins: titles with longer keys first,
+    # the catch-all last.
+    order = {"process_titles": 0, "thread_names": 1, "busiest": 2, "catch_all": 3}
+    clusters.sort(key=lambda c: (order[c.selector], -max((len(p) for p in c.patterns), default=0), c.name))
+    return clusters
+
+
+def analyze(wf: WorkloadFeatures, budget: float, budget_reason: str,
+            titles_seen: Optional[Dict[int, List[str]]] = None) -> Analysis:
+    """The request path, each thread's class and treatment, and the clusters that become the
+    profile's thread groups. `titles_seen`: pid -> every title the process showed."""
+    path, seeds = request_path(wf)
+    verdicts = {tid: classify_thread(t, path.get(tid), tid in seeds) for tid, t in wf.threads.items()}
+    clusters = _clusters(_groups(wf, verdicts, titles_seen or {}), wf)
+    return Analysis(wf, verdicts, clusters, seeds, budget, budget_reason)
+
+
+def wakers_summary(t_list: Sequence[ThreadFeatures], wf: WorkloadFeatures, n: int = 3) -> str:
+    """The top wakers of some threads, by role: thread names of the workload, network, timer, outside."""
+    counts: Dict[str, int] = {}
+    for t in t_list:
+        for kind in (NETWORK, INTERRUPT, OUTSIDE):
+            if t.woken_by.get(kind):
+                label = {NETWORK: "network", INTERRUPT: "timer/interrupt", OUTSIDE: "other processes"}[kind]
+                counts[label] = counts.get(label, 0) + t.woken_by[kind]
+        for waker, count in t.wakers.items():
+            label = wf.threads[waker].key if waker in wf.threads else str(waker)
+            counts[label] = counts.get(label, 0) + count
+    total = sum(counts.values())
+    if not total:
+        return "none"
+    return ", ".join(f"{label} {count / total:.0%}" for label, count in
+                     sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:n])
+
+
+__all__ = ["Analysis", "CLASSES", "Cluster", "Verdict", "analyze", "cores_needed", "request_path", "title_key",
+           "title_regex", "wakers_summary", "SAME_PROCESS", "WORKLOAD", "top"]

@@ -1,0 +1,53 @@
+"""Observe a workload for training: one bounded scheduling trace of its threads (the host's one
+trace capture, filtered to the workload) while its threads' /proc counters are sampled every
+second. temperd runs this for `temperctl train` over its control socket; temperctl runs it
+itself, as root, where no temperd runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+from temperd.trace.capture import CaptureRequest, TraceError, capture
+from temperd.training.samples import Sampler, Samples, workload_pids
+
+Progress = Callable[[Dict[str, Any]], None]
+
+
+@dataclass
+class Observation:
+    trace: Dict[str, Any]  # the capture's result (CaptureResult.as_dict(): output path, events ...)
+    samples: Samples
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"trace": self.trace, "samples": self.samples.as_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "Observation":
+        return cls(dict(data["trace"]), Samples.from_dict(data["samples"]))
+
+
+def observe(request: CaptureRequest, progress: Optional[Progress] = None,
+            cancel: Optional[threading.Event] = None) -> Observation:
+    """Trace and sample the workload of request.pid / request.unit for request.duration_s.
+    Raises TraceError (one line) when it cannot: no such workload, a capture already running,
+    no tracefs, not root."""
+    if request.pid is None and not request.unit:
+        raise TraceError("training needs a workload: a pid or a unit")
+    if not workload_pids(request.pid, request.unit):
+        raise TraceError(f"no process with pid {request.pid}" if request.pid is not None
+                         else f"unit {request.unit} has no running processes")
+    sampler = Sampler(request.pid, request.unit)
+
+    def note(values: Dict[str, Any]) -> None:
+        if progress is not None:
+            progress(dict(values, stage="observing", threads=len(sampler.samples.threads)))
+
+    sampler.start()
+    try:
+        result = capture(request, progress=note, cancel=cancel)
+    finally:
+        samples = sampler.stop()
+    return Observation(result.as_dict(), samples)

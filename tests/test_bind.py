@@ -1,0 +1,97 @@
+"""`temperctl bind` / `unbind` against a running temperd and a real memcached: a bound profile
+takes over from the fingerprint at once, unbind and stop put every thread back, a bad profile or
+pid is one line, and a binding raises nothing for a process the host does not trust."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_daemon_e2e import Temperd, memcached, task_stat, threads_by_name
+from thread_children import wait_for
+
+pytestmark = [pytest.mark.servers, pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0, reason="temperd changes other processes' scheduling: root")]
+
+BOUND = """schema_version = 1
+id = "bound-test"
+[[thread_groups]]
+name = "workers"
+thread_names = ["mc-worker"]
+treatment = "yield"
+yield_policy = "batch"
+nice = 7
+[[thread_groups]]
+name = "rest"
+catch_all = true
+treatment = "latency"
+nice = -3
+"""
+
+SCHED_BATCH = 3
+
+
+@pytest.fixture
+def temperd(tmp_path):
+    daemon = Temperd(tmp_path)
+    daemon.start()
+    yield daemon
+    daemon.stop()
+
+
+def test_bind_takes_over_unbind_and_stop_put_threads_back(temperd, tmp_path):
+    profile = tmp_path / "bound.toml"
+    profile.write_text(BOUND)
+    with memcached() as server:
+        (worker,) = threads_by_name(server.pid)["mc-worker"]
+        original = task_stat(server.pid, worker)
+        wait_for(lambda: "memcached" in str(temperd.status()), 10, "the builtin memcached profile applied")
+        out = temperd.temperctl("bind", "--pid", str(server.pid), "--profile", str(profile))
+        assert out.returncode == 0, out.stderr
+        assert "bound-test-bound-" in out.stdout
+        wait_for(lambda: task_stat(server.pid, worker) == {"nice": 7, "policy": SCHED_BATCH}, 10, "the bound treatment")
+        assert task_stat(server.pid, server.pid)["nice"] == -3  # the main thread: the bound catch-all
+        listed = temperd.temperctl("bindings")
+        assert listed.returncode == 0 and f"pid {server.pid}" in listed.stdout
+        out = temperd.temperctl("unbind", "--pid", str(server.pid))
+        assert out.returncode == 0, out.stderr
+        wait_for(lambda: task_stat(server.pid, worker)["policy"] != SCHED_BATCH, 10, "the builtin profile again")
+        assert temperd.temperctl("bind", "--pid", str(server.pid), "--profile", str(profile)).returncode == 0
+        wait_for(lambda: task_stat(server.pid, worker)["nice"] == 7, 10, "bound again")
+        assert temperd.stop() == 0
+        assert task_stat(server.pid, worker) == original  # stop restores what the binding changed
+
+
+def test_bad_profile_or_pid_is_one_line(temperd, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(BOUND.replace('treatment = "yield"', 'treatment = "fast"'))
+    out = temperd.temperctl("bind", "--pid", str(os.getpid()), "--profile", str(bad))
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1
+    assert "bad.toml" in out.stderr and "treatment" in out.stderr
+    good = tmp_path / "good.toml"
+    good.write_text(BOUND)
+    out = temperd.temperctl("bind", "--pid", "4194303", "--profile", str(good))
+    assert out.returncode == 1 and "no such process" in out.stderr
+    out = temperd.temperctl("unbind", "--pid", str(os.getpid()))
+    assert out.returncode == 1 and "has no runtime binding" in out.stderr
+
+
+def test_binding_raises_nothing_for_an_untrusted_process(temperd, tmp_path):
+    profile = tmp_path / "raise.toml"
+    profile.write_text(BOUND)
+    user = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], user=54321, group=54321)
+    try:
+        wait_for(lambda: temperd.temperctl("explain", str(user.pid)).returncode == 0, 10, "the process known")
+        out = temperd.temperctl("bind", "--pid", str(user.pid), "--profile", str(profile))
+        assert out.returncode == 0, out.stderr
+        time.sleep(1.0)
+        assert task_stat(user.pid, user.pid)["nice"] == 0  # latency (nice -3) is not granted
+        explain = temperd.temperctl("explain", str(user.pid))
+        assert "not granted" in explain.stdout
+    finally:
+        user.kill()
+        user.wait()

@@ -1,0 +1,148 @@
+"""Training's pure parts on hand-built inputs: name keys, title keys, sizing (cpu_fraction from
+measured demand), the request path and classes, clustering into groups, and the synthesized
+profile (valid, evidence above each group, fingerprint of the workload)."""
+
+from __future__ import annotations
+
+import re
+
+from temperd.config.profile import parse_profile
+from temperd.decide.planner import exclusive_cores
+from temperd.plan import EXCLUSIVE, LATENCY, YIELD
+from temperd.training import analyze as A
+from temperd.training.features import INTERRUPT, NETWORK, OUTSIDE, SAME_PROCESS, WORKLOAD, ThreadFeatures, WorkloadFeatures
+from temperd.training.names import name_key
+from temperd.training.samples import ProcessInfo
+from temperd.training.synthesize import ShapeFacts, fingerprint, fraction_for, synthesize
+
+SHAPE = ShapeFacts(cores=4, threads_per_core=2, cpus=8, description="4 cores x 2 threads")
+
+
+def thread(tid, comm, cpu=0.0, *, pid=100, network=0, timer=0, wakers=None, wakees=None, p50=20.0, d=0.0,
+           process_name="server", title="server --port 1"):
+    wakers = wakers or {}
+    woken = {INTERRUPT: timer, NETWORK: network, SAME_PROCESS: sum(wakers.values()), WORKLOAD: 0, OUTSIDE: 0}
+    return ThreadFeatures(tid=tid, pid=pid, comm=comm, key=name_key(comm), process_name=process_name, title=title,
+                          cpu_share=cpu, demand=cpu, burst_p50_us=p50, burst_p99_us=p50 * 4, bursts=100,
+                          wakeups_per_s=sum(woken.values()) / 10.0, woken_by=woken, wakers=wakers,
+                          wakees=wakees or {}, d_share=d, wait_us_per_switch=0.0, cpu_per_second=[cpu] * 10)
+
+
+def workload(*threads, titles=None):
+    return WorkloadFeatures(10.0, {t.tid: t for t in threads}, {100: "server"}, titles or {100: "server --port 1"})
+
+
+def test_name_keys_drop_numbers_and_mark_truncation():
+    assert name_key("io_thd_1") == "io_thd_*"
+    assert name_key("GC Thread#3") == "GC Thread#*"
+    assert name_key("order-handler-1") == "order-handler-*"  # order-handler-17, cut to 15 bytes
+    assert name_key("http-nio-8080-e") == "http-nio-8080-e*"
+    assert name_key("mc-worker") == "mc-worker"
+    assert name_key("a[b]*") == "a?b??"  # glob characters never reach a pattern
+
+
+def test_title_keys_generalise_digits_and_cut_command_lines():
+    assert A.title_key(["postgres: 15/main: app shop 10.0.0.7(51234) idle",
+                        "postgres: 15/main: app shop 10.0.0.7(51234) SELECT"]) == \
+        r"postgres: \d+/main: app shop \d+\.\d+\.\d+\.\d+\(\d+\)"
+    assert A.title_key(["/usr/lib/postgresql/15/bin/postgres -D /var/lib/x -p 5432"]) == \
+        r"/usr/lib/postgresql/\d+/bin/postgres"
+    regex = A.title_regex([r"postgres: \d+/main: checkpointer", r"postgres: \d+/main: walwriter"])
+    assert re.search(regex, "postgres: 16/main: walwriter") and not re.search(regex, "postgres: 16/main: walwriterx")
+
+
+def test_cpu_fraction_covers_the_hot_threads_and_no_more():
+    assert exclusive_cores(2.25, fraction_for(2, 2.25)) == 2  # 0.9 would round up to a third core
+    assert fraction_for(2, 2.25) <= 0.889
+    assert exclusive_cores(8, fraction_for(3, 8)) == 3
+    assert fraction_for(4, 4) == 1.0
+
+
+def test_an_idle_pool_is_not_one_core_per_thread():
+    pool = [thread(i, f"worker-{i}", 0.0) for i in range(10, 210)] + [thread(1, "worker-1", 0.9), thread(2, "worker-2", 0.85)]
+    assert A.cores_needed(pool) == 2
+    assert A.cores_needed([thread(1, "w", 0.2), thread(2, "w", 0.2), thread(3, "w", 0.2)]) == 1
+
+
+def test_request_path_seeds_chains_and_background():
+    wf = workload(
+        thread(1, "loop", 0.6, network=3000, wakees={2: 40}),  # serves clients, hands work to io threads
+        thread(2, "io_thd_1", 0.5, wakers={1: 40}, p50=400),  # driven by the loop, busy
+        thread(3, "bio_lazy_free", 0.0, wakers={1: 2}),  # rarely handed a job: background
+        thread(4, "compactor", 0.7, timer=5000, p50=2000),  # busy on its own timer: background
+        thread(5, "wal", 0.01, wakers={1: 300}, wakees={1: 300}, d=0.6),  # the loop waits on it; sleeps in D
+    )
+    path, seeds = A.request_path(wf)
+    assert seeds == (1,) and set(path) == {1, 2, 5}
+    analysis = A.analyze(wf, 8.0, "host")
+    classes = {tid: (v.cls, v.treatment) for tid, v in analysis.verdicts.items()}
+    assert classes[1] == (A.LATENCY_CRITICAL, EXCLUSIVE)
+    assert classes[2] == (A.SYNC_COMPUTE, EXCLUSIVE)
+    assert classes[5] == (A.IO_WAKE_CHAIN, LATENCY)
+    assert classes[3][1] == classes[4][1] == YIELD
+
+
+def test_self_driven_workload_seeds_at_its_busiest_threads():
+    wf = workload(thread(1, "main", 0.9, p50=5000, wakees={3: 100}), thread(2, "intra-op", 0.8),
+                  thread(3, "helper", 0.1, wakers={1: 100}), thread(4, "idle", 0.0))
+    path, seeds = A.request_path(wf)
+    assert seeds == (1, 2) and 3 in path and 4 not in path
+
+
+def test_a_thread_that_never_sleeps_but_wants_a_cpu_polls_for_the_path():
+    wf = workload(thread(1, "loop", 0.2, network=900), thread(2, "io_thd_1", 0.2))
+    wf.threads[2].demand = 1.0  # runnable the whole window, never woken: spinning for work
+    path, _ = A.request_path(wf)
+    assert "polls" in path[2]
+
+
+def test_threads_named_like_the_process_split_into_busiest_and_catch_all():
+    wf = workload(*[thread(i, "server", 0.4, network=500) for i in (1, 2, 3)],
+                  *[thread(i, "server", 0.0) for i in (4, 5, 6, 7)], thread(8, "logger", 0.0))
+    analysis = A.analyze(wf, 8.0, "host")
+    busiest = [c for c in analysis.clusters if c.selector == "busiest"]
+    assert len(busiest) == 1 and busiest[0].busiest == 3 and busiest[0].treatment == EXCLUSIVE
+    catch_all = [c for c in analysis.clusters if c.selector == "catch_all"]
+    assert len(catch_all) == 1 and set(catch_all[0].tids) == {4, 5, 6, 7}
+    assert analysis.clusters[-1].selector == "catch_all"  # tried last
+
+
+def test_processes_named_alike_split_by_title():
+    titles = {101: "db: 15/main: app shop 10.0.0.1(5001) idle", 102: "db: 15/main: app shop 10.0.0.1(5002) SELECT",
+              103: "db: 15/main: checkpointer"}
+    wf = WorkloadFeatures(10.0, {t.tid: t for t in (
+        thread(101, "db", 0.3, pid=101, network=900, process_name="db", title=titles[101]),
+        thread(102, "db", 0.3, pid=102, network=900, process_name="db", title=titles[102]),
+        thread(103, "db", 0.05, pid=103, timer=10, process_name="db", title=titles[103]))},
+        {p: "db" for p in titles}, titles)
+    analysis = A.analyze(wf, 8.0, "host", {p: [t] for p, t in titles.items()})
+    by_title = {c.name: c for c in analysis.clusters if c.selector == "process_titles"}
+    serving = [c for c in by_title.values() if c.treatment == EXCLUSIVE]
+    assert len(serving) == 1 and set(serving[0].tids) == {101, 102}
+    assert re.search(serving[0].patterns[0], "db: 15/main: app shop 10.0.0.9(7777) UPDATE")
+    assert not re.search(serving[0].patterns[0], titles[103])
+
+
+def test_synthesized_profile_validates_with_evidence_and_fingerprint():
+    wf = workload(thread(1, "loop", 0.6, network=3000), thread(2, "bio_close_file", 0.0))
+    analysis = A.analyze(wf, 2.25, "the CPU quota of cgroup /x")
+    root = ProcessInfo(pid=100, ppid=1, name="server", exe="/usr/bin/server", titles=["server --port 1"],
+                       unit="server.service", cgroup="/system.slice/server.service", uid=0, cpu_quota=2.25)
+    text = synthesize(analysis, root, SHAPE, load="bench --connections 8")
+    profile = parse_profile(text, "server-trained.toml")
+    assert profile.id == "server-trained"
+    assert profile.fingerprint.executables == ("/usr/bin/server",) and profile.fingerprint.units == ("server.service",)
+    assert (profile.machine_shape.cores, profile.machine_shape.threads_per_core) == (4, 2)
+    assert profile.traits.criticality == "performance"
+    exclusive = [g for g in profile.thread_groups if g.treatment == EXCLUSIVE]
+    assert len(exclusive) == 1 and exclusive_cores(2.25, exclusive[0].cpu_fraction) == 1
+    for group in profile.thread_groups:  # a comment with the evidence right above each group
+        head = text.split(f'name = "{group.name}"')[0].rsplit("[[thread_groups]]", 1)[0]
+        assert "#  CPU:" in head.split("\n\n")[-1] and "wakeups" in head.split("\n\n")[-1]
+
+
+def test_an_interpreter_is_fingerprinted_by_its_program():
+    root = ProcessInfo(pid=7, ppid=1, name="python3", exe="/usr/bin/python3.11", titles=["python3 -u serve_model.py --port 9"],
+                       unit=None, cgroup=None, uid=0, cpu_quota=None)
+    found = fingerprint(root)
+    assert "executables" not in found and re.search(found["cmdline"][0], "python3 -u /srv/serve_model.py --port 9")
