@@ -46,7 +46,7 @@ from temperd.trace.parse import parse_trace
 GOAL_S = 10.0
 
 
-def synthesize(path: str, events: int, cpus: int = 8, processes: int = 20, threads_per: int = 20,
+def synthesize(path: str, events: int, cpus: int = 8, processes: int = 20, threads_per: int = 20, max_step_us: int = 20,
                seed: int = 7) -> int:
     """Write a plausible trace of about `events` events; returns the number written."""
     rng = random.Random(seed)
@@ -64,7 +64,7 @@ def synthesize(path: str, events: int, cpus: int = 8, processes: int = 20, threa
         out.write(header({"captured by": "bench/trace_parse.py (synthetic)"}))
         while written < events:
             cpu = rng.randrange(cpus)
-            ts_us += rng.randint(1, 20)
+            ts_us += rng.randint(1, max_step_us)
             cur = running[cpu]
             comm, tid, tgid = ("swapper/%d" % cpu, 0, 0) if cur is None else (tasks[cur][2], tasks[cur][0], tasks[cur][1])
             lines = []

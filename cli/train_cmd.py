@@ -138,7 +138,7 @@ def _print_summary(summary: Dict[str, Any], report: Optional[str], trace: str) -
                f"--profile {summary['profile']}")
 
 
-@click.group("train", invoke_without_command=True)
+@click.command("train")
 @click.option("--pid", type=int, help="The workload: this process and the processes it has forked.")
 @click.option("--unit", help="The workload: this systemd unit's processes.")
 @click.option("--duration", default=DEFAULT_DURATION, show_default=True, help="How long to observe (at most 60s).")
@@ -149,15 +149,10 @@ def _print_summary(summary: Dict[str, Any], report: Optional[str], trace: str) -
 @click.option("--direct", is_flag=True, help="Observe in this process (root) without asking temperd.")
 @socket_option
 @json_option
-@click.pass_context
-def train_command(ctx: click.Context, pid: Optional[int], unit: Optional[str], duration: str, load: Optional[str],
+def train_command(pid: Optional[int], unit: Optional[str], duration: str, load: Optional[str],
                   profile_id: Optional[str], output: Optional[str], no_report: bool, direct: bool, socket_path: str,
                   as_json: bool) -> None:
-    """Measure a running workload's thread structure and write a profile for it.
-
-    Subcommand: `temperctl train evaluate` judges a profile by running a benchmark."""
-    if ctx.invoked_subcommand is not None:
-        return
+    """Measure a running workload's thread structure and write a profile for it."""
     if (pid is None) == (not unit):
         raise click.UsageError("give either --pid or --unit")
     if not output:

@@ -11,6 +11,8 @@ packages=(python3 python3-venv python3-pip python3-setuptools python3-click pyth
 # bcc is the distribution's (python3-bpfcc); PyPI's "bcc" is an unrelated project.
 apt-cache show python3-bpfcc >/dev/null 2>&1 || apt-get update -qq
 packages+=(python3-bpfcc)
+# temperctl train's report (the deb and rpm recommend it)
+packages+=(python3-matplotlib)
 if ! /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then packages+=(python3-tomli); fi
 packages+=("$@")
 missing=()

@@ -81,12 +81,13 @@ def threads_by_treatment(trained: Trained) -> Dict[str, Set[str]]:
 
 def membership(trained: Trained, other: Trained) -> Set[Tuple]:
     """(thread, treatment) for each observed thread: a thread both trainings saw by its id, one
-    that came and went (a PostgreSQL backend of one pgbench run) by its name and title keys."""
+    that came and went (a PostgreSQL backend of one pgbench run) by its name and the key of its
+    title's first five words (a backend's state word, idle or SELECT, left out)."""
     both = set(trained.analysis.features.threads) & set(other.analysis.features.threads)
     out: Set[Tuple] = set()
     for t in trained.summary("x")["threads"]:
         f = trained.analysis.features.threads[t["tid"]]
-        out.add((t["tid"], t["treatment"]) if t["tid"] in both else (f.key, title_key([f.title]), t["treatment"]))
+        out.add((t["tid"], t["treatment"]) if t["tid"] in both else (f.key, title_key([" ".join(f.title.split()[:5])]), t["treatment"]))
     return out
 
 
