@@ -175,9 +175,11 @@ def train_command(pid: Optional[int], unit: Optional[str], duration: str, load: 
     else:
         args["unit"] = unit
     show = Stages(quiet=as_json)
+    via = "temperd"
     with LoadCommand(load):
         observation = None if direct else _through_daemon(socket_path, args, show)
         if observation is None:
+            via = "direct"
             if not direct:
                 show.say("temperd is not running: observing directly")
             observation = _direct(args, stem + ".trace", show)
@@ -198,6 +200,6 @@ def train_command(pid: Optional[int], unit: Optional[str], duration: str, load: 
             show.say(f"no report: {exc}")
     summary = trained.summary(output)
     if as_json:
-        print_json(dict(summary, report=report, trace=trace))
+        print_json(dict(summary, report=report, trace=trace, via=via))
     else:
         _print_summary(summary, report, trace)

@@ -4,6 +4,7 @@ pid is one line, and a binding raises nothing for a process the host does not tr
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -95,3 +96,17 @@ def test_binding_raises_nothing_for_an_untrusted_process(temperd, tmp_path):
     finally:
         user.kill()
         user.wait()
+
+
+def test_train_through_temperd_writes_the_profile(temperd, tmp_path):
+    """temperctl train asks the running temperd to observe (the host's one capture) and analyzes
+    the reply itself."""
+    with memcached() as server:
+        load = f"memcaslap -s 127.0.0.1:{server.port} -T 1 -c 4 -t 10s"
+        out = temperd.temperctl("train", "--pid", str(server.pid), "--duration", "2s", "--load", load,
+                                "-o", str(tmp_path / "mc.toml"), "--no-report", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["via"] == "temperd"
+    assert {t["comm"] for t in result["threads"]} >= {"memcached", "mc-worker"}
+    assert (tmp_path / "mc.toml").exists() and os.path.exists(result["trace"])
