@@ -1,7 +1,9 @@
 """A process whose threads run fixed duty cycles, for the rightsizing tests: each argument is one
-thread, NAME=BUSY/PERIOD in milliseconds: BUSY ms of CPU work, then asleep until the PERIOD is
-over ("hot=100/100" spins; "light=10/100" uses a tenth of a core), or NAME=burst:BUSY/PERIOD in
-seconds of wall time (busy the first BUSY s of every PERIOD s).
+thread, NAME=BUSY/PERIOD in milliseconds: BUSY ms of CPU work, then PERIOD - BUSY ms asleep
+("hot=100/100" spins; "light=10/100" wants a tenth of a core), or NAME=burst:BUSY/PERIOD in
+seconds (busy BUSY s of wall time, then asleep PERIOD - BUSY s). The sleep is fixed rather than
+"until the period is over", so on a crowded host a thread does not fall behind and then run
+back to back to catch up: what it wants stays its duty cycle.
 
 The work is hashing a buffer sized to the busy phase in one call: hashlib releases the GIL for
 the whole call, so the threads run in parallel and never sleep on the GIL mid-phase.
@@ -38,22 +40,18 @@ def duty(name: str, spec: str, started: threading.Barrier) -> None:
     started.wait()
     if spec.startswith("burst:"):
         busy, period = (float(v) for v in spec[len("burst:"):].split("/"))
-        next_at = time.monotonic()
         while True:
             end = time.monotonic() + busy
             while time.monotonic() < end:
                 work(0.05)
-            next_at += period
-            time.sleep(max(0.0, next_at - time.monotonic()))
+            time.sleep(period - busy)
     busy_ms, period_ms = (float(v) for v in spec.split("/"))
     if busy_ms >= period_ms:
         while True:
             work(0.1)
-    next_at = time.monotonic()
     while True:
         work(busy_ms / 1000.0)
-        next_at += period_ms / 1000.0
-        time.sleep(max(0.0, next_at - time.monotonic()))
+        time.sleep((period_ms - busy_ms) / 1000.0)
 
 
 def main() -> None:

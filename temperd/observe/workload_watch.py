@@ -281,6 +281,7 @@ class WorkloadWatch:
                     cpus = wanted_cpus(ran, waited, interval)
                     t.counters.blkio_ticks += max(0, task.blkio_ticks - thread.blkio_ticks)
                 thread.run_ns, thread.wait_ns, thread.blkio_ticks = sched[0], sched[1], task.blkio_ticks
+                thread.comm = task.comm  # a thread names itself after it starts
                 thread.read_at, thread.seen = read_at, True
                 totals = t.counters.threads.setdefault(tid, W.ThreadTotals())
                 totals.samples += 1

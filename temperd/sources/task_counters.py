@@ -18,15 +18,16 @@ class TaskCounters(NamedTuple):
     major_faults: int
     blkio_ticks: int  # delayacct_blkio_ticks: block I/O delay; 0 unless kernel.task_delayacct is on
     start_time: int  # clock ticks after boot: with the id, the task's identity
+    comm: str  # its name now
 
 
 def parse_counters(data: bytes) -> Optional[TaskCounters]:
     try:
-        _comm, fields = procfs.split_stat(data)
+        comm, fields = procfs.split_stat(data)
         # proc(5) field N is fields[N - 3]: state 3, majflt 12, utime 14, stime 15, starttime 22,
         # delayacct_blkio_ticks 42
         return TaskCounters(fields[0].decode("ascii", "replace"), int(fields[11]) + int(fields[12]),
-                            int(fields[9]), int(fields[39]) if len(fields) > 39 else 0, int(fields[19]))
+                            int(fields[9]), int(fields[39]) if len(fields) > 39 else 0, int(fields[19]), comm)
     except (ValueError, IndexError):
         return None
 
