@@ -417,10 +417,13 @@ def main() -> int:
     parser.add_argument("--max-retries", type=int, default=8, help="noisy runs repeated, in all (default 8)")
     parser.add_argument("--max-minutes", type=float, default=30.0, help="stop starting runs after this long")
     parser.add_argument("--json", metavar="FILE", help="write every run as JSON")
-    parser.add_argument("--markdown", metavar="JSON", help="print the Markdown tables of a --json file and exit")
+    parser.add_argument("--markdown", metavar="JSON", help="print the Markdown tables of --json files (comma-separated, pooled) and exit")
     args = parser.parse_args()
     if args.markdown:
-        data, runs = runs_from_json(args.markdown)
+        data, runs = {}, []
+        for path in args.markdown.split(","):  # several runs of one workload are pooled
+            data, more = runs_from_json(path)
+            runs += more
         workload = W.WORKLOADS[data["workload"]]()
         for variant in data["amounts"]:
             print(f"\n{workload.name} {variant}:\n")
@@ -450,7 +453,8 @@ def main() -> int:
                 T.ScratchCgroup(T.scratch_name("spinners")) as spinner_cgroup:
             under = A.ServerUnderTest(workload.name, workload.profile_id, workload.exclusive_group, server_cgroup,
                                       spinner_cgroup, lambda: workload.pids(server),
-                                      lambda cpus: workload.treated(server, cpus), args.trained_profile)
+                                      lambda cpus: workload.treated(server, cpus), args.trained_profile,
+                                      workload.expects_exclusive)
             for pid in under.pids():
                 server_cgroup.add(pid)
             workload.prepare(server)

@@ -41,6 +41,7 @@ class Workload:
     exclusive_group = ""  # its exclusive thread group (where idle_resume_us goes)
     tool = ""  # the load generator
     rate_unit = "rps"
+    expects_exclusive = True  # some thread matches the profile's exclusive group
     variants: Sequence[str] = ()
     notes = ""  # what a reader must know about the metric
 
@@ -171,6 +172,7 @@ class MariaDB(Workload):
     exclusive_group = "connections"
     tool = "sysbench"
     rate_unit = "tps"
+    expects_exclusive = False
     variants = ("threads=8",)
     notes = ("MariaDB 10.11 leaves its threads unnamed (every comm is mariadbd): the builtin mysql-innodb "
              "profile's exclusive `connections` group finds no thread and its `unnamed` group (latency, nice -5) "
