@@ -138,7 +138,7 @@ def _print_summary(summary: Dict[str, Any], report: Optional[str], trace: str) -
                f"--profile {summary['profile']}")
 
 
-@click.command("train")
+@click.group("train", invoke_without_command=True)
 @click.option("--pid", type=int, help="The workload: this process and the processes it has forked.")
 @click.option("--unit", help="The workload: this systemd unit's processes.")
 @click.option("--duration", default=DEFAULT_DURATION, show_default=True, help="How long to observe (at most 60s).")
@@ -149,10 +149,15 @@ def _print_summary(summary: Dict[str, Any], report: Optional[str], trace: str) -
 @click.option("--direct", is_flag=True, help="Observe in this process (root) without asking temperd.")
 @socket_option
 @json_option
-def train_command(pid: Optional[int], unit: Optional[str], duration: str, load: Optional[str],
+@click.pass_context
+def train_command(ctx: click.Context, pid: Optional[int], unit: Optional[str], duration: str, load: Optional[str],
                   profile_id: Optional[str], output: Optional[str], no_report: bool, direct: bool, socket_path: str,
                   as_json: bool) -> None:
-    """Measure a running workload's thread structure and write a profile for it."""
+    """Measure a running workload's thread structure and write a profile for it.
+
+    `temperctl train evaluate FILE.toml ...` judges a profile by running a benchmark."""
+    if ctx.invoked_subcommand is not None:
+        return
     if (pid is None) == (not unit):
         raise click.UsageError("give either --pid or --unit")
     if not output:
@@ -203,3 +208,8 @@ def train_command(pid: Optional[int], unit: Optional[str], duration: str, load: 
         print_json(dict(summary, report=report, trace=trace, via=via))
     else:
         _print_summary(summary, report, trace)
+
+
+from .evaluate_cmd import evaluate_command  # noqa: E402  (the subcommand needs train_command defined)
+
+train_command.add_command(evaluate_command)

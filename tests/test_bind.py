@@ -110,3 +110,41 @@ def test_train_through_temperd_writes_the_profile(temperd, tmp_path):
     assert result["via"] == "temperd"
     assert {t["comm"] for t in result["threads"]} >= {"memcached", "mc-worker"}
     assert (tmp_path / "mc.toml").exists() and os.path.exists(result["trace"])
+
+
+YIELD_ALL = """schema_version = 1
+id = "yield-all"
+[[thread_groups]]
+name = "all"
+catch_all = true
+treatment = "yield"
+yield_policy = "batch"
+nice = 13
+"""
+
+
+def test_evaluate_runs_both_arms_interleaved_and_judges_beyond_the_noise(temperd, tmp_path):
+    """The benchmark reads the workload's nice value: 20 + 13 while bound, 20 without, so the arms
+    are told apart (ranges apart, medians 65 % apart) and the log lands in the output profile."""
+    profile = tmp_path / "yield.toml"
+    profile.write_text(YIELD_ALL)
+    workload = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        wait_for(lambda: temperd.temperctl("explain", str(workload.pid)).returncode == 0, 10, "the process known")
+        bench = f"awk '{{print \"nice=\" $19 + 20}}' /proc/{workload.pid}/stat"
+        out = temperd.temperctl("train", "evaluate", str(profile), "--pid", str(workload.pid), "--bench", bench,
+                                "--metric", r"nice=(\d+)", "--higher-is-better", "--background", "1",
+                                "-o", str(tmp_path / "evaluated.toml"), "--json")
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        assert result["verdict"] == "better" and result["with"]["median"] == 33 and result["without"]["median"] == 20
+        assert "ranges" in result["rule"] and len(result["runs"]) == 10
+        arms = [r["arm"] for r in sorted(result["runs"], key=lambda r: r["rep"])]
+        assert arms[:4] == ["without", "with", "with", "without"]  # interleaved, reversed every other repetition
+        evaluated = (tmp_path / "evaluated.toml").read_text()
+        assert "# Verdict:" in evaluated and "# Rule:" in evaluated
+        assert temperd.temperctl("bindings").stdout.strip() == "no runtime bindings"
+        assert task_stat(workload.pid, workload.pid)["nice"] == 0
+    finally:
+        workload.kill()
+        workload.wait()

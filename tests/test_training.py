@@ -146,3 +146,17 @@ def test_an_interpreter_is_fingerprinted_by_its_program():
                        unit=None, cgroup=None, uid=0, cpu_quota=None)
     found = fingerprint(root)
     assert "executables" not in found and re.search(found["cmdline"][0], "python3 -u /srv/serve_model.py --port 9")
+
+
+def test_evaluate_reads_the_metric_and_refuses_fewer_than_five_repetitions():
+    import pytest
+
+    from temperd.training.evaluate import EvaluationError, Request, evaluate, metric_of
+
+    assert metric_of("requests: 10\np99 = 1.25 ms\n", r"p99 = ([0-9.]+)") == 1.25
+    with pytest.raises(EvaluationError, match="found no capture group"):
+        metric_of("nothing here", r"p99 = ([0-9.]+)")
+    with pytest.raises(EvaluationError, match="not a number"):
+        metric_of("p99 = fast", r"p99 = (\w+)")
+    with pytest.raises(EvaluationError, match="at least 5 repetitions"):
+        evaluate(Request(pid=1, profile_text="", bench="true", metric="(x)", reps=3), lambda *a: None, lambda p: None)

@@ -1,0 +1,98 @@
+"""`temperctl train evaluate`: a profile judged by the user's benchmark, with the workload bound to
+it and without (arms interleaved, each --reps times), beside --background N spinners in the
+background tier; the verdict is noise-aware and says its rule (temperd.training.evaluate).
+Binding goes through temperd's control socket, so temperd must be running."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Optional
+
+import click
+
+from temperd.daemon.control import DaemonNotRunning, DaemonUnavailable, request
+from temperd.trace.capture import unit_pids
+from temperd.training.evaluate import MIN_REPS, EvaluationError, Request, evaluate, log_comment
+
+from .daemon_cmd import fail, json_option, socket_option
+from .output import print_json
+
+BIND_RETRY_S = 2.0  # a process just started may not be in temperd's inventory yet
+
+
+def _control(socket_path: str, cmd: str, **args) -> dict:
+    deadline = time.monotonic() + BIND_RETRY_S
+    while True:
+        try:
+            reply = request(socket_path, cmd, timeout=30.0, **args)
+        except (DaemonNotRunning, DaemonUnavailable) as exc:
+            fail(f"{exc} (evaluate binds the profile through temperd)")
+        if reply["ok"] or "no such process" not in reply["error"] or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    if not reply["ok"]:
+        fail(reply["error"])
+    return reply
+
+
+@click.command("evaluate")
+@click.argument("profile_path", metavar="FILE.toml", type=click.Path(dir_okay=False, exists=True))
+@click.option("--pid", type=int, help="The workload's process (bound with its descendants).")
+@click.option("--unit", help="The workload's systemd unit (its first process is bound).")
+@click.option("--bench", required=True, help="Shell command that measures the workload once.")
+@click.option("--metric", required=True, help="Regular expression; its first group in --bench's output is the metric.")
+@click.option("--higher-is-better", is_flag=True, help="The metric is a rate (default: lower is better, a latency).")
+@click.option("--background", type=click.IntRange(0, 256), default=0, show_default=True,
+              help="CPU spinners beside the workload, in the background tier.")
+@click.option("--reps", type=click.IntRange(MIN_REPS, 100), default=MIN_REPS, show_default=True,
+              help="Runs per arm.")
+@click.option("--tier", type=click.Choice(("critical", "standard", "background")), help="The workload's tier while bound.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the profile with the evaluation log appended.")
+@socket_option
+@json_option
+def evaluate_command(profile_path: str, pid: Optional[int], unit: Optional[str], bench: str, metric: str,
+                     higher_is_better: bool, background: int, reps: int, tier: Optional[str], output: Optional[str],
+                     socket_path: str, as_json: bool) -> None:
+    """Run a benchmark with and without the profile and say whether it helps, beyond the noise."""
+    if (pid is None) == (not unit):
+        raise click.UsageError("give either --pid or --unit")
+    if unit:
+        pids = unit_pids(unit)
+        if not pids:
+            fail(f"unit {unit} has no running processes")
+        pid = min(pids)
+    with open(profile_path, encoding="utf-8", errors="replace") as handle:
+        text = handle.read()
+    name = os.path.abspath(profile_path)
+
+    def bind(target: int, profile: str, bound_tier: Optional[str]) -> None:
+        _control(socket_path, "bind", pid=target, profile_text=profile, tier=bound_tier,
+                 profile_name=name if profile is text else "evaluation spinners",
+                 requester=f"temperctl train evaluate pid {os.getpid()}")
+
+    def unbind(target: int) -> None:
+        _control(socket_path, "unbind", pid=target)
+
+    def progress(run) -> None:
+        if not as_json:
+            value = run.metrics.get("metric")
+            click.echo(f"rep {run.rep} {run.arm:<7} {value if value is not None else run.error}"
+                       + (" (noisy host)" if run.noisy else ""), err=True)
+
+    req = Request(pid=pid, profile_text=text, bench=bench, metric=metric, higher_is_better=higher_is_better,
+                  background=background, reps=reps, tier=tier)
+    try:
+        verdict = evaluate(req, bind, unbind, progress)
+    except EvaluationError as exc:
+        fail(str(exc))
+    if output:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(text.rstrip("\n") + "\n\n" + log_comment(verdict, req))
+    if as_json:
+        print_json({"verdict": verdict.verdict, "ratio": verdict.ratio, "rule": verdict.rule,
+                    "with": vars(verdict.with_profile), "without": vars(verdict.without), "runs": verdict.runs,
+                    "output": output})
+    else:
+        click.echo(verdict.describe())
+        click.echo(f"rule: {verdict.rule}")

@@ -1,0 +1,174 @@
+"""Judge a profile by measuring it: the user's benchmark command run repeatedly with the workload
+bound to the profile and without, arms interleaved (trials.run_trials: the order reversed every
+other repetition), optionally beside N bounded CPU spinners that are bound to the background
+tier (a density step), the metric read from the benchmark's output.
+
+The verdict rule (trials.compare): the profile is better or worse only when each arm has at least
+MIN_REPS runs, the ranges (lowest to highest run) of the two arms do not overlap, and the medians
+differ by at least MIN_EFFECT; anything else is within the noise.
+
+Binding goes through temperd (the caller passes the bind and unbind functions: the control socket
+is the daemon's), so this module runs the trials and judges, and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterator, List, Optional
+
+from temperd.training.trials import (Arm, HostMonitor, NoiseLimits, Run, Spread, TrialPlan, compare, run_trials,
+                                     spinners, spread)
+
+MIN_REPS = 5
+MIN_EFFECT = 0.05
+WITHOUT, WITH = "without", "with"
+RULE = (f"better or worse only when both arms have >= {MIN_REPS} runs, their ranges (lowest to highest run) do "
+        f"not overlap and the medians differ by >= {MIN_EFFECT:.0%}; otherwise within the noise")
+# Spinners yield while they are measured beside the workload: all of their threads, background tier.
+SPINNER_PROFILE = """schema_version = 1
+id = "evaluation-spinners"
+description = "temperctl train evaluate: background CPU spinners"
+[[thread_groups]]
+name = "spin"
+catch_all = true
+treatment = "yield"
+yield_policy = "batch"
+"""
+
+Bind = Callable[[int, str, Optional[str]], None]  # (pid, profile text, tier)
+Unbind = Callable[[int], None]
+
+
+class EvaluationError(Exception):
+    """One line for the user: a benchmark that failed or printed no metric."""
+
+
+@dataclass
+class Request:
+    pid: int
+    profile_text: str
+    bench: str  # a shell command
+    metric: str  # a regular expression; its first group is the number
+    higher_is_better: bool = False
+    background: int = 0
+    reps: int = MIN_REPS
+    tier: Optional[str] = None
+    bench_timeout_s: float = 600.0
+
+
+@dataclass
+class Verdict:
+    without: Spread
+    with_profile: Spread
+    ratio: float
+    verdict: str
+    rule: str = RULE
+    runs: List[Dict[str, object]] = field(default_factory=list)
+
+    def describe(self) -> str:
+        return (f"with the profile {self.with_profile.median:g} (runs {self.with_profile.low:g}..{self.with_profile.high:g}), "
+                f"without {self.without.median:g} (runs {self.without.low:g}..{self.without.high:g}): "
+                f"{self.ratio:.3f}x, {self.verdict}")
+
+
+def metric_of(output: str, pattern: str) -> float:
+    """The first capture group of `pattern` in the benchmark's output, as a number."""
+    found = re.search(pattern, output, re.MULTILINE)
+    if found is None or not found.groups():
+        raise EvaluationError(f"--metric {pattern!r} found no capture group in the benchmark's output "
+                              f"(last line: {output.strip().splitlines()[-1][:120] if output.strip() else 'none'!r})")
+    try:
+        return float(found.group(1))
+    except ValueError:
+        raise EvaluationError(f"--metric {pattern!r} captured {found.group(1)!r}, not a number") from None
+
+
+def _bench(command: str, timeout_s: float) -> str:
+    try:
+        done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=timeout_s,
+                              start_new_session=True)
+    except subprocess.TimeoutExpired:
+        raise EvaluationError(f"--bench did not finish within {timeout_s:g} s") from None
+    if done.returncode != 0:
+        raise EvaluationError(f"--bench exited with status {done.returncode}: {done.stderr.strip()[-200:]}")
+    return done.stdout + done.stderr
+
+
+def evaluate(request: Request, bind: Bind, unbind: Unbind, progress: Callable[[Run], None] = lambda run: None,
+             limits: NoiseLimits = NoiseLimits()) -> Verdict:
+    """Both arms, interleaved, request.reps times each; raises EvaluationError."""
+    if request.reps < MIN_REPS:
+        raise EvaluationError(f"--reps: expected at least {MIN_REPS} repetitions per arm, found {request.reps}")
+
+    @contextlib.contextmanager
+    def arm(name: str) -> Iterator[Dict[str, object]]:
+        if name == WITH:
+            bind(request.pid, request.profile_text, request.tier)
+        try:
+            yield {}
+        finally:
+            if name == WITH:
+                unbind(request.pid)
+
+    @contextlib.contextmanager
+    def background(count: int) -> Iterator[None]:
+        with spinners(count, request.bench_timeout_s) as workers:
+            parent = None
+            if workers:
+                from temperd.training.trials import read_proc_cpu
+
+                info = read_proc_cpu(workers[0])
+                parent = info.ppid if info else None
+                if parent:
+                    bind(parent, SPINNER_PROFILE, "background")
+            try:
+                yield
+            finally:
+                if parent:
+                    unbind(parent)
+
+    arms = {WITHOUT: Arm(WITHOUT, "no binding: what temperd does otherwise", lambda: arm(WITHOUT)),
+            WITH: Arm(WITH, "bound to the profile", lambda: arm(WITH))}
+
+    def measure(step: str, name: str, rep: int) -> Run:
+        run = Run(step, name, rep)
+        with arms[name].enter():
+            with background(request.background):
+                monitor = HostMonitor()
+                monitor.start()
+                started = time.monotonic()
+                try:
+                    run.metrics["metric"] = metric_of(_bench(request.bench, request.bench_timeout_s), request.metric)
+                except EvaluationError as exc:
+                    run.error = str(exc)
+                run.metrics["seconds"] = round(time.monotonic() - started, 3)
+                run.window = monitor.stop()
+        return run
+
+    plan = TrialPlan(steps=[f"background={request.background}"], arms_of=lambda step: (WITHOUT, WITH),
+                     reps=request.reps, limits=limits, max_retries=2)
+    runs = run_trials(plan, measure, progress)
+    failed = [r for r in runs if not r.ok]
+    if failed:
+        raise EvaluationError(failed[0].error)
+    without = spread(r.metrics["metric"] for r in runs if r.arm == WITHOUT)
+    with_profile = spread(r.metrics["metric"] for r in runs if r.arm == WITH)
+    comparison = compare(with_profile, without, request.higher_is_better, MIN_EFFECT)
+    return Verdict(without, with_profile, round(comparison.ratio, 4), comparison.verdict,
+                   runs=[{"arm": r.arm, "rep": r.rep, "metric": r.metrics["metric"], "noisy": r.noisy,
+                          "host": r.window.describe() if r.window else ""} for r in runs])
+
+
+def log_comment(verdict: Verdict, request: Request) -> str:
+    """The evaluation as comment lines to append to the profile."""
+    lines = [f"# Evaluated {time.strftime('%Y-%m-%d %H:%M')}: --bench {request.bench!r}, --metric {request.metric!r} "
+             f"({'higher' if request.higher_is_better else 'lower'} is better), --background {request.background}, "
+             f"{request.reps} repetitions per arm, arms interleaved",
+             f"# Verdict: {verdict.describe()}", f"# Rule: {verdict.rule}"]
+    for run in verdict.runs:
+        lines.append(f"#   rep {run['rep']} {run['arm']:<7} {run['metric']:g}" + ("  (noisy host)" if run["noisy"] else ""))
+    return "\n".join(lines) + "\n"
