@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 import time
 import urllib.request
@@ -29,8 +30,7 @@ def io_dir():
     path = f"/var/tmp/temperd-classify-{os.getpid()}"
     os.makedirs(path, exist_ok=True)
     yield path
-    for name in os.listdir(path):
-        os.unlink(os.path.join(path, name)) if os.path.isfile(os.path.join(path, name)) else None
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def stress(*args: str):
