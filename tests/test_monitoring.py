@@ -10,7 +10,6 @@ import re
 import shutil
 import subprocess
 import threading
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path

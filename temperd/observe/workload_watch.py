@@ -333,7 +333,7 @@ class WorkloadWatch:
         t.counters.threads = {tid: v for tid, v in t.counters.threads.items() if tid in groups}
 
     def _snapshot(self, t: _Tracked, w, now: float, host_pressure) -> None:
-        io_total, readable = 0, False
+        readable = False
         for pid in w.pids:
             io = read_process_io(pid)
             proc = t.processes.get(pid)

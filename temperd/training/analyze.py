@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from temperd.plan import EXCLUSIVE, LATENCY, YIELD
 from temperd.training.features import (INTERRUPT, NETWORK, OUTSIDE, SAME_PROCESS, WORKLOAD, ThreadFeatures,

@@ -23,7 +23,7 @@ from temperd.config.profile import PROFILE_ID_PATTERN, Profile, Traits, parse_pr
 from temperd.decide.classify import (BUSIEST_THREAD, CPU_CAPACITY, CPU_DEMAND, CPU_USED, D_STATE_SHARE, HOT_THREAD_CPUS,
                                      HOT_THREADS, Hints, WorkloadSignals, classify, traits_of)
 from temperd.decide.planner import exclusive_cores
-from temperd.plan import EXCLUSIVE, LATENCY, YIELD
+from temperd.plan import EXCLUSIVE, YIELD
 from temperd.training.analyze import BUSY_CPU, Analysis, Cluster, wakers_summary
 from temperd.training.features import ThreadFeatures
 from temperd.training.samples import ProcessInfo
