@@ -71,6 +71,9 @@ from reconcile import HOLDER  # noqa: E402  (bench/reconcile.py: 2 000 named sle
 import servers as S  # noqa: E402
 
 GOAL_PCT = 0.13
+# temperctl status is a Python start-up: seconds, but a minute and more in a software-emulated VM
+# whose vCPUs the --switch-load keeps busy.
+STATUS_TIMEOUT_S = 180.0
 
 # Foreign process churn (--churn RATE): forks RATE short-lived processes a second, as a busy
 # host's cron jobs, health checks and test runs do. Each one is a process event temperd receives.
@@ -289,7 +292,7 @@ def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, 
                                ready_timeout_s=300.0, bindings=bindings) as daemon:
             startup_ticks = daemon.cpu_ticks()
             threads = host_threads()
-            status = daemon.status()
+            status = daemon.status(timeout=STATUS_TIMEOUT_S)
             first_reconcile = status["inventory"]["last_reconcile_cpu_s"]
             time.sleep(settle_s)
             spy = None
@@ -298,7 +301,7 @@ def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, 
                                         "--duration", str(int(seconds)), "--format", "raw", "--threads",
                                         "--nonblocking", "--output", py_spy_out],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-            before = daemon.status()
+            before = daemon.status(timeout=STATUS_TIMEOUT_S)
             if load is not None and not any(l["name"].endswith(".pingpong") and l["members"] >= 2 * pairs
                                             for l in before["layers"]):
                 raise SystemExit(f"the {MEMBER} pairs are not members of a layer: {before['layers']}")
@@ -312,7 +315,7 @@ def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, 
             rss = rss_mib(daemon.pid)
             if spy is not None:
                 spy.wait(timeout=seconds + 30)
-            status = daemon.status()
+            status = daemon.status(timeout=STATUS_TIMEOUT_S)
             status["telemetry"] = telemetry_of(port)
     finally:
         if load is not None:
