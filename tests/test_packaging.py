@@ -127,7 +127,7 @@ def test_bpf_telemetry_dropin_adds_back_exactly_what_bcc_needs(tmp_path):
     lines = BPF_DROPIN.read_text().splitlines()
     settings = [line for line in lines if line and not line.startswith("#")]
     assert settings == ["[Service]", "CapabilityBoundingSet=CAP_SYS_ADMIN CAP_BPF CAP_PERFMON",
-                        "SystemCallFilter=bpf perf_event_open", "ProtectKernelModules=no"]
+                        "SystemCallFilter=bpf perf_event_open", "ProtectKernelModules=no", "TimeoutStartSec=5min"]
     comments = "\n".join(line for line in lines if line.startswith("#"))
     for word in ("CAP_BPF", "CAP_PERFMON", "CAP_SYS_ADMIN", "perf_event_paranoid", "perf_event_open",
                  "ProtectKernelModules", "/usr/share/temperd/bpf-telemetry.conf"):

@@ -11,6 +11,8 @@
                                              exit 1 when it is false or fails
   guest_helper.py get PATH                   print temperd's http://127.0.0.1:9477PATH (/metrics, /observe)
   guest_helper.py latency                    the scheduling delay per layer of the /observe document on stdin
+  guest_helper.py p99 LAYER BEFORE AFTER     the p99 (s, a bucket's upper bound) of LAYER's bpf scheduling-delay
+                                             histogram between two /metrics snapshots, and its count
 """
 
 import fnmatch
@@ -131,6 +133,33 @@ def latency() -> int:
     return 0
 
 
+def buckets(path: str, layer: str) -> dict:
+    """le -> cumulative count of temperd_layer_runqueue_latency_seconds{layer=LAYER,source="bpf"}."""
+    out = {}
+    prefix = "temperd_layer_runqueue_latency_seconds_bucket{"
+    with open(path) as handle:
+        for line in handle:
+            if not line.startswith(prefix):
+                continue
+            labels, _, value = line[len(prefix):].rpartition("} ")
+            pairs = dict(part.split("=", 1) for part in labels.split(","))
+            if pairs.get("layer") == f'"{layer}"' and pairs.get("source") == '"bpf"':
+                out[float(pairs["le"].strip('"'))] = float(value)
+    return out
+
+
+def p99(layer: str, before_path: str, after_path: str) -> int:
+    before, after = buckets(before_path, layer), buckets(after_path, layer)
+    grown = {le: n - before.get(le, 0.0) for le, n in after.items()}
+    total = grown.get(float("inf"), 0.0)
+    if not total:
+        print(f"{layer}: no scheduling delay measured between the snapshots")
+        return 1
+    bound = min(le for le, n in grown.items() if n >= 0.99 * total)
+    print(f"{bound} {int(total)}")
+    return 0
+
+
 def main(argv) -> int:
     if len(argv) >= 3 and argv[0] == "snap":
         with open(argv[2], "w") as handle:
@@ -144,6 +173,8 @@ def main(argv) -> int:
         return expect(int(argv[1]), argv[2], argv[3:])
     if len(argv) == 2 and argv[0] == "json":
         return evaluate(argv[1])
+    if len(argv) == 4 and argv[0] == "p99":
+        return p99(argv[1], argv[2], argv[3])
     if argv == ["latency"]:
         return latency()
     if len(argv) == 2 and argv[0] == "get":
