@@ -102,3 +102,18 @@ def test_a_restarted_workloads_thread_inherits_its_namesakes_history(tmp_path):
     w.record(2_000.0, [ThreadSample(900, 7, "hot", "workers", 1.0)], 0.0, 16)  # new ids, same thread
     hot = [e for e in w.threads.values() if e.comm == "hot"]
     assert [e.tid for e in hot] == [900] and hot[0].hist.total > 60
+
+
+def test_the_usage_thread_samples_each_interval_only_while_a_workload_is_tracked(tmp_path):
+    import dataclasses
+
+    from temperd.config.daemon_config import KnowledgeSettings
+    from temperd.observe import workload_watch
+    from temperd.observe.workload_watch import WorkloadWatch
+
+    settings = dataclasses.replace(KnowledgeSettings(), history_file=str(tmp_path / "history.json"))
+    watch = WorkloadWatch(settings, 2, lambda: ((), None, {}))
+    watch.sample_once(0.0)
+    assert watch._next_wait_s() == max(settings.sample_interval_s, workload_watch.NOTHING_TRACKED_WAIT_S)
+    watch._workloads = {"redis.service": object()}  # what sample_once keeps of current()'s workloads
+    assert watch._next_wait_s() == settings.sample_interval_s

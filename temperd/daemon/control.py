@@ -20,6 +20,7 @@ import grp
 import json
 import logging
 import os
+import selectors
 import socket
 import socketserver
 import struct
@@ -27,6 +28,8 @@ import sys
 import threading
 import time
 from typing import Any, Callable, Dict, Optional
+
+from temperd.wakeup import Wakeup
 
 log = logging.getLogger("temperd.control")
 
@@ -203,6 +206,7 @@ class ControlServer:
             self.gid = None  # no such group: root only
         self._server: Optional[_Server] = None
         self._thread: Optional[threading.Thread] = None
+        self._wakeup = Wakeup()  # stop() wakes the accept loop, which otherwise sleeps until a client
 
     def bind(self) -> None:
         """Create the socket (clients queue until serve()). OSError naming the path when it cannot."""
@@ -228,8 +232,21 @@ class ControlServer:
 
     def serve(self) -> None:
         assert self._server is not None, "bind() first"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="control", daemon=True)
+        self._wakeup.drain()  # an earlier stop()'s byte
+        self._thread = threading.Thread(target=self._serve, args=(self._server,), name="control", daemon=True)
         self._thread.start()
+
+    def _serve(self, server: "_Server") -> None:
+        """Accept clients until stop(). Not socketserver's serve_forever: that wakes every
+        poll_interval to look for a shutdown; this sleeps until a client or stop() comes."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(server, selectors.EVENT_READ)
+            selector.register(self._wakeup.fileno(), selectors.EVENT_READ)
+            while True:
+                ready = [key.fileobj for key, _mask in selector.select()]
+                if self._wakeup.fileno() in ready:
+                    return
+                server.handle_request()
 
     def start(self) -> None:
         self.bind()
@@ -293,7 +310,8 @@ class ControlServer:
     def stop(self) -> None:
         if self._server is not None:
             if self._thread is not None:
-                self._server.shutdown()
+                self._wakeup.wake()
+                self._thread.join()
                 self._thread = None
             self._server.server_close()
             self._server = None

@@ -17,6 +17,8 @@ import select
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional
 
+from temperd.wakeup import Wakeup
+
 if TYPE_CHECKING:
     from temperd.daemon.daemon import Daemon
 
@@ -42,27 +44,18 @@ class Requests:
     (STOP, RELOAD, REPLAN), and a byte on a pipe that wakes its poll()."""
 
     def __init__(self) -> None:
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._wakeup = Wakeup()
         self._pending: Dict[str, str] = {}  # kind -> trigger ("reload" -> "SIGHUP", ...)
 
     def fileno(self) -> int:
-        return self._wake_r
+        return self._wakeup.fileno()
 
     def ask(self, kind: str, trigger: str) -> None:
         self._pending[kind] = trigger
-        try:
-            os.write(self._wake_w, b"x")
-        except BlockingIOError:
-            pass  # the pipe is full: the loop wakes anyway
+        self._wakeup.wake()
 
     def drain(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
+        self._wakeup.drain()
 
     def take(self) -> Dict[str, str]:
         pending, self._pending = self._pending, {}

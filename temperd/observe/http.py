@@ -20,6 +20,8 @@ import time
 from http.server import BaseHTTPRequestHandler
 from typing import Callable, Optional, Tuple
 
+from temperd.wakeup import Wakeup
+
 log = logging.getLogger("temperd.http")
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -28,7 +30,7 @@ MAX_CONNECTIONS = 32  # open at once; scrapers come one at a time and /observe t
 BACKLOG = 1024  # the kernel caps it at net.core.somaxconn
 REQUEST_TIMEOUT_S = 5.0  # request line and headers, from the accept
 SEND_TIMEOUT_S = 10.0  # the whole reply
-_POLL_S = 0.25  # how soon the accept loop sees stop()
+_FULL_RETRY_S = 0.25  # with every connection slot taken, how often the accept loop looks again
 _NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _WARN_EVERY_S = 60.0
 
@@ -75,6 +77,7 @@ class HttpApi:
         self._listener: Optional[socket.socket] = None
         self._thread: Optional[threading.Thread] = None
         self._stopping = threading.Event()
+        self._wakeup = Wakeup()  # stop() wakes the accept loop, which otherwise sleeps until a client
         self._slots = threading.BoundedSemaphore(max_connections)
         self._open = 0
         self._open_lock = threading.Lock()
@@ -111,6 +114,7 @@ class HttpApi:
     def serve(self) -> None:
         assert self._listener is not None, "bind() first"
         self._stopping.clear()
+        self._wakeup.drain()  # an earlier stop()'s byte
         self._thread = threading.Thread(target=self._accept_loop, args=(self._listener,), name="http", daemon=True)
         self._thread.start()
 
@@ -121,6 +125,7 @@ class HttpApi:
     def stop(self) -> None:
         """Stop accepting and close the listener; requests under way finish on their threads."""
         self._stopping.set()
+        self._wakeup.wake()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -133,8 +138,9 @@ class HttpApi:
     def _accept_loop(self, listener: socket.socket) -> None:
         poller = select.poll()
         poller.register(listener, select.POLLIN)
+        poller.register(self._wakeup.fileno(), select.POLLIN)
         while not self._stopping.is_set():
-            if not self._slots.acquire(timeout=_POLL_S):
+            if not self._slots.acquire(timeout=_FULL_RETRY_S):
                 self._warn_full()
                 continue
             conn = self._accept(listener, poller)
@@ -150,7 +156,8 @@ class HttpApi:
                 self._done(conn[0])
 
     def _accept(self, listener: socket.socket, poller) -> Optional[Tuple[socket.socket, tuple]]:
-        if not poller.poll(_POLL_S * 1000):
+        ready = [fd for fd, _events in poller.poll()]  # no timeout: a client or stop() wakes it
+        if listener.fileno() not in ready:
             return None
         try:
             conn, address = listener.accept()
@@ -158,7 +165,7 @@ class HttpApi:
             if exc.errno in _NO_DESCRIPTORS:
                 # The connection stays in the backlog; try again once something was closed.
                 self._warn(f"cannot accept an HTTP connection: {exc.strerror}")
-                self._stopping.wait(_POLL_S)
+                self._stopping.wait(_FULL_RETRY_S)
             return None  # ECONNABORTED and the like: that client is gone
         return conn, address
 

@@ -43,6 +43,9 @@ SNAPSHOT_S = 5.0
 METRICS_EVERY_S = 30.0  # /metrics' classes and recommendations (temperctl and /observe compute theirs when asked)
 RERANK_S = 60.0
 SAVE_EVERY_S = 300.0
+# With no workload to sample, look again this often rather than every sample interval: an idle
+# host's temperd then wakes for nothing; a workload that appears waits at most this for its first sample.
+NOTHING_TRACKED_WAIT_S = 5.0
 SLEEPING = ("S", "D")
 
 
@@ -176,8 +179,14 @@ class WorkloadWatch:
             except OSError as exc:
                 log.warning("cannot save the rightsizing history to %s: %s", self.history.path, exc.strerror or exc)
 
+    def _next_wait_s(self) -> float:
+        with self.lock:
+            tracked = bool(self._workloads)
+        interval = self.settings.sample_interval_s
+        return interval if tracked else max(interval, NOTHING_TRACKED_WAIT_S)
+
     def _run(self) -> None:
-        while not self._stop.wait(self.settings.sample_interval_s):
+        while not self._stop.wait(self._next_wait_s()):
             try:
                 self.sample_once(time.time())
                 if time.monotonic() - self._saved_at >= SAVE_EVERY_S:
