@@ -183,7 +183,7 @@ class WorkloadWatch:
         with self.lock:
             tracked = bool(self._workloads)
         interval = self.settings.sample_interval_s
-        return interval if tracked else max(interval, NOTHING_TRACKED_WAIT_S)
+        return interval if tracked or not self.samples else max(interval, NOTHING_TRACKED_WAIT_S)
 
     def _run(self) -> None:
         while not self._stop.wait(self._next_wait_s()):
