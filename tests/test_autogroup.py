@@ -82,29 +82,59 @@ _SETSID_ON_LINE = ("import os, sys\n"
                    "print(os.getpid(), flush=True)\n"
                    "sys.stdin.readline(); os.setsid(); print('moved', flush=True)\n"
                    "sys.stdin.readline()\n")
+# A session leader of its own that starts the movers, so that they share a session that is not
+# the test's: pytest may run in the root autogroup (init's session), which the kernel does not name.
+_LEADER = ("import subprocess, sys\n"
+           "script, fds = sys.argv[1], [int(fd) for fd in sys.argv[2:]]\n"
+           "movers = [subprocess.Popen([sys.executable, '-c', script], stdin=fds[i], stdout=fds[i + 1])\n"
+           "          for i in range(0, len(fds), 2)]\n"
+           "for mover in movers:\n"
+           "    mover.wait()\n")
+
+
+class _Mover:
+    def __init__(self, to_fd: int, from_fd: int):
+        self.to, self.reply = os.fdopen(to_fd, "w"), os.fdopen(from_fd)
+        self.pid = int(self.reply.readline())
 
 
 @pytest.fixture
 def movers():
-    """Processes in this test's session that call setsid() when told to."""
-    started = []
+    """start(n): n processes sharing one new session, each calling setsid() when move() tells it to."""
+    leaders, started = [], []
 
-    def start():
-        proc = subprocess.Popen([sys.executable, "-c", _SETSID_ON_LINE], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
-        started.append(proc)
-        proc.stdout.readline()
-        return proc
+    def start(count):
+        ends, child_fds = [], []
+        for _ in range(count):
+            to_r, to_w = os.pipe()
+            from_r, from_w = os.pipe()
+            ends.append((to_w, from_r))
+            child_fds += [to_r, from_w]
+        leader = subprocess.Popen([sys.executable, "-c", _LEADER, _SETSID_ON_LINE, *map(str, child_fds)],
+                                  pass_fds=child_fds, start_new_session=True)
+        leaders.append(leader)
+        for fd in child_fds:
+            os.close(fd)
+        group = [_Mover(*pair) for pair in ends]
+        started.extend(group)
+        return group
 
-    def move(proc):
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline().strip() == "moved"
+    def move(mover):
+        mover.to.write("\n")
+        mover.to.flush()
+        assert mover.reply.readline().strip() == "moved"
 
     yield start, move
-    for proc in started:
-        proc.kill()
-        proc.wait(10)
+    for mover in started:
+        try:
+            os.kill(mover.pid, 9)
+        except ProcessLookupError:
+            pass
+        mover.to.close()
+        mover.reply.close()
+    for leader in leaders:
+        leader.kill()
+        leader.wait(10)
 
 
 def _counting_reads(monkeypatch):
@@ -142,7 +172,7 @@ def test_session_cache_reads_an_untreated_process_once_and_a_treated_one_every_p
 @needs_autogroup
 def test_session_cache_sees_a_process_that_left_a_treated_session_by_setsid(movers):
     start, move = movers
-    served, child = start(), start()  # both in this test's session, as a fork before its setsid is
+    served, child = start(2)  # both in one session, as a fork before its setsid is
     threads = [_Thread(served.pid, served.pid), _Thread(child.pid, child.pid)]
     layer = _layer("bg", YIELD, [served.pid], policy="idle")
     layer_for = lambda t: layer if t.pid == served.pid else None  # noqa: E731
@@ -162,7 +192,7 @@ def test_session_cache_sees_a_process_that_left_a_treated_session_by_setsid(move
 @needs_autogroup
 def test_only_a_treated_newcomer_or_one_in_a_treated_session_changes_the_mix(movers, children):
     start, _move = movers
-    served, forked = start(), start()  # forked: in served's session, as a fork of it is
+    served, forked = start(2)  # forked: in served's session, as a fork of it is
     stranger = children.spawn(["ag-stranger"])  # a session of its own
     layer = _layer("bg", YIELD, [served.pid], policy="idle")
     layer_for = lambda t: layer if t.pid == served.pid else None  # noqa: E731

@@ -16,6 +16,7 @@ labels stay bounded and histories outlive processes); two that would share a nam
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
@@ -46,6 +47,8 @@ SAVE_EVERY_S = 300.0
 # With no workload to sample, look again this often rather than every sample interval: an idle
 # host's temperd then wakes for nothing; a workload that appears waits at most this for its first sample.
 NOTHING_TRACKED_WAIT_S = 5.0
+SHORT_WARN_EVERY_S = 60.0
+_NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 SLEEPING = ("S", "D")
 
 
@@ -133,6 +136,7 @@ class WorkloadWatch:
         self._next_snapshot = 0.0
         self._next_metrics = 0.0
         self._saved_at = time.monotonic()
+        self._short_warned_at = -SHORT_WARN_EVERY_S
         self.last_sample_cpu_s = 0.0
         self.cpu_s_total = 0.0  # this thread's CPU for samples since start (its whole cost)
         self.samples = 0
@@ -192,6 +196,14 @@ class WorkloadWatch:
                 if time.monotonic() - self._saved_at >= SAVE_EVERY_S:
                     self._saved_at = time.monotonic()
                     self.save()
+            except OSError as exc:
+                if exc.errno not in _NO_DESCRIPTORS:
+                    log.exception("usage sample failed")
+                elif time.monotonic() - self._short_warned_at >= SHORT_WARN_EVERY_S:
+                    # the main loop reports running short once; this only says samples are missed
+                    self._short_warned_at = time.monotonic()
+                    log.warning("usage samples skipped while descriptors run short: %s "
+                                "(logged at most once a minute)", exc.strerror)
             except Exception:  # a bad sample must not end the thread; the next one tries again
                 log.exception("usage sample failed")
 
