@@ -1,7 +1,8 @@
 """`temperctl train evaluate`: a profile judged by the user's benchmark, with the workload bound to
 it and without (arms interleaved, each --reps times), beside --background N spinners in the
-background tier; the verdict is noise-aware and says its rule (temperd.training.evaluate).
-Binding goes through temperd's control socket, so temperd must be running."""
+background tier; the verdict is noise-aware and says its rule (temperd.training.evaluate). --refine then
+hill-climbs one parameter at a time (temperd.training.refine) and writes the best profile found,
+its trial log as comments. Binding goes through temperd's control socket, so temperd must be running."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import click
 
 from temperd.daemon.control import DaemonNotRunning, DaemonUnavailable, request
 from temperd.trace.capture import unit_pids
-from temperd.training.evaluate import MIN_REPS, EvaluationError, Request, evaluate, log_comment
+from temperd.training.evaluate import (MIN_EFFECT, MIN_REPS, EvaluationError, Request, evaluate, log_comment,
+                                       measure_arms)
+from temperd.training.refine import refine, trial_log
+from temperd.training.trials import compare
 
 from .daemon_cmd import fail, json_option, socket_option
 from .output import print_json
@@ -48,15 +52,22 @@ def _control(socket_path: str, cmd: str, **args) -> dict:
 @click.option("--reps", type=click.IntRange(MIN_REPS, 100), default=MIN_REPS, show_default=True,
               help="Runs per arm.")
 @click.option("--tier", type=click.Choice(("critical", "standard", "background")), help="The workload's tier while bound.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the profile with the evaluation log appended.")
+@click.option("--refine", "refine_it", is_flag=True,
+              help="Then hill-climb: change one group parameter at a time, keep a measured improvement (needs -o).")
+@click.option("--max-trials", type=click.IntRange(1, 100), default=12, show_default=True,
+              help="With --refine: the most neighbours measured.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Write the profile (with --refine: the best found) with the evaluation and trial log appended.")
 @socket_option
 @json_option
 def evaluate_command(profile_path: str, pid: Optional[int], unit: Optional[str], bench: str, metric: str,
-                     higher_is_better: bool, background: int, reps: int, tier: Optional[str], output: Optional[str],
-                     socket_path: str, as_json: bool) -> None:
+                     higher_is_better: bool, background: int, reps: int, tier: Optional[str], refine_it: bool,
+                     max_trials: int, output: Optional[str], socket_path: str, as_json: bool) -> None:
     """Run a benchmark with and without the profile and say whether it helps, beyond the noise."""
     if (pid is None) == (not unit):
         raise click.UsageError("give either --pid or --unit")
+    if refine_it and not output:
+        raise click.UsageError("--refine writes the profile it finds: give -o OUT.toml")
     if unit:
         pids = unit_pids(unit)
         if not pids:
@@ -68,7 +79,7 @@ def evaluate_command(profile_path: str, pid: Optional[int], unit: Optional[str],
 
     def bind(target: int, profile: str, bound_tier: Optional[str]) -> None:
         _control(socket_path, "bind", pid=target, profile_text=profile, tier=bound_tier,
-                 profile_name=name if profile is text else "evaluation spinners",
+                 profile_name=name if target == pid else "evaluation spinners",
                  requester=f"temperctl train evaluate pid {os.getpid()}")
 
     def unbind(target: int) -> None:
@@ -84,15 +95,45 @@ def evaluate_command(profile_path: str, pid: Optional[int], unit: Optional[str],
                   background=background, reps=reps, tier=tier)
     try:
         verdict = evaluate(req, bind, unbind, progress)
+        if not as_json:
+            click.echo(verdict.describe())
+            click.echo(f"rule: {verdict.rule}")
+        refined = _refine(req, bind, unbind, max_trials, as_json) if refine_it else None
     except EvaluationError as exc:
         fail(str(exc))
     if output:
+        best = refined.text if refined else text
+        log = log_comment(verdict, req)
+        if refined:
+            log += trial_log(refined, f"Refined from {name} ({len(refined.trials)} trials, each arm {req.reps} "
+                                      f"runs, interleaved; a change kept only when better by the rule above)")
         with open(output, "w", encoding="utf-8") as handle:
-            handle.write(text.rstrip("\n") + "\n\n" + log_comment(verdict, req))
+            handle.write(best.rstrip("\n") + "\n\n" + log)
     if as_json:
-        print_json({"verdict": verdict.verdict, "ratio": verdict.ratio, "rule": verdict.rule,
-                    "with": vars(verdict.with_profile), "without": vars(verdict.without), "runs": verdict.runs,
-                    "output": output})
-    else:
-        click.echo(verdict.describe())
-        click.echo(f"rule: {verdict.rule}")
+        out = {"verdict": verdict.verdict, "ratio": verdict.ratio, "rule": verdict.rule,
+               "with": vars(verdict.with_profile), "without": vars(verdict.without), "runs": verdict.runs,
+               "output": output}
+        if refined:
+            out["trials"] = [{"trial": t.number, "change": t.change.describe(), "candidate": vars(t.candidate),
+                              "best": vars(t.best), "ratio": round(t.ratio, 4), "verdict": t.verdict, "kept": t.kept}
+                             for t in refined.trials]
+        print_json(out)
+    elif refined:
+        click.echo(f"refined: {len(refined.kept)} of {len(refined.trials)} changes kept; written to {output}")
+
+
+CANDIDATE, BEST = "candidate", "best"
+
+
+def _refine(req: Request, bind, unbind, max_trials: int, quiet: bool):
+    """The hill climb, each neighbour against the best so far, both bound, arms interleaved."""
+    def measure(candidate: str, best: str):
+        spreads, _runs = measure_arms(req, {BEST: best, CANDIDATE: candidate}, bind, unbind, step="refine")
+        comparison = compare(spreads[CANDIDATE], spreads[BEST], req.higher_is_better, MIN_EFFECT)
+        return spreads[CANDIDATE], spreads[BEST], comparison.ratio, comparison.verdict
+
+    def progress(trial) -> None:
+        if not quiet:
+            click.echo(trial.describe(), err=True)
+
+    return refine(req.profile_text, measure, max_trials, progress)

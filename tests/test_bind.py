@@ -4,6 +4,7 @@ pid is one line, and a binding raises nothing for a process the host does not tr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ import time
 
 import pytest
 
+from temperd.config.profile import parse_profile
 from test_daemon_e2e import Temperd, memcached, task_stat, threads_by_name
 from thread_children import wait_for
 
@@ -123,15 +125,24 @@ nice = 13
 """
 
 
+@contextlib.contextmanager
+def nice_reader(temperd):
+    """A sleeping process temperd knows, and a benchmark whose metric is its nice value + 20."""
+    workload = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        wait_for(lambda: temperd.temperctl("explain", str(workload.pid)).returncode == 0, 10, "the process known")
+        yield workload, f"awk '{{print \"nice=\" $19 + 20}}' /proc/{workload.pid}/stat"
+    finally:
+        workload.kill()
+        workload.wait()
+
+
 def test_evaluate_runs_both_arms_interleaved_and_judges_beyond_the_noise(temperd, tmp_path):
     """The benchmark reads the workload's nice value: 20 + 13 while bound, 20 without, so the arms
     are told apart (ranges apart, medians 65 % apart) and the log lands in the output profile."""
     profile = tmp_path / "yield.toml"
     profile.write_text(YIELD_ALL)
-    workload = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    try:
-        wait_for(lambda: temperd.temperctl("explain", str(workload.pid)).returncode == 0, 10, "the process known")
-        bench = f"awk '{{print \"nice=\" $19 + 20}}' /proc/{workload.pid}/stat"
+    with nice_reader(temperd) as (workload, bench):
         out = temperd.temperctl("train", "evaluate", str(profile), "--pid", str(workload.pid), "--bench", bench,
                                 "--metric", r"nice=(\d+)", "--higher-is-better", "--background", "1",
                                 "-o", str(tmp_path / "evaluated.toml"), "--json")
@@ -145,6 +156,45 @@ def test_evaluate_runs_both_arms_interleaved_and_judges_beyond_the_noise(temperd
         assert "# Verdict:" in evaluated and "# Rule:" in evaluated
         assert temperd.temperctl("bindings").stdout.strip() == "no runtime bindings"
         assert task_stat(workload.pid, workload.pid)["nice"] == 0
-    finally:
-        workload.kill()
-        workload.wait()
+
+
+FAVOURED = """schema_version = 1
+id = "favoured"
+[[thread_groups]]
+name = "all"
+catch_all = true
+treatment = "latency"
+nice = -3
+"""
+
+
+def test_refine_keeps_a_measured_improvement_and_writes_the_trial_log(temperd, tmp_path):
+    """The benchmark reads the workload's nice value (lower is better): the first neighbour, nice
+    -3 -> -8, measures better and is kept; the climb goes on from it (-8 -> -13, kept) and stops at
+    --max-trials 2. Every candidate is bound through temperd and unbound after its runs."""
+    profile = tmp_path / "favoured.toml"
+    profile.write_text(FAVOURED)
+    with nice_reader(temperd) as (workload, bench):
+        out = temperd.temperctl("train", "evaluate", str(profile), "--pid", str(workload.pid), "--bench", bench,
+                                "--metric", r"nice=(\d+)", "--refine", "--max-trials", "2",
+                                "-o", str(tmp_path / "refined.toml"), "--json")
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        assert result["verdict"] == "better" and result["with"]["median"] == 17
+        assert [(t["change"], t["kept"]) for t in result["trials"]] == [
+            ("group 'all' nice -3 -> -8", True), ("group 'all' nice -8 -> -13", True)]
+        assert [t["candidate"]["median"] for t in result["trials"]] == [12, 7]
+        refined = (tmp_path / "refined.toml").read_text()
+        assert "nice = -13" in refined and "#   trial 2: group 'all' nice -8 -> -13" in refined
+        assert "# Kept: group 'all' nice -3 -> -8; group 'all' nice -8 -> -13" in refined
+        assert parse_profile(refined, "refined.toml").thread_groups[0].nice == -13  # the strict loader takes it
+        assert temperd.temperctl("bindings").stdout.strip() == "no runtime bindings"
+        assert task_stat(workload.pid, workload.pid)["nice"] == 0
+
+
+def test_refine_without_an_output_file_is_a_usage_error(temperd, tmp_path):
+    profile = tmp_path / "favoured.toml"
+    profile.write_text(FAVOURED)
+    out = temperd.temperctl("train", "evaluate", str(profile), "--pid", str(os.getpid()), "--bench", "true",
+                            "--metric", "(x)", "--refine")
+    assert out.returncode == 2 and "--refine writes the profile it finds: give -o OUT.toml" in out.stderr

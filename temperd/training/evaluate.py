@@ -18,10 +18,10 @@ import re
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
-from temperd.training.trials import (Arm, HostMonitor, NoiseLimits, Run, Spread, TrialPlan, compare, run_trials,
-                                     spinners, spread)
+from temperd.training.trials import (Arm, HostMonitor, NoiseLimits, Run, Spread, TrialPlan, compare, read_proc_cpu,
+                                     run_trials, spinners, spread)
 
 MIN_REPS = 5
 MIN_EFFECT = 0.05
@@ -98,20 +98,23 @@ def _bench(command: str, timeout_s: float) -> str:
     return done.stdout + done.stderr
 
 
-def evaluate(request: Request, bind: Bind, unbind: Unbind, progress: Callable[[Run], None] = lambda run: None,
-             limits: NoiseLimits = NoiseLimits()) -> Verdict:
-    """Both arms, interleaved, request.reps times each; raises EvaluationError."""
+def measure_arms(request: Request, texts: Dict[str, Optional[str]], bind: Bind, unbind: Unbind,
+                 progress: Callable[[Run], None] = lambda run: None, limits: NoiseLimits = NoiseLimits(),
+                 step: Optional[str] = None) -> Tuple[Dict[str, Spread], List[Run]]:
+    """Each arm (name -> the profile text the workload is bound to, None: unbound) request.reps
+    times, interleaved; the metric's spread per arm. Raises EvaluationError."""
     if request.reps < MIN_REPS:
         raise EvaluationError(f"--reps: expected at least {MIN_REPS} repetitions per arm, found {request.reps}")
 
     @contextlib.contextmanager
     def arm(name: str) -> Iterator[Dict[str, object]]:
-        if name == WITH:
-            bind(request.pid, request.profile_text, request.tier)
+        text = texts[name]
+        if text is not None:
+            bind(request.pid, text, request.tier)
         try:
             yield {}
         finally:
-            if name == WITH:
+            if text is not None:
                 unbind(request.pid)
 
     @contextlib.contextmanager
@@ -119,8 +122,6 @@ def evaluate(request: Request, bind: Bind, unbind: Unbind, progress: Callable[[R
         with spinners(count, request.bench_timeout_s) as workers:
             parent = None
             if workers:
-                from temperd.training.trials import read_proc_cpu
-
                 info = read_proc_cpu(workers[0])
                 parent = info.ppid if info else None
                 if parent:
@@ -131,8 +132,8 @@ def evaluate(request: Request, bind: Bind, unbind: Unbind, progress: Callable[[R
                 if parent:
                     unbind(parent)
 
-    arms = {WITHOUT: Arm(WITHOUT, "no binding: what temperd does otherwise", lambda: arm(WITHOUT)),
-            WITH: Arm(WITH, "bound to the profile", lambda: arm(WITH))}
+    arms = {name: Arm(name, "unbound" if text is None else "bound", lambda name=name: arm(name))
+            for name, text in texts.items()}
 
     def measure(step: str, name: str, rep: int) -> Run:
         run = Run(step, name, rep)
@@ -149,18 +150,26 @@ def evaluate(request: Request, bind: Bind, unbind: Unbind, progress: Callable[[R
                 run.window = monitor.stop()
         return run
 
-    plan = TrialPlan(steps=[f"background={request.background}"], arms_of=lambda step: (WITHOUT, WITH),
+    plan = TrialPlan(steps=[step or f"background={request.background}"], arms_of=lambda step: tuple(texts),
                      reps=request.reps, limits=limits, max_retries=2)
     runs = run_trials(plan, measure, progress)
     failed = [r for r in runs if not r.ok]
     if failed:
         raise EvaluationError(failed[0].error)
-    without = spread(r.metrics["metric"] for r in runs if r.arm == WITHOUT)
-    with_profile = spread(r.metrics["metric"] for r in runs if r.arm == WITH)
-    comparison = compare(with_profile, without, request.higher_is_better, MIN_EFFECT)
-    return Verdict(without, with_profile, round(comparison.ratio, 4), comparison.verdict,
-                   runs=[{"arm": r.arm, "rep": r.rep, "metric": r.metrics["metric"], "noisy": r.noisy,
-                          "host": r.window.describe() if r.window else ""} for r in runs])
+    return {name: spread(r.metrics["metric"] for r in runs if r.arm == name) for name in texts}, runs
+
+
+def run_log(runs: List[Run]) -> List[Dict[str, object]]:
+    return [{"arm": r.arm, "rep": r.rep, "metric": r.metrics["metric"], "noisy": r.noisy,
+             "host": r.window.describe() if r.window else ""} for r in runs]
+
+
+def evaluate(request: Request, bind: Bind, unbind: Unbind, progress: Callable[[Run], None] = lambda run: None,
+             limits: NoiseLimits = NoiseLimits()) -> Verdict:
+    """Both arms, interleaved, request.reps times each; raises EvaluationError."""
+    spreads, runs = measure_arms(request, {WITHOUT: None, WITH: request.profile_text}, bind, unbind, progress, limits)
+    comparison = compare(spreads[WITH], spreads[WITHOUT], request.higher_is_better, MIN_EFFECT)
+    return Verdict(spreads[WITHOUT], spreads[WITH], round(comparison.ratio, 4), comparison.verdict, runs=run_log(runs))
 
 
 def log_comment(verdict: Verdict, request: Request) -> str:
