@@ -21,6 +21,7 @@ A new arm is one more entry in the table `make_arms()` returns.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -32,7 +33,8 @@ from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence
 
 import common as C
 
-from temperd.plan import CONFINED  # noqa: E402
+from temperd.config.profile import parse_profile  # noqa: E402
+from temperd.plan import CONFINED, EXCLUSIVE  # noqa: E402
 from temperd.training.trials import Arm, ScratchCgroup  # noqa: E402
 
 STOCK, BY_HAND, TEMPERD, TEMPERD_BG = "stock", "by-hand", "temperd", "temperd+bg"
@@ -107,9 +109,13 @@ def exclusive_cpus(status: dict) -> FrozenSet[int]:
 
 @contextlib.contextmanager
 def temperd_arm(server: ServerUnderTest, background: bool, backend: str = "native",
-                profiles: Optional[Dict[str, str]] = None, profile_id: str = "") -> Iterator[Dict[str, object]]:
+                profiles: Optional[Dict[str, str]] = None, profile_id: str = "",
+                expects_exclusive: Optional[bool] = None) -> Iterator[Dict[str, object]]:
     """temperd running with the server's critical-tier binding (and the spinners' background one);
-    yields once the plan is in force: notes with the exclusive CPUs."""
+    yields once the plan is in force: notes with the exclusive CPUs. expects_exclusive: the
+    profile has an exclusive group some thread matches (default: the server's builtin's)."""
+    if expects_exclusive is not None:
+        server = dataclasses.replace(server, expects_exclusive=expects_exclusive)
     bindings = temperd_bindings(server, background, profile_id or server.profile_id)
     with C.running_temperd(bindings=bindings, profiles=profiles or {}, backend=backend) as daemon:
         status = daemon.status()
@@ -189,9 +195,10 @@ def make_arms(server: ServerUnderTest, by_hand_cpus: FrozenSet[int]) -> Dict[str
     if server.trained_profile:
         with open(server.trained_profile) as handle:
             text = handle.read()
+        exclusive = any(g.treatment == EXCLUSIVE for g in parse_profile(text, server.trained_profile).thread_groups)
         arms.append(BenchArm(TRAINED, f"temperd+bg with the trained profile {profile_id_of(text)!r}",
                              lambda: temperd_arm(server, True, profiles={"trained.toml": text},
-                                                 profile_id=profile_id_of(text)),
+                                                 profile_id=profile_id_of(text), expects_exclusive=exclusive),
                              spinners_kept_off=True, spinner_policy=idle))
     return {arm.name: arm for arm in arms}
 

@@ -7,7 +7,10 @@ Usage (root, from the checkout):
   .venv/bin/python bench/isolation.py --quick             # smoke run: 1 repetition, bg 0 and 4
   .venv/bin/python bench/isolation.py --server memcached  # see --help for the servers
   options: --reps N --ladder 0,1,2,4 --variants c=50,c=1 --arms stock,by-hand,temperd,temperd+bg
-           --seconds S --trained-profile FILE --json FILE
+           --seconds S --trained-profile FILE --train SECONDS --json FILE
+  e.g. the trained profile against stock and the builtin (temperctl train under the first variant's
+  load for 20 s first, the profile kept beside --json):
+  .venv/bin/python bench/isolation.py --train 20 --arms stock,temperd+bg,trained --ladder 0,4 --reps 5
 
 What runs (bench/workloads.py has each server and its load; bench/arms.py each arm):
 - The server in its own session (as a service manager starts it) and in a cgroup v2 directory
@@ -18,7 +21,9 @@ What runs (bench/workloads.py has each server and its load; bench/arms.py each a
 - Arms (bench/arms.py): stock, by-hand (the server pinned with `taskset -a -p -c CPUS PID` to
   the CPUs temperd gives it, the spinners under `nice -n 19 chrt --idle 0`), temperd (builtin
   profile, critical tier, spinners untagged), temperd+bg (spinners bound to the background
-  tier); opt-in: temperd+pmqos, temperd+bg+pmqos, scx, scx+bg, trained (--trained-profile).
+  tier); opt-in: temperd+pmqos, temperd+bg+pmqos, scx, scx+bg, trained (--trained-profile, or
+  --train SECONDS: `temperctl train --direct` on the server under the first variant's load, before
+  the runs; the profile is printed and kept).
   Interleaved within every step, the order reversed every other repetition; an arm is left (temperd
   stopped, the server unpinned) before the next enters, and stock runs check that the host was
   put back.
@@ -38,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -200,6 +206,24 @@ class Bench:
 
 
 OTHER_TEMPERD_WAIT_S = 120.0
+
+
+def train_profile(workload: W.Workload, server, variant: str, seconds: float, path: str, timeout_s: float) -> None:
+    """`temperctl train --direct` on the server for `seconds` under `variant`'s load (sized for
+    twice as long; temperctl stops it at the end); prints each group it found."""
+    amount = workload.size(server, variant, 2 * seconds, timeout_s)
+    argv = [os.path.join(C.BINDIR, "temperctl"), "train", "--pid", str(server.pid), "--duration", f"{seconds:g}s",
+            "--load", shlex.join(workload.load_argv(server, variant, amount)), "--id", f"{workload.name}-trained",
+            "-o", path, "--direct", "--no-report", "--json"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 300)
+    if out.returncode != 0:
+        raise SystemExit(f"temperctl train failed ({out.returncode}): {out.stderr.strip()[-500:]}")
+    result = json.loads(out.stdout)
+    print(f"trained {path} under {workload.describe(variant, amount)} for {seconds:g} s:")
+    for group in result["groups"]:
+        members = sorted({t["comm"] for t in result["threads"] if t["group"] == group["name"]})
+        print(f"  {group['name']}: {group['class']}, {group['treatment']}, {group['threads']} threads "
+              f"({', '.join(members[:6])}{' ...' if len(members) > 6 else ''}), CPU share {group['cpu_share']:.2f}")
 
 
 def other_temperds() -> List[int]:
@@ -410,6 +434,9 @@ def main() -> int:
                         help=f"arms (default {','.join(A.DEFAULT_ARMS)}; also {A.PMQOS}, {A.PMQOS_BG}, {A.SCX}, "
                              f"{A.SCX_BG}, {A.TRAINED}); bench/arms.py says what each does")
     parser.add_argument("--trained-profile", metavar="FILE", help="the profile the trained arm applies")
+    parser.add_argument("--train", type=float, metavar="SECONDS",
+                        help="train the trained arm's profile first: temperctl train for SECONDS under the first "
+                             "variant's load (written to --trained-profile, else beside --json)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 repetition, bg 0 and 4")
     parser.add_argument("--noisy-foreign", type=float, default=10.0,
                         help="%% of a core used by other processes that marks a run noisy")
@@ -440,8 +467,13 @@ def main() -> int:
     ladder = [int(x) for x in args.ladder.split(",")]
     variants = args.variants.split(",") if args.variants else list(workload.variants)
     arm_names = [a for a in args.arms.split(",") if a]
-    if A.TRAINED in arm_names and not args.trained_profile:
-        parser.error("the trained arm needs --trained-profile FILE")
+    if args.train:
+        if not args.trained_profile:
+            args.trained_profile = f"{os.path.splitext(args.json)[0] if args.json else workload.name}-trained.toml"
+        if A.TRAINED not in arm_names:
+            arm_names.append(A.TRAINED)
+    elif A.TRAINED in arm_names and not args.trained_profile:
+        parser.error("the trained arm needs --trained-profile FILE (or --train SECONDS)")
     limits = T.NoiseLimits(args.noisy_foreign, args.noisy_steal)
     started = time.monotonic()
     print(C.host_description())
@@ -460,6 +492,8 @@ def main() -> int:
             workload.prepare(server)
             timeout_s = max(60.0, 12 * args.seconds)
             amounts = {v: workload.size(server, v, args.seconds, timeout_s) for v in variants}
+            if args.train:
+                train_profile(workload, server, variants[0], args.train, args.trained_profile, timeout_s)
             by_hand_cpus = A.planned_cpus(under) if A.BY_HAND in arm_names else frozenset()
             arms = A.make_arms(under, by_hand_cpus)
             unknown = [a for a in arm_names if a not in arms]

@@ -208,6 +208,51 @@ class MariaDB(Workload):
         return f"sysbench oltp_read_write --{variant} --time={amount} --percentile=99 (1 table, 2 000 rows)"
 
 
+class JvmService(Workload):
+    name = "jvm"
+    profile_id = ""  # no builtin profile: the trained arm is what temperd knows of it
+    exclusive_group = ""
+    tool = "http_load.py"
+    expects_exclusive = False
+    variants = ("c=4",)
+    notes = ("tests/jvm/TrainingService.java: a req-handler-N pool and a CPU-heavy report-builder thread in one "
+             "JVM; the load is tests/jvm/http_load.py (keep-alive Python clients, latency per request)")
+
+    def server(self):
+        return S.jvm_service()
+
+    def prepare(self, server) -> None:
+        subprocess.run(self.load_argv(server, "c=4", 3), capture_output=True, timeout=60)  # the JIT warmed
+
+    def treated(self, server, exclusive: FrozenSet[int]) -> bool:
+        """A trained profile may give no exclusive core: the plan is in force once some thread of
+        the JVM has a nice value or policy temperd set (latency or yield groups)."""
+        if exclusive:
+            return super().treated(server, exclusive)
+        tids = procfs.list_tids(server.pid) or ()
+        return any(_touched(tid) for tid in tids)
+
+    def load_argv(self, server, variant: str, amount: int) -> List[str]:
+        return [sys.executable, os.path.join(S.JVM_DIR, "http_load.py"), str(server.port), str(amount),
+                str(clients_of(variant))]
+
+    def parse(self, stdout: str) -> Measurement:
+        found = re.search(r"requests \d+ rps ([\d.]+) p50_ms ([\d.]+) p99_ms ([\d.]+)", stdout)
+        if not found:
+            raise ValueError(f"unexpected http_load.py output: {stdout.strip()[-300:]!r}")
+        return Measurement(*(float(x) for x in found.groups()))
+
+    def describe(self, variant: str, amount: int) -> str:
+        return f"http_load.py {variant.replace('c=', '')} keep-alive clients, {amount} s per run"
+
+
+def _touched(tid: int) -> bool:
+    try:
+        return os.getpriority(os.PRIO_PROCESS, tid) != 0 or os.sched_getscheduler(tid) != os.SCHED_OTHER
+    except OSError:
+        return False
+
+
 def histogram_quantile(rows: Sequence[tuple], q: float) -> float:
     """The value at quantile q of (value, count) rows in ascending order."""
     total = sum(n for _, n in rows)
@@ -308,4 +353,4 @@ class DataLoaderFeed(MlWorkload):
 
 
 WORKLOADS: Dict[str, Callable[[], Workload]] = {"redis": Redis, "memcached": Memcached, "mariadb": MariaDB,
-                                                 "onnx": Onnx, "dataloader": DataLoaderFeed}
+                                                 "onnx": Onnx, "dataloader": DataLoaderFeed, "jvm": JvmService}
