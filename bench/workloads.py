@@ -12,7 +12,6 @@ import csv
 import io
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile

@@ -66,8 +66,7 @@ def test_fixtures_are_classified_with_reasons_naming_their_signals(tmp_path, io_
                                              ("sleeper", sleeper), ("mix", mix))}
     assert (c["compute"]["cpu"]["intensity"], c["compute"]["cpu"]["bound"]) == ("high", "compute")
     assert "util" in c["compute"]["classificationReason"] and "hot thread" in c["compute"]["classificationReason"]
-    if c["memory"]["cpu"]["bound"] != "memory":  # seen on a fresh CI host: the bound stayed under pressure 10 %
-        pytest.xfail(f"memory fixture classified {c['memory']['cpu']['bound']}: {c['memory']['classificationReason']}")
+    assert c["memory"]["cpu"]["bound"] == "memory", c["memory"]["classificationReason"]
     assert "memory pressure" in c["memory"]["classificationReason"]
     assert c["io"]["cpu"]["bound"] == "io"
     assert re.search(r"io pressure|D state", c["io"]["classificationReason"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import resource
 import select
 import time

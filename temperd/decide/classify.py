@@ -234,6 +234,11 @@ def _bound_evidence(s: WorkloadSignals, util: Optional[float]) -> Dict[str, List
             target = "memory" if found["memory"] else "io"
             found[target].append(f"io pressure {_pct(io_psi)} >= {PRESSURE_PCT:.0f}% with only "
                                  f"{_bytes(io_bytes)}/s of its own storage I/O (paging)")
+        elif (faults or 0.0) >= MAJOR_FAULTS_PER_S and (memory_psi or 0.0) >= io_psi:
+            # Swap-ins stall as memory and as io at once (and a swap file's reads may count as the
+            # task's own): io no larger than memory pressure, with the faults to feed it, is paging.
+            found["memory"].append(f"io pressure {_pct(io_psi)} no larger than memory pressure "
+                                   f"{_pct(memory_psi or 0.0)}, with {faults:.0f} major faults/s (paging)")
         else:
             found["io"].append(f"io pressure {_pct(io_psi)} >= {PRESSURE_PCT:.0f}% of the window")
     if d_share is not None and d_share >= D_STATE_IO_SHARE and (io_bytes or 0.0) > 0:
