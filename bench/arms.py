@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import time
@@ -201,6 +202,24 @@ def make_arms(server: ServerUnderTest, by_hand_cpus: FrozenSet[int]) -> Dict[str
                                                  profile_id=profile_id_of(text), expects_exclusive=exclusive),
                              spinners_kept_off=True, spinner_policy=idle))
     return {arm.name: arm for arm in arms}
+
+
+def train_profile(workload, server, variant: str, seconds: float, path: str, timeout_s: float) -> None:
+    """`temperctl train --direct` on the server for `seconds` under `variant`'s load (sized for
+    twice as long; temperctl stops it at the end); prints each group it found."""
+    amount = workload.size(server, variant, 2 * seconds, timeout_s)
+    argv = [os.path.join(C.BINDIR, "temperctl"), "train", "--pid", str(server.pid), "--duration", f"{seconds:g}s",
+            "--load", shlex.join(workload.load_argv(server, variant, amount)), "--id", f"{workload.name}-trained",
+            "-o", path, "--direct", "--no-report", "--json"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 300)
+    if out.returncode != 0:
+        raise SystemExit(f"temperctl train failed ({out.returncode}): {out.stderr.strip()[-500:]}")
+    result = json.loads(out.stdout)
+    print(f"trained {path} under {workload.describe(variant, amount)} for {seconds:g} s:")
+    for group in result["groups"]:
+        members = sorted({t["comm"] for t in result["threads"] if t["group"] == group["name"]})
+        print(f"  {group['name']}: {group['class']}, {group['treatment']}, {group['threads']} threads "
+              f"({', '.join(members[:6])}{' ...' if len(members) > 6 else ''}), CPU share {group['cpu_share']:.2f}")
 
 
 # ---- scx_layered: attach and per-layer stats over a run ---------------------------------------------------

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -206,24 +205,6 @@ class Bench:
 
 
 OTHER_TEMPERD_WAIT_S = 120.0
-
-
-def train_profile(workload: W.Workload, server, variant: str, seconds: float, path: str, timeout_s: float) -> None:
-    """`temperctl train --direct` on the server for `seconds` under `variant`'s load (sized for
-    twice as long; temperctl stops it at the end); prints each group it found."""
-    amount = workload.size(server, variant, 2 * seconds, timeout_s)
-    argv = [os.path.join(C.BINDIR, "temperctl"), "train", "--pid", str(server.pid), "--duration", f"{seconds:g}s",
-            "--load", shlex.join(workload.load_argv(server, variant, amount)), "--id", f"{workload.name}-trained",
-            "-o", path, "--direct", "--no-report", "--json"]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 300)
-    if out.returncode != 0:
-        raise SystemExit(f"temperctl train failed ({out.returncode}): {out.stderr.strip()[-500:]}")
-    result = json.loads(out.stdout)
-    print(f"trained {path} under {workload.describe(variant, amount)} for {seconds:g} s:")
-    for group in result["groups"]:
-        members = sorted({t["comm"] for t in result["threads"] if t["group"] == group["name"]})
-        print(f"  {group['name']}: {group['class']}, {group['treatment']}, {group['threads']} threads "
-              f"({', '.join(members[:6])}{' ...' if len(members) > 6 else ''}), CPU share {group['cpu_share']:.2f}")
 
 
 def other_temperds() -> List[int]:
@@ -493,7 +474,7 @@ def main() -> int:
             timeout_s = max(60.0, 12 * args.seconds)
             amounts = {v: workload.size(server, v, args.seconds, timeout_s) for v in variants}
             if args.train:
-                train_profile(workload, server, variants[0], args.train, args.trained_profile, timeout_s)
+                A.train_profile(workload, server, variants[0], args.train, args.trained_profile, timeout_s)
             by_hand_cpus = A.planned_cpus(under) if A.BY_HAND in arm_names else frozenset()
             arms = A.make_arms(under, by_hand_cpus)
             unknown = [a for a in arm_names if a not in arms]

@@ -5,6 +5,7 @@ profile (valid, evidence above each group, fingerprint of the workload)."""
 from __future__ import annotations
 
 import re
+import time
 
 from temperd.config.profile import parse_profile
 from temperd.decide.planner import exclusive_cores
@@ -141,6 +142,15 @@ def test_synthesized_profile_validates_with_evidence_and_fingerprint():
         assert "#  CPU:" in head.split("\n\n")[-1] and "wakeups" in head.split("\n\n")[-1]
 
 
+def test_a_program_run_through_a_link_is_fingerprinted_by_its_name_too():
+    root = ProcessInfo(pid=7, ppid=1, name="redis-server", exe="/usr/bin/redis-check-rdb", titles=["redis-server *:6379"],
+                       unit=None, cgroup=None, uid=0, cpu_quota=None)
+    assert fingerprint(root) == {"executables": ["/usr/bin/redis-check-rdb"], "process_names": ["redis-server"]}
+    plain = ProcessInfo(pid=8, ppid=1, name="memcached", exe="/usr/bin/memcached", titles=["memcached"],
+                        unit=None, cgroup=None, uid=0, cpu_quota=None)
+    assert fingerprint(plain) == {"executables": ["/usr/bin/memcached"]}
+
+
 def test_an_interpreter_is_fingerprinted_by_its_program():
     root = ProcessInfo(pid=7, ppid=1, name="python3", exe="/usr/bin/python3.11", titles=["python3 -u serve_model.py --port 9"],
                        unit=None, cgroup=None, uid=0, cpu_quota=None)
@@ -160,3 +170,31 @@ def test_evaluate_reads_the_metric_and_refuses_fewer_than_five_repetitions():
         metric_of("p99 = fast", r"p99 = (\w+)")
     with pytest.raises(EvaluationError, match="at least 5 repetitions"):
         evaluate(Request(pid=1, profile_text="", bench="true", metric="(x)", reps=3), lambda *a: None, lambda p: None)
+
+
+def test_evaluation_counts_the_busy_workload_as_its_own_not_as_host_noise():
+    """The workload under evaluation runs beside the benchmark (a busy server): its CPU must not
+    make every run look noisy. A spinning process named eval-spin is the workload here."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from temperd.training.evaluate import WITH, WITHOUT, Request, measure_arms
+
+    spin = ("import ctypes, time; ctypes.CDLL(None).prctl(15, b'eval-spin', 0, 0, 0)\n"
+            "end = time.monotonic() + 60\nwhile time.monotonic() < end: pass\n")
+    # Started by a parent that exits at once, as a service is: not a descendant of this process.
+    launcher = ("import subprocess, sys\n"
+                "print(subprocess.Popen([sys.executable, '-c', sys.argv[1]], start_new_session=True,\n"
+                "                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)\n")
+    pid = int(subprocess.run([sys.executable, "-c", launcher, spin], capture_output=True, text=True,
+                             timeout=30).stdout)
+    try:
+        time.sleep(0.3)
+        request = Request(pid=pid, profile_text="", bench="sleep 0.2; echo v=1", metric=r"v=(\d)")
+        spreads, runs = measure_arms(request, {WITHOUT: None, WITH: "profile"}, lambda *a: None, lambda pid: None)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    assert spreads[WITH].n == spreads[WITHOUT].n == 5
+    assert all("eval-spin" not in run.window.foreign_top for run in runs), [r.window.describe() for r in runs]

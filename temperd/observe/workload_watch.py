@@ -248,7 +248,7 @@ class WorkloadWatch:
         usage = cgroups.cpu_usage_us(w.cgroup) if w.cgroup and w.cgroup != "/" else None
         unchanged = usage is not None and usage == t.cgroup_usage_us and set(w.pids) == set(t.processes)
         t.cgroup_usage_us = usage
-        if unchanged and t.kept:
+        if unchanged:  # kept threads or none (a pool that never ran since it was tracked): nothing to read
             if self.settings.rightsizing:
                 self.history.of(t.label).record_idle(now)
             return
@@ -275,7 +275,7 @@ class WorkloadWatch:
                 moved.append(pid)
                 residual += grown / CLOCK_TICKS / dt
                 elapsed = dt
-        if not moved and t.kept:  # nothing ran: a zero for every kept thread, counted in one go
+        if not moved:  # nothing ran: a zero for every kept thread, counted in one go; no rank can change
             if self.settings.rightsizing:
                 self.history.of(t.label).record_idle(now)
             t.counters.sampled = True

@@ -28,7 +28,8 @@ MIN_EFFECT = 0.05
 WITHOUT, WITH = "without", "with"
 RULE = (f"better or worse only when both arms have >= {MIN_REPS} runs, their ranges (lowest to highest run) do "
         f"not overlap and the medians differ by >= {MIN_EFFECT:.0%}; otherwise within the noise")
-# Spinners yield while they are measured beside the workload: all of their threads, background tier.
+# Spinners yield while they are measured beside the workload: all of their threads, background
+# tier, SCHED_IDLE as the background tier gives a batch job (the isolation bench's temperd+bg).
 SPINNER_PROFILE = """schema_version = 1
 id = "evaluation-spinners"
 description = "temperctl train evaluate: background CPU spinners"
@@ -36,7 +37,7 @@ description = "temperctl train evaluate: background CPU spinners"
 name = "spin"
 catch_all = true
 treatment = "yield"
-yield_policy = "batch"
+yield_policy = "idle"
 """
 
 Bind = Callable[[int, str, Optional[str]], None]  # (pid, profile text, tier)
@@ -139,7 +140,7 @@ def measure_arms(request: Request, texts: Dict[str, Optional[str]], bind: Bind, 
         run = Run(step, name, rep)
         with arms[name].enter():
             with background(request.background):
-                monitor = HostMonitor()
+                monitor = HostMonitor(also_ours=(request.pid,))  # the workload's own CPU is not noise
                 monitor.start()
                 started = time.monotonic()
                 try:

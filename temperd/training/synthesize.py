@@ -84,6 +84,10 @@ def fingerprint(root: Optional[ProcessInfo]) -> Dict[str, List[str]]:
     exe_name = os.path.basename(root.exe or "")
     if root.exe and not INTERPRETERS.match(exe_name):
         out["executables"] = [root.exe]
+        if root.name and not exe_name.startswith(root.name) and not set("*?[") & set(root.name):
+            # A multi-call binary or a link (Debian's redis-server is redis-check-rdb): the name
+            # it runs under says which program it is, to the reader and to the matcher.
+            out["process_names"] = [root.name]
     else:
         program = _program(root)
         if program is not None:
