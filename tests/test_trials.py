@@ -62,6 +62,15 @@ def test_spinners_start_under_a_wrapper():
         assert os.getpriority(os.PRIO_PROCESS, workers[0]) == 19
 
 
+def test_spinners_share_the_callers_session_unless_asked_for_their_own():
+    """The isolation bench's batch job sits in the benchmark's session (one autogroup); train
+    evaluate's gets its own, as a service manager starts one, so temperd can weigh its autogroup."""
+    with T.spinners(1, 30) as beside, T.spinners(1, 30, own_session=True) as apart:
+        assert os.getsid(beside[0]) == os.getsid(0)
+        assert os.getsid(apart[0]) != os.getsid(0) and os.getsid(apart[0]) == os.getpgid(apart[0])
+    assert _wait_gone(apart[0]) and _wait_gone(beside[0])
+
+
 def test_python_spinners_when_stress_ng_is_missing(monkeypatch):
     monkeypatch.setattr(T.shutil, "which", lambda name: None)
     argv = T.spinner_argv(2, 1.2)

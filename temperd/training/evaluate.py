@@ -120,7 +120,10 @@ def measure_arms(request: Request, texts: Dict[str, Optional[str]], bind: Bind, 
 
     @contextlib.contextmanager
     def background(count: int) -> Iterator[None]:
-        with spinners(count, request.bench_timeout_s) as workers:
+        # A session of their own, as a batch job under a service manager: the benchmark runs in
+        # another (its shell's), so the spinners' SCHED_IDLE alone would yield only inside their
+        # autogroup; a whole-yield session is one temperd weighs down too.
+        with spinners(count, request.bench_timeout_s, own_session=True) as workers:
             parent = None
             if workers:
                 info = read_proc_cpu(workers[0])

@@ -320,17 +320,21 @@ def spinner_argv(count: int, limit_s: float) -> List[str]:
 
 @contextlib.contextmanager
 def spinners(count: int, limit_s: float, cgroup: Optional[ScratchCgroup] = None,
-             wrapper: Sequence[str] = ()) -> Iterator[List[int]]:
+             wrapper: Sequence[str] = (), own_session: bool = False) -> Iterator[List[int]]:
     """COUNT CPU spinners, bounded by limit_s, in their own process group (for cleanup) and in
     `cgroup`, started through `wrapper` (e.g. nice -n 19 chrt --idle 0); yields the spinning
-    pids. They stay in the caller's session (its autogroup), as a batch job started beside it."""
+    pids. They stay in the caller's session (its autogroup), as a batch job started beside it,
+    unless own_session: a session (autogroup) of their own, as a service manager starts a job."""
     if count == 0:
         yield []
         return
     procs = os.path.join(cgroup.path, "cgroup.procs") if cgroup is not None else None
 
-    def join() -> None:  # in the child, before exec: own process group, own cgroup
-        os.setpgrp()
+    def join() -> None:  # in the child, before exec: own process group or session, own cgroup
+        if own_session:
+            os.setsid()
+        else:
+            os.setpgrp()
         if procs:
             with open(procs, "w") as handle:
                 handle.write("0")
