@@ -12,6 +12,7 @@ import csv
 import io
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -207,6 +208,59 @@ class MariaDB(Workload):
         return f"sysbench oltp_read_write --{variant} --time={amount} --percentile=99 (1 table, 2 000 rows)"
 
 
+class PostgreSQL(Workload):
+    name = "postgresql"
+    profile_id = "postgresql"
+    exclusive_group = "backends"
+    tool = "pgbench"
+    rate_unit = "tps"
+    expects_exclusive = False  # backends come with pgbench's connections, after the arm is in force
+    variants = ("c=4",)
+    notes = ("pgbench TPC-B-like, scale 1, fsync off; its connections are new backends each run (forked by the "
+             "postmaster, titled, matched and placed while the run starts); p50/p99 from every transaction's "
+             "latency in pgbench --log")
+
+    def server(self):
+        return S.postgresql_server()
+
+    def version(self, server) -> str:
+        found = re.search(r"(\d+\.\d+)", server.version)
+        return found.group(1) if found else server.version
+
+    def pids(self, server) -> List[int]:
+        return [server.pid, *S.child_pids(server.pid)]
+
+    def treated(self, server, exclusive: FrozenSet[int]) -> bool:
+        """No backend exists between runs: the plan is in force once the postmaster has its
+        latency nice (the builtin profile's postmaster group)."""
+        try:
+            return os.getpriority(os.PRIO_PROCESS, server.pid) < 0
+        except OSError:
+            return False
+
+    def load_argv(self, server, variant: str, amount: int) -> List[str]:
+        # pgbench writes one log line per transaction (latency in us, 3rd field) into files of its
+        # own; they are printed after its report and removed, so parse() reads both from stdout.
+        env = (f"PGHOST={S.LOOPBACK} PGPORT={server.port} PGUSER=postgres PGDATABASE=postgres")
+        clients = clients_of(variant)
+        script = (f'd=$(mktemp -d) && cd "$d" && env {env} pgbench -c {clients} -j {min(clients, 2)} -T {amount} '
+                  f'-l --log-prefix="$d/tx" 2>&1; status=$?; cat "$d"/tx.* 2>/dev/null | sed "s/^/tx /"; '
+                  f'rm -rf "$d"; exit $status')
+        return ["/bin/sh", "-c", script]
+
+    def parse(self, stdout: str) -> Measurement:
+        tps = re.search(r"^tps = ([\d.]+)", stdout, re.M)
+        latencies = sorted(int(line.split()[3]) for line in stdout.splitlines()
+                           if line.startswith("tx ") and len(line.split()) >= 4)
+        if not tps or len(latencies) < 2:
+            raise ValueError(f"unexpected pgbench output: {stdout.strip()[:300]!r}")
+        cuts = statistics.quantiles(latencies, n=100)
+        return Measurement(float(tps.group(1)), cuts[49] / 1000.0, cuts[98] / 1000.0)
+
+    def describe(self, variant: str, amount: int) -> str:
+        return f"pgbench -c {clients_of(variant)} -T {amount} (TPC-B-like, scale 1)"
+
+
 class JvmService(Workload):
     name = "jvm"
     profile_id = ""  # no builtin profile: the trained arm is what temperd knows of it
@@ -352,4 +406,5 @@ class DataLoaderFeed(MlWorkload):
 
 
 WORKLOADS: Dict[str, Callable[[], Workload]] = {"redis": Redis, "memcached": Memcached, "mariadb": MariaDB,
-                                                 "onnx": Onnx, "dataloader": DataLoaderFeed, "jvm": JvmService}
+                                                 "onnx": Onnx, "dataloader": DataLoaderFeed, "jvm": JvmService,
+                                                 "postgresql": PostgreSQL}
