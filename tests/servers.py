@@ -584,6 +584,42 @@ def jvm_service(pool_threads: int = 4) -> Iterator[RunningServer]:
             yield RunningServer("jvm-service", _version([java, "-version"]), proc.pid, port, workdir, start_load)
 
 
+# ---- ONNX Runtime (PyPI) ---------------------------------------------------------------------------
+
+ML_WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "ml_worker.py")
+# A Python with onnxruntime, onnx and numpy from PyPI (no Debian package has them): $TEMPERD_ML_PYTHON,
+# else the .venv-ml that scripts/test.sh makes.
+ML_PYTHON = os.environ.get("TEMPERD_ML_PYTHON") or os.path.join(os.path.dirname(ML_WORKER), "..", ".venv-ml", "bin",
+                                                                 "python")
+
+
+@contextlib.contextmanager
+def onnx_worker() -> Iterator[RunningServer]:
+    """bench/ml_worker.py onnx: ONNX Runtime (CPU provider, default intra-op threads, left unnamed:
+    every thread's comm is the interpreter's) serving inferences on loopback; load = its client."""
+    python = os.path.abspath(ML_PYTHON)
+    if not os.access(python, os.X_OK):
+        raise ServerUnavailable(f"no Python with onnxruntime at {python} (scripts/test.sh makes .venv-ml "
+                                f"from PyPI; or set TEMPERD_ML_PYTHON)")
+    probe = subprocess.run([python, "-c", "import onnxruntime, onnx, numpy; print(onnxruntime.__version__)"],
+                           capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0:
+        raise ServerUnavailable(f"{python} cannot import onnxruntime, onnx and numpy: {probe.stderr.strip()[-200:]}")
+    port = free_port()
+    with _workdir("onnx", None) as workdir:
+        with _supervised([python, ML_WORKER, "onnx", "--port", str(port)], os.path.join(workdir, "onnx.log"), None,
+                         cwd=workdir) as proc:
+            wait_for_port(port, proc, "ml_worker onnx", timeout=120)
+
+            def start_load(seconds: float) -> Load:
+                secs = max(1, int(round(seconds)))
+                return Load("ml_worker client", [[python, ML_WORKER, "client", "--port", str(port), "--seconds",
+                                                  str(secs)]], secs, workdir, self_limited=True)
+
+            yield RunningServer("onnxruntime", f"onnxruntime {probe.stdout.strip()}", proc.pid, port, workdir,
+                                start_load)
+
+
 def mariadb_thread_roles(server: RunningServer) -> Dict[int, str]:
     """tid -> performance_schema.threads NAME (e.g. thread/sql/one_connection) of a running mariadbd."""
     out = _mariadb_client(server.extra["socket"], "SELECT THREAD_OS_ID, NAME FROM performance_schema.threads "
@@ -616,6 +652,7 @@ __all__ = [
     "jvm_service",
     "mariadb_server",
     "mariadb_thread_roles",
+    "onnx_worker",
     "memcached_server",
     "postgresql_bindir",
     "postgresql_server",

@@ -178,6 +178,23 @@ def test_mariadb_unnamed_connection_threads_become_the_busiest(tmp_path):
     assert any(g.catch_all and g.treatment == YIELD for g in profile.thread_groups)
 
 
+def test_onnx_runtime_unnamed_intra_op_threads_become_the_busiest(tmp_path):
+    """ONNX Runtime leaves its intra-op threads unnamed (every comm is the interpreter's): behaviour
+    alone separates them, as `busiest = N` serving threads; the idle rest yields."""
+    with started(S.onnx_worker) as server:
+        server.load(2.0)  # the session built and warm before the window
+        first, _ = trained_twice(server, tmp_path, check_matcher=False)  # busiest: by CPU time when matched
+    threads = first.analysis.features.threads
+    assert len({t.comm for t in threads.values()}) == 1, "ONNX Runtime named its threads: nothing to show here"
+    busiest = [c for c in first.analysis.clusters if c.selector == "busiest"]
+    assert len(busiest) == 1 and busiest[0].treatment in (EXCLUSIVE, LATENCY)
+    hot = {tid for tid, t in threads.items() if t.cpu_share >= 0.3}
+    assert hot and hot <= set(busiest[0].tids), "every thread doing inference work is in the serving group"
+    assert busiest[0].busiest == len(busiest[0].tids)
+    profile = parse_profile(first.profile_text, "t.toml")
+    assert any(g.catch_all and g.treatment == YIELD for g in profile.thread_groups)
+
+
 def test_jvm_request_pool_serves_background_yields_gc_never_idle(tmp_path):
     with started(S.jvm_service) as server:
         server.load(2.0)  # warm the JIT before the window
