@@ -102,8 +102,11 @@ ping_r, ping_w = os.pipe()
 pong_r, pong_w = os.pipe()
 if os.fork() == 0:
     os.close(ping_w); os.close(pong_r)
-    while os.read(ping_r, 1):
-        os.write(pong_w, b"x")
+    try:
+        while os.read(ping_r, 1):
+            os.write(pong_w, b"x")
+    except BrokenPipeError:  # the parent was stopped first: the pair's end
+        pass
     os._exit(0)
 os.close(ping_r); os.close(pong_w)
 counter = mmap.mmap(os.open(path, os.O_RDWR), 8)
