@@ -175,7 +175,8 @@ def stock_arm() -> Iterator[Dict[str, object]]:
 
 def make_arms(server: ServerUnderTest, by_hand_cpus: FrozenSet[int]) -> Dict[str, BenchArm]:
     idle = os.SCHED_IDLE
-    pm = {f"{server.profile_id}.toml": pmqos_profile(server, 0)} if server.exclusive_group else {}
+    # Read when a pmqos arm is entered: the builtin's file is in a checkout, not where only bench/ was copied.
+    pm = lambda: {f"{server.profile_id}.toml": pmqos_profile(server, 0)} if server.exclusive_group else {}  # noqa: E731
     arms = [
         BenchArm(STOCK, "the kernel's scheduler as installed", stock_arm),
         BenchArm(BY_HAND, f"by hand: {BY_HAND_COMMANDS}", lambda: by_hand_arm(server, by_hand_cpus),
@@ -185,9 +186,9 @@ def make_arms(server: ServerUnderTest, by_hand_cpus: FrozenSet[int]) -> Dict[str
         BenchArm(TEMPERD_BG, "temperd, builtin profile, critical tier; spinners in the background tier",
                  lambda: temperd_arm(server, True), spinners_kept_off=True, spinner_policy=idle),
         BenchArm(PMQOS, "temperd with idle_resume_us = 0 on the exclusive group",
-                 lambda: temperd_arm(server, False, profiles=pm), spinners_kept_off=True),
+                 lambda: temperd_arm(server, False, profiles=pm()), spinners_kept_off=True),
         BenchArm(PMQOS_BG, "temperd+bg with idle_resume_us = 0 on the exclusive group",
-                 lambda: temperd_arm(server, True, profiles=pm), spinners_kept_off=True, spinner_policy=idle),
+                 lambda: temperd_arm(server, True, profiles=pm()), spinners_kept_off=True, spinner_policy=idle),
         BenchArm(SCX, "temperd with backend = scx (scx_layered places the threads)",
                  lambda: temperd_arm(server, False, backend="scx"), during=scx_window),
         BenchArm(SCX_BG, "temperd+bg with backend = scx",
