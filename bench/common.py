@@ -97,7 +97,7 @@ class TemperdProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def status(self, timeout: float = 20.0) -> dict:
+    def status(self, timeout: float = 60.0) -> dict:
         out = subprocess.run([os.path.join(BINDIR, "temperctl"), "status", "--json", "--socket", self.socket],
                              capture_output=True, text=True, timeout=timeout)
         if out.returncode != 0:
@@ -110,7 +110,7 @@ class TemperdProcess:
     def cpu_ticks(self) -> int:
         return procfs.read_process_cpu_ticks(self.pid) or 0
 
-    def stop(self, timeout: float = 20.0) -> Optional[int]:
+    def stop(self, timeout: float = 60.0) -> Optional[int]:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -129,7 +129,7 @@ def temperd_toml(state_dir: str, socket: str, http_port: int = 0, extra: str = "
 @contextlib.contextmanager
 def running_temperd(*, bindings: str = "", profiles: Optional[Mapping[str, str]] = None, http_port: int = 0,
                     log_level: str = "warning", settings: str = "", command: Optional[Sequence[str]] = None,
-                    env: Optional[Mapping[str, str]] = None, ready_timeout_s: float = 20.0,
+                    env: Optional[Mapping[str, str]] = None, ready_timeout_s: float = 60.0,
                     backend: str = "native") -> Iterator[TemperdProcess]:
     """temperd (the native backend unless `backend` says otherwise) in the foreground with its own
     config dir, state dir and control socket; `bindings` is TOML appended to temperd.toml

@@ -727,7 +727,8 @@ step_bench_isolation() {
   else
     echo "no real scx_layered in the share (run-vm-test.sh --scx-layered FILE): no scx arm"
   fi
-  bench_run isolation --server redis --variants c=50 --ladder 0,1,2,4 --reps 3 --arms "$arms" \
+  bench_run isolation --server redis --variants c=50 --ladder "$(cat "$H/bench-ladder" 2>/dev/null || echo 0,1,2,4)" \
+    --reps 3 --arms "$arms" \
     --seconds 4 --max-minutes 75 --json "$H/bench-results/isolation.json"
 }
 
