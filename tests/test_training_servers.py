@@ -82,11 +82,15 @@ def threads_by_treatment(trained: Trained) -> Dict[str, Set[str]]:
 def membership(trained: Trained, other: Trained) -> Set[Tuple]:
     """(thread, treatment) for each observed thread: a thread both trainings saw by its id, one
     that came and went (a PostgreSQL backend of one pgbench run) by its name and the key of its
-    title's first five words (a backend's state word, idle or SELECT, left out)."""
+    title's first five words (a backend's state word, idle or SELECT, left out). A thread that came
+    and went idle (a connection's handler thread that one window happened to catch) is no
+    evidence of membership either way and is left out."""
     both = set(trained.analysis.features.threads) & set(other.analysis.features.threads)
     out: Set[Tuple] = set()
     for t in trained.summary("x")["threads"]:
         f = trained.analysis.features.threads[t["tid"]]
+        if t["tid"] not in both and f.cpu_share < BUSY_CPU:
+            continue
         out.add((t["tid"], t["treatment"]) if t["tid"] in both else (f.key, title_key([" ".join(f.title.split()[:5])]), t["treatment"]))
     return out
 
