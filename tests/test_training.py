@@ -108,6 +108,20 @@ def test_threads_named_like_the_process_split_into_busiest_and_catch_all():
     assert analysis.clusters[-1].selector == "catch_all"  # tried last
 
 
+def test_a_peer_just_under_the_hot_mark_stays_in_its_pool():
+    """Four connection threads of one unnamed pool at 0.31, 0.30, 0.33 and 0.29 CPUs (MariaDB under
+    sysbench --threads=4): one busiest group of four, and the idle rest yields."""
+    wf = workload(*[thread(i, "server", cpu, network=500) for i, cpu in ((1, 0.31), (2, 0.30), (3, 0.33), (4, 0.29))],
+                  *[thread(i, "server", 0.0) for i in (5, 6, 7)])
+    analysis = A.analyze(wf, 8.0, "host")
+    busiest = [c for c in analysis.clusters if c.selector == "busiest"]
+    assert len(busiest) == 1 and busiest[0].busiest == 4 and set(busiest[0].tids) == {1, 2, 3, 4}
+    catch_all = [c for c in analysis.clusters if c.selector == "catch_all"]
+    assert len(catch_all) == 1 and set(catch_all[0].tids) == {5, 6, 7} and catch_all[0].treatment == YIELD
+    lighter = workload(*[thread(i, "server", 0.4, network=500) for i in (1, 2)], thread(3, "server", 0.1, network=500))
+    assert {c.busiest for c in A.analyze(lighter, 8.0, "host").clusters if c.selector == "busiest"} == {2}
+
+
 def test_processes_named_alike_split_by_title():
     titles = {101: "db: 15/main: app shop 10.0.0.1(5001) idle", 102: "db: 15/main: app shop 10.0.0.1(5002) SELECT",
               103: "db: 15/main: checkpointer"}

@@ -50,6 +50,9 @@ LONG_BURST_US = 200.0  # median on-CPU burst of sync compute
 SELF_DRIVEN_SHARE = 0.5  # no seed: threads with this share of the busiest thread's CPU drive the workload
 POLLING_DEMAND = 0.5  # CPUs wanted by a thread that never slept: it polls for work
 IO_D_SHARE = 0.3  # of a path thread's sleeps, in D state: it waits on I/O for the path
+# Unnamed peers: a path thread with this share of the least busy hot one's CPU joins the busiest
+# group (four connection threads at 0.30, 0.31, 0.33 and 0.297 CPUs are one pool, not 3 + 1).
+PEER_SHARE = 0.75
 
 
 @dataclass
@@ -270,6 +273,9 @@ def _groups(wf: WorkloadFeatures, verdicts: Dict[int, Verdict], titles_seen: Dic
         else:
             top_rank = max(RANK[verdicts[t].treatment] for t in tids)
             hot = [t for t in tids if RANK[verdicts[t].treatment] == top_rank]
+            if verdicts[hot[0]].on_path:
+                floor = PEER_SHARE * min(wf.threads[t].cpu_share for t in hot)
+                hot += [t for t in tids if t not in hot and verdicts[t].on_path and wf.threads[t].cpu_share >= floor]
             rest = [t for t in tids if t not in hot]
             lead = _foremost(hot, verdicts, wf)
             note = (f"every thread is named {wf.threads[tids[0]].comm!r}; the {len(hot)} busiest are this group, "
