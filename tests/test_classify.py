@@ -44,12 +44,19 @@ def test_swapping_is_memory_bound_though_it_raises_io_pressure_too():
                                  MAJOR_FAULTS: 1483.0, IO_BYTES: 5e6}))
     assert swapping.cpu_bound == "memory"
     assert "io pressure 14% no larger than memory pressure 18%, with 1483 major faults/s (paging)" in swapping.reason
+    faulting_in = classify(signals({CPU_DEMAND: 0.26, CPU_CAPACITY: 1, PSI_MEMORY: 23.0, PSI_IO: 14.0,
+                                    MAJOR_FAULTS: 1986.0, IO_BYTES: 121e6, D_STATE_SHARE: 1.0}))
+    assert faulting_in.cpu_bound == "memory", faulting_in.reason  # its D-state sleeps wait on swap-ins
+    assert "100% of sampled sleeps in D state >= 50% with 115.4 MiB/s of I/O (paging)" in faulting_in.reason
     writing = classify(signals({CPU_DEMAND: 0.14, CPU_CAPACITY: 1, PSI_MEMORY: 12.0, PSI_IO: 40.0,
                                 MAJOR_FAULTS: 1483.0, IO_BYTES: 5e6}))  # io beyond what paging explains
     assert writing.cpu_bound == "mixed" and "io: io pressure 40% >= 10% of the window" in writing.reason
     no_faults = classify(signals({CPU_DEMAND: 0.1, CPU_CAPACITY: 1, PSI_MEMORY: 0.0, PSI_IO: 30.0, MAJOR_FAULTS: 2.0,
                                   IO_BYTES: 5e6}))
     assert no_faults.cpu_bound == "io"
+    writer_sleeping = classify(signals({CPU_DEMAND: 0.1, CPU_CAPACITY: 1, PSI_MEMORY: 0.0, PSI_IO: 30.0,
+                                        MAJOR_FAULTS: 0.0, IO_BYTES: 5e6, D_STATE_SHARE: 0.9}))
+    assert writer_sleeping.cpu_bound == "io" and "(paging)" not in writer_sleeping.reason
 
 
 def test_a_hot_thread_beside_io_stalls_is_mixed_naming_both():
