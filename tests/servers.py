@@ -501,11 +501,11 @@ def _mariadb_client(socket_path: str, sql: str, client: str, timeout: float = 30
 
 
 @contextlib.contextmanager
-def mariadb_server(performance_schema: bool = True) -> Iterator[RunningServer]:
+def mariadb_server(performance_schema: bool = True, connections: int = 4) -> Iterator[RunningServer]:
     """mariadbd on a throwaway datadir (mariadb-install-db) and a free loopback port.
 
-    Load = sysbench oltp_read_write (4 threads, one small table) when sysbench is installed,
-    else four mariadb client connections running a bounded CPU-heavy query.
+    Load = sysbench oltp_read_write (``connections`` threads, one small table) when sysbench is
+    installed, else as many mariadb client connections running a bounded CPU-heavy query.
     ``performance_schema`` lets :func:`mariadb_thread_roles` map thread ids to P_S names.
     """
     binary = require("mariadbd", "mariadb-server", extra_dirs=("/usr/sbin",))
@@ -544,12 +544,12 @@ def mariadb_server(performance_schema: bool = True) -> Iterator[RunningServer]:
             def start_load(seconds: float) -> Load:
                 secs = max(1, int(round(seconds)))
                 if sysbench:
-                    return Load("sysbench", [[sysbench, "oltp_read_write", *sb_common, "--threads=4",
+                    return Load("sysbench", [[sysbench, "oltp_read_write", *sb_common, f"--threads={connections}",
                                               f"--time={secs}", "run"]], secs, workdir, self_limited=True)
-                # No sysbench: four connections, each busy for at most the load's duration.
+                # No sysbench: connections each busy for at most the load's duration.
                 query = f"SET STATEMENT max_statement_time={secs} FOR SELECT BENCHMARK(1000000000, MD5('x'))"
                 argv_c = [client, "--no-defaults", "-h", LOOPBACK, "-P", str(port), "-usb", "-psb", "-e", query]
-                return Load("mariadb-client", [argv_c] * 4, secs, workdir, self_limited=True)
+                return Load("mariadb-client", [argv_c] * connections, secs, workdir, self_limited=True)
 
             yield RunningServer("mariadb", _version([binary, "--version"]), proc.pid, port, workdir, start_load,
                                 extra={"socket": sock, "client": client})
@@ -561,17 +561,17 @@ JVM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jvm")
 
 
 @contextlib.contextmanager
-def jvm_service(pool_threads: int = 4) -> Iterator[RunningServer]:
+def jvm_service(pool_threads: int = 4, clients: int = 4, jvm_args: Sequence[str] = ()) -> Iterator[RunningServer]:
     """tests/jvm/TrainingService.java (default-jdk-headless) on a free loopback port: an HTTP
     server with a "req-handler-N" pool and a CPU-heavy "report-builder" thread in the same
-    process, Parallel GC (GC Thread#N); load = tests/jvm/http_load.py, 4 keep-alive clients."""
+    process, Parallel GC (GC Thread#N); load = tests/jvm/http_load.py, ``clients`` keep-alive clients."""
     java = require("java", "default-jdk-headless")
     require("javac", "default-jdk-headless")
     port = free_port()
     with _workdir("jvm", None) as workdir:
         # nodelay: the JDK server writes headers and body apart; with Nagle and the client's delayed
         # ACK every request would wait 40 ms for the network stack, not for the service.
-        argv = [java, "-Xmx64m", "-XX:+UseParallelGC", "-Dsun.net.httpserver.nodelay=true",
+        argv = [java, "-Xmx64m", "-XX:+UseParallelGC", "-Dsun.net.httpserver.nodelay=true", *jvm_args,
                 os.path.join(JVM_DIR, "TrainingService.java"),
                 str(port), str(pool_threads)]
         with _supervised(argv, os.path.join(workdir, "java.log"), None, cwd=workdir) as proc:
@@ -579,7 +579,7 @@ def jvm_service(pool_threads: int = 4) -> Iterator[RunningServer]:
 
             def start_load(seconds: float) -> Load:
                 return Load("http_load", [[sys.executable, os.path.join(JVM_DIR, "http_load.py"), str(port),
-                                           str(seconds), "4"]], seconds, workdir, self_limited=True)
+                                           str(seconds), str(clients)]], seconds, workdir, self_limited=True)
 
             yield RunningServer("jvm-service", _version([java, "-version"]), proc.pid, port, workdir, start_load)
 

@@ -67,8 +67,13 @@ def trained_twice(server: S.RunningServer, tmp_path, check_matcher: bool = True)
     check_ground_rules(first)
     index = stability(first, second)
     print(f"\n{server.name}: stability (Jaccard) {index:.2f}; groups "
-          + "; ".join(f"{c.name} {c.treatment} x{len(c.tids)}" for c in first.analysis.clusters))
-    assert index >= 0.9
+          + "; ".join(f"{c.name} {c.treatment} x{len(c.tids)} (CPUs "
+                      + " ".join(f"{first.analysis.features.threads[t].cpu_share:.2f}" for t in c.tids[:8]) + ")"
+                      for c in first.analysis.clusters))
+    a, b = membership(first, second), membership(second, first)
+    comm = {**{t: f.comm for t, f in second.analysis.features.threads.items()}, **{t: f.comm for t, f in first.analysis.features.threads.items()}}
+    named = lambda ms: sorted(str((comm.get(m[0], m[0]),) + m[1:]) for m in ms)  # noqa: E731
+    assert index >= 0.9, f"only in the first: {named(a - b)}; only in the second: {named(b - a)}"
     return first, second
 
 
@@ -170,15 +175,18 @@ def test_postgresql_backends_by_title_and_maintenance_yields(tmp_path):
 
 
 def test_mariadb_unnamed_connection_threads_become_the_busiest(tmp_path):
-    with started(S.mariadb_server, performance_schema=False) as server:
+    """Two sysbench connections: their threads at about 0.5 CPUs each. With four on this 2-CPU host
+    each sits at 0.29-0.31 CPUs, on the hot mark (analyze.HOT_CPU), and the pool is exclusive in one
+    training and latency in the next: a real borderline, not what this test is about."""
+    with started(S.mariadb_server, performance_schema=False, connections=2) as server:
         if S.version_tuple(server.version) >= (11,):
             pytest.skip(f"{server.version}: MariaDB >= 11 names its threads")
         first, _ = trained_twice(server, tmp_path, check_matcher=False)  # busiest: by CPU time when matched
     busiest = [c for c in first.analysis.clusters if c.selector == "busiest"]
     assert len(busiest) == 1 and busiest[0].treatment in (EXCLUSIVE, LATENCY)
-    assert busiest[0].busiest == 4  # sysbench --threads=4: one connection thread each
+    assert busiest[0].busiest == 2  # sysbench --threads=2: one connection thread each
     profile = parse_profile(first.profile_text, "t.toml")
-    assert profile.group(busiest[0].name).busiest == 4
+    assert profile.group(busiest[0].name).busiest == 2
     assert any(g.catch_all and g.treatment == YIELD for g in profile.thread_groups)
 
 
@@ -200,8 +208,12 @@ def test_onnx_runtime_unnamed_intra_op_threads_become_the_busiest(tmp_path):
 
 
 def test_jvm_request_pool_serves_background_yields_gc_never_idle(tmp_path):
-    with started(S.jvm_service) as server:
-        server.load(2.0)  # warm the JIT before the window
+    """One client: the four handlers at 0.16-0.25 CPUs each, under the hot mark (with four clients
+    they reach 0.23-0.31 and the pool flips between latency and exclusive from one training to the
+    next). The JIT stops at C1 and is warmed for 8 s: C2 kept compiling past that, and a compiler
+    thread the handlers drive joins the path in a window where it compiles and not in the next."""
+    with started(S.jvm_service, clients=1, jvm_args=["-XX:TieredStopAtLevel=1"]) as server:
+        server.load(8.0)
         first, _ = trained_twice(server, tmp_path)
     by = threads_by_treatment(first)
     assert {f"req-handler-{n}" for n in range(1, 5)} <= by.get(EXCLUSIVE, set()) | by.get(LATENCY, set())
