@@ -41,6 +41,8 @@
 # A guest kernel panic (under multi-threaded TCG, registering a sched_ext scheduler can panic the
 # guest) is retried once, under TCG single-threaded; a stuck boot or qemu failing is retried apart.
 # env: E2E_BOOT_LIMIT (s, default 300): a boot not "running" by then is stuck.
+#      E2E_TCG=single: boot under single-threaded TCG from the start (slower, without the panic
+#      race: for benchmarks that start and stop a sched_ext scheduler many times).
 #      E2E_INJECT_PANIC=STEP, a test knob of the panic retry only: the guest crashes its kernel
 #      (sysrq c) as STEP begins, on the first boot (E2E_INJECT_PANIC_BOOTS=N: on the first N boots).
 # Needs root (the image build) and the Debian packages:
@@ -196,6 +198,9 @@ chmod 755 "$share/run.sh" "$share/guest-steps.sh"
 if grep -qwE 'vmx|svm' /proc/cpuinfo && [ -w /dev/kvm ] && [ ! -d /sys/module/kvm_pvm ]; then
   accel=(-accel kvm -cpu host) accel_name=KVM
   say "accelerator: KVM"
+elif [ "${E2E_TCG:-multi}" = single ]; then
+  accel=(-accel tcg,thread=single -cpu max) accel_name="single-threaded TCG"
+  say "accelerator: TCG (software emulation, single-threaded: E2E_TCG=single)"
 else
   accel=(-accel tcg,thread=multi -cpu max) accel_name="multi-threaded TCG"
   say "accelerator: TCG (software emulation)"
