@@ -687,17 +687,31 @@ step_bcc_service() {
   grep -E '^temperd_(layer_runqueue_latency_seconds_(count|sum)|telemetry_source|layer_offcpu_total)' "$W/metrics-bpf.txt" |
     grep -E 'redis|spinners|telemetry_source' | head -n 20
   temperctl status | grep -E '^telemetry:' | tee "$W/telemetry-line"
-  local layer spinners=e2e-spinners.service.tier ours theirs
+  local layer spinners=e2e-spinners.service.tier ours theirs our_p99 our_n our_mean their_p99 their_n their_mean
   layer="$(redis_layer)"
-  # p99 and count over the load, from the histograms' growth on /metrics
+  # p99 (interpolated within its log2 bucket, as histogram_quantile does), count and mean over the
+  # load, from the histograms' growth on /metrics
   ours="$($HELPER p99 "$layer" "$W/metrics-before-load.txt" "$W/metrics-bpf.txt")"
   theirs="$($HELPER p99 "$spinners" "$W/metrics-before-load.txt" "$W/metrics-bpf.txt")"
-  echo "over the load (/metrics): $layer p99 <= ${ours% *} s of ${ours#* } wakeups; $spinners p99 <= ${theirs% *} s of ${theirs#* }"
+  read -r our_p99 our_n our_mean <<<"$ours"
+  read -r their_p99 their_n their_mean <<<"$theirs"
+  echo "over the load (/metrics): $layer p99 $our_p99 s, mean $our_mean s of $our_n wakeups;" \
+    "$spinners p99 $their_p99 s, mean $their_mean s of $their_n"
   check "temperctl status: telemetry: bpf" grep -qE '^telemetry: +bpf$' "$W/telemetry-line" &&
     check "/metrics: temperd_telemetry_source{source=\"bpf\"} 1" grep -qE '^temperd_telemetry_source\{source="bpf"\} 1' "$W/metrics-bpf.txt" &&
-    check "/metrics: both layers' histograms from bpf grew under the load" test -n "${ours#* }" -a -n "${theirs#* }" &&
-    check "/metrics: the protected layer's p99 below the spinners' over the load" \
-      awk -v a="${ours% *}" -v b="${theirs% *}" 'BEGIN { exit !(a + 0 < b + 0) }' &&
+    check "/metrics: both layers' histograms from bpf grew under the load" \
+      awk -v a="$our_n" -v b="$their_n" 'BEGIN { exit !(a + 0 > 0 && b + 0 > 0) }' &&
+    if [ "$(cat "$H/accel" 2>/dev/null)" = "single-threaded TCG" ]; then
+      # One host thread runs the 4 vCPUs in turn: a wakeup sent to another vCPU waits for QEMU to
+      # come round to it (tens of ms), for the protected layer as for the spinners, so the tails
+      # measure the emulator. The mean still shows the guest scheduler's preference.
+      echo "single-threaded TCG: the tails are QEMU's round of the vCPUs; comparing the means"
+      check "/metrics: the protected layer's mean delay below the spinners' over the load" \
+        awk -v a="$our_mean" -v b="$their_mean" 'BEGIN { exit !(a + 0 < b + 0) }'
+    else
+      check "/metrics: the protected layer's p99 below the spinners' over the load" \
+        awk -v a="$our_p99" -v b="$their_p99" 'BEGIN { exit !(a + 0 < b + 0) }'
+    fi &&
     check "/observe: both layers measured in a window under load (count > 0)" \
       $HELPER json "all(any(l['layer'] == name and l['window_count'] > 0 for l in d['latency']['layers']) for name in ('$layer', '$spinners'))" <"$W/observe-load-1.json"
 }

@@ -11,8 +11,9 @@
                                              exit 1 when it is false or fails
   guest_helper.py get PATH                   print temperd's http://127.0.0.1:9477PATH (/metrics, /observe)
   guest_helper.py latency                    the scheduling delay per layer of the /observe document on stdin
-  guest_helper.py p99 LAYER BEFORE AFTER     the p99 (s, a bucket's upper bound) of LAYER's bpf scheduling-delay
-                                             histogram between two /metrics snapshots, and its count
+  guest_helper.py p99 LAYER BEFORE AFTER     the p99 (s, interpolated within its bucket as histogram_quantile
+                                             does), the count and the mean (s) of LAYER's bpf scheduling-delay
+                                             histogram between two /metrics snapshots
 """
 
 import fnmatch
@@ -149,15 +150,33 @@ def buckets(path: str, layer: str) -> dict:
 
 
 def p99(layer: str, before_path: str, after_path: str) -> int:
+    """The 0.99 quantile as Prometheus' histogram_quantile gives it (linear within the bucket it
+    falls in: log2 buckets are a factor of 2 wide, and two layers' tails often share one), the
+    count and the mean, of what the histogram gained between the two snapshots."""
     before, after = buckets(before_path, layer), buckets(after_path, layer)
-    grown = {le: n - before.get(le, 0.0) for le, n in after.items()}
-    total = grown.get(float("inf"), 0.0)
+    grown = sorted((le, n - before.get(le, 0.0)) for le, n in after.items())
+    total = grown[-1][1] if grown and grown[-1][0] == float("inf") else 0.0
     if not total:
         print(f"{layer}: no scheduling delay measured between the snapshots")
         return 1
-    bound = min(le for le, n in grown.items() if n >= 0.99 * total)
-    print(f"{bound} {int(total)}")
+    rank, lower, below = 0.99 * total, 0.0, 0.0
+    for le, n in grown:
+        if n >= rank:
+            quantile = le if le == float("inf") else lower + (le - lower) * (rank - below) / max(n - below, 1e-9)
+            break
+        lower, below = le, n
+    sums = [sum_value(path, layer) for path in (before_path, after_path)]
+    print(f"{quantile:.6f} {int(total)} {(sums[1] - sums[0]) / total:.6f}")
     return 0
+
+
+def sum_value(path: str, layer: str) -> float:
+    line_start = f'temperd_layer_runqueue_latency_seconds_sum{{layer="{layer}",source="bpf"}} '
+    with open(path) as handle:
+        for line in handle:
+            if line.startswith(line_start):
+                return float(line[len(line_start):])
+    return 0.0
 
 
 def main(argv) -> int:

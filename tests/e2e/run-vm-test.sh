@@ -235,6 +235,7 @@ while true; do
     echo "$inject" >"$share/inject-panic"
     say "E2E_INJECT_PANIC (test knob): the guest crashes its kernel as step $inject begins"
   fi
+  echo "$accel_name" >"$share/accel"  # the guest's steps read how it is emulated
   panic="" panic_step=""
   attempt_t=$SECONDS
   boot_start=$(date +%s)
