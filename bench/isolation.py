@@ -46,6 +46,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -167,8 +168,11 @@ class Bench:
         server_pids = self.under.pids()
         monitor.start()
         meter.start(server=server_pids, client=[])
+        # Output into a file, not a pipe: a load generator that writes more than a pipe holds (pgbench's
+        # per-transaction log) would block on it while this loop only polls.
+        output = tempfile.TemporaryFile("w+")
         proc = subprocess.Popen(workload.load_argv(self.server, variant, self.amounts[variant]),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+                                stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
         meter.follow("client", proc.pid)
         deadline = time.monotonic() + self.timeout_s
         allowed = set()
@@ -184,13 +188,15 @@ class Bench:
                     allowed.add(C.cpulist(found))
                 meter.sample()
                 time.sleep(0.05)
-            stdout = proc.stdout.read()
+            output.seek(0)
+            stdout = output.read()
         finally:
             run.window = monitor.stop()
             run.waits = meter.stop()
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            output.close()
         run.notes.update(client_cpus=sampler.describe("client"), server_cpus=sampler.describe("server"),
                          client_allowed="/".join(sorted(allowed)) or "-")
         if proc.returncode != 0:
