@@ -430,6 +430,9 @@ def main() -> int:
     parser.add_argument("--noisy-steal", type=float, default=5.0, help="steal %% that marks a run noisy")
     parser.add_argument("--max-retries", type=int, default=8, help="noisy runs repeated, in all (default 8)")
     parser.add_argument("--max-minutes", type=float, default=30.0, help="stop starting runs after this long")
+    parser.add_argument("--run-timeout", type=float, metavar="S",
+                        help="a run whose load generator has not finished by then is an error (default: the larger "
+                             "of 60 s and 12 x --seconds; give more under software emulation)")
     parser.add_argument("--json", metavar="FILE", help="write every run as JSON")
     parser.add_argument("--markdown", metavar="JSON", help="print the Markdown tables of --json files (comma-separated, pooled) and exit")
     args = parser.parse_args()
@@ -477,7 +480,7 @@ def main() -> int:
             for pid in under.pids():
                 server_cgroup.add(pid)
             workload.prepare(server)
-            timeout_s = max(60.0, 12 * args.seconds)
+            timeout_s = args.run_timeout or max(60.0, 12 * args.seconds)
             amounts = {v: workload.size(server, v, args.seconds, timeout_s) for v in variants}
             if args.train:
                 A.train_profile(workload, server, variants[0], args.train, args.trained_profile, timeout_s)

@@ -743,7 +743,7 @@ step_bench_isolation() {
   fi
   bench_run isolation --server redis --variants c=50 --ladder "$(cat "$H/bench-ladder" 2>/dev/null || echo 0,1,2,4)" \
     --reps 3 --arms "$arms" \
-    --seconds 4 --max-minutes 75 --json "$H/bench-results/isolation.json"
+    --seconds 4 --run-timeout 300 --max-minutes 75 --json "$H/bench-results/isolation.json"
 }
 
 step_bench_overhead() {
