@@ -289,7 +289,12 @@ def scx_window() -> Iterator[Dict[str, object]]:
     try:
         stats.read()
         yield notes
-        notes["scx"] = scx_summary(stats.read())
+        try:
+            notes["scx"] = scx_summary(stats.read())
+        except OSError as exc:  # the socket went with the scx_layered that served it
+            raise RuntimeError(f"scx_layered's stats connection broke during the run ({exc.strerror or exc}; "
+                               f"sched_ext now {scx_state()}): scx_layered exited or was restarted, "
+                               f"so the run was not carried by one scx_layered throughout") from None
     finally:
         stats.close()
 
