@@ -62,6 +62,9 @@ class BenchArm(Arm):
 
     spinners_kept_off: bool = False  # the spinners' affinity excludes the exclusive CPUs (native temperd)
     spinner_policy: Optional[int] = None  # the policy the spinners must have (SCHED_IDLE)
+    # Once the spinners run, before the measured window: wait until the arm has taken them in;
+    # returns why not ("" when it has).
+    settle: Optional[Callable[[Sequence[int]], str]] = None
 
 
 @dataclass
@@ -127,10 +130,15 @@ def temperd_arm(server: ServerUnderTest, background: bool, backend: str = "nativ
             raise RuntimeError(f"temperd made no exclusive layer for {server.name}: {daemon.status()['workloads']}")
         if backend == "scx":
             wait_for_scx(daemon)
+            _scx_daemons.append(daemon)
         elif not C.wait_until(lambda: server.treated(exclusive), 10.0):
             raise RuntimeError(f"{server.name} is not on CPUs {C.cpulist(exclusive)} after 10 s")
-        yield {"exclusive": C.cpulist(exclusive) if exclusive else "",
-               "pmqos": "/".join(C.read_text(PMQOS_FILE.format(cpu=c), "?") for c in sorted(exclusive))}
+        try:
+            yield {"exclusive": C.cpulist(exclusive) if exclusive else "",
+                   "pmqos": "/".join(C.read_text(PMQOS_FILE.format(cpu=c), "?") for c in sorted(exclusive))}
+        finally:
+            if daemon in _scx_daemons:
+                _scx_daemons.remove(daemon)
 
 
 @contextlib.contextmanager
@@ -192,7 +200,7 @@ def make_arms(server: ServerUnderTest, by_hand_cpus: FrozenSet[int]) -> Dict[str
         BenchArm(SCX, "temperd with backend = scx (scx_layered places the threads)",
                  lambda: temperd_arm(server, False, backend="scx"), during=scx_window),
         BenchArm(SCX_BG, "temperd+bg with backend = scx",
-                 lambda: temperd_arm(server, True, backend="scx"), during=scx_window),
+                 lambda: temperd_arm(server, True, backend="scx"), during=scx_window, settle=scx_settled),
     ]
     if server.trained_profile:
         with open(server.trained_profile) as handle:
@@ -228,6 +236,39 @@ def train_profile(workload, server, variant: str, seconds: float, path: str, tim
 
 def scx_state() -> str:
     return C.read_text(SCX_STATE, "-")
+
+
+# The temperd of the scx arm now in force (set by temperd_arm), for scx_settled, which runs later.
+_scx_daemons: List[C.TemperdProcess] = []
+
+
+def scx_settled(spinners: Sequence[int]) -> str:
+    """Spinners that start after temperd are a plan change: their background layer is new, and
+    scx_layered is restarted with it after its batch window. Wait until temperd has them in that
+    layer, no restart is pending, and the restarted scx_layered has been read; a window measured
+    across the restart would mix two schedulers (and its stats connection would break)."""
+    if not spinners or not _scx_daemons:
+        return ""
+    daemon = _scx_daemons[-1]
+    deadline = time.monotonic() + SCX_ATTACH_S
+    reads_when_settled = None
+    last: dict = {}
+    while time.monotonic() < deadline:
+        status = daemon.status()
+        last = status["backend"]
+        supervisor = last.get("scx_layered") or {}
+        planned = any(layer["name"].endswith(".tier") and layer["members"] >= len(spinners) for layer in status["layers"])
+        settled = (planned and last.get("carried_by") == "scx" and supervisor.get("state") == "running"
+                   and not supervisor.get("pending_change"))
+        if not settled:
+            reads_when_settled = None
+        elif reads_when_settled is None:
+            reads_when_settled = supervisor.get("stats_reads", 0)
+        elif supervisor.get("stats_reads", 0) > reads_when_settled:
+            return ""
+        time.sleep(0.5)
+    return (f"scx_layered did not settle with the spinners in their layer within {SCX_ATTACH_S:.0f} s "
+            f"(sched_ext {scx_state()}, backend {last.get('carried_by')})")
 
 
 def wait_for_scx(daemon: C.TemperdProcess) -> None:

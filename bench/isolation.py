@@ -135,6 +135,10 @@ class Bench:
                     if workers:
                         run.notes["spinners_allowed"] = C.cpulist(C.affinity_of(workers[0]) or ())
                         run.notes["spinners_policy"] = POLICY_NAMES.get(_policy(workers[0]), "?")
+                    if arm.settle is not None:
+                        run.error = arm.settle(workers)
+                        if run.error:
+                            return run
                     time.sleep(self.settle_s)
                     if arm.during is None:
                         self._measure(run, variant)
