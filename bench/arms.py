@@ -257,7 +257,8 @@ def scx_settled(spinners: Sequence[int]) -> str:
         status = daemon.status()
         last = status["backend"]
         supervisor = last.get("scx_layered") or {}
-        planned = any(layer["name"].endswith(".tier") and layer["members"] >= len(spinners) for layer in status["layers"])
+        # the spinners' cgroup is empty until they start: its tier layer exists once they are planned
+        planned = any(layer["name"].endswith(".tier") for layer in status["layers"])
         settled = (planned and last.get("carried_by") == "scx" and supervisor.get("state") == "running"
                    and not supervisor.get("pending_change"))
         if not settled:
@@ -267,8 +268,12 @@ def scx_settled(spinners: Sequence[int]) -> str:
         elif supervisor.get("stats_reads", 0) > reads_when_settled:
             return ""
         time.sleep(0.5)
-    return (f"scx_layered did not settle with the spinners in their layer within {SCX_ATTACH_S:.0f} s "
-            f"(sched_ext {scx_state()}, backend {last.get('carried_by')})")
+    supervisor = last.get("scx_layered") or {}
+    tiers = [(layer["name"], layer["members"]) for layer in status["layers"] if layer["name"].endswith(".tier")]
+    return (f"scx_layered did not settle with the {len(spinners)} spinners in their layer within {SCX_ATTACH_S:.0f} s: "
+            f"sched_ext {scx_state()}, carried by {last.get('carried_by')}, scx_layered {supervisor.get('state')}, "
+            f"change pending {supervisor.get('pending_change')}, stats reads {supervisor.get('stats_reads')}, "
+            f"restarts {supervisor.get('restarts')}, crashes {supervisor.get('crashes')}, tier layers {tiers}")
 
 
 def wait_for_scx(daemon: C.TemperdProcess) -> None:
