@@ -62,6 +62,9 @@ class BenchArm(Arm):
 
     spinners_kept_off: bool = False  # the spinners' affinity excludes the exclusive CPUs (native temperd)
     spinner_policy: Optional[int] = None  # the policy the spinners must have (SCHED_IDLE)
+    # The spinners start before the arm enters (scx: scx_layered attaches once, with their layer,
+    # instead of being restarted for it under their load).
+    spinners_first: bool = False
     # Once the spinners run, before the measured window: wait until the arm has taken them in;
     # returns why not ("" when it has).
     settle: Optional[Callable[[Sequence[int]], str]] = None
@@ -198,9 +201,10 @@ def make_arms(server: ServerUnderTest, by_hand_cpus: FrozenSet[int]) -> Dict[str
         BenchArm(PMQOS_BG, "temperd+bg with idle_resume_us = 0 on the exclusive group",
                  lambda: temperd_arm(server, True, profiles=pm()), spinners_kept_off=True, spinner_policy=idle),
         BenchArm(SCX, "temperd with backend = scx (scx_layered places the threads)",
-                 lambda: temperd_arm(server, False, backend="scx"), during=scx_window),
+                 lambda: temperd_arm(server, False, backend="scx"), during=scx_window, spinners_first=True),
         BenchArm(SCX_BG, "temperd+bg with backend = scx",
-                 lambda: temperd_arm(server, True, backend="scx"), during=scx_window, settle=scx_settled),
+                 lambda: temperd_arm(server, True, backend="scx"), during=scx_window, spinners_first=True,
+                 settle=scx_settled),
     ]
     if server.trained_profile:
         with open(server.trained_profile) as handle:
@@ -243,10 +247,10 @@ _scx_daemons: List[C.TemperdProcess] = []
 
 
 def scx_settled(spinners: Sequence[int]) -> str:
-    """Spinners that start after temperd are a plan change: their background layer is new, and
-    scx_layered is restarted with it after its batch window. Wait until temperd has them in that
-    layer, no restart is pending, and the restarted scx_layered has been read; a window measured
-    across the restart would mix two schedulers (and its stats connection would break)."""
+    """Spinners in a tier layer of their own are part of scx_layered's config: wait until temperd
+    has planned their layer, no restart is pending, and the scx_layered that carries it has been
+    read. A window measured across a restart would mix two schedulers (and its stats connection
+    would break), hence also spinners_first for the scx arms."""
     if not spinners or not _scx_daemons:
         return ""
     daemon = _scx_daemons[-1]

@@ -41,6 +41,7 @@ What runs (bench/workloads.py has each server and its load; bench/arms.py each a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -125,30 +126,37 @@ class Bench:
             if run.error:
                 return run
         try:
-            with arm.enter() as notes:
+            with contextlib.ExitStack() as stack:
+                def start_spinners() -> List[int]:
+                    return stack.enter_context(
+                        T.spinners(bg, self.timeout_s + 30, self.under.spinner_cgroup, arm.spinner_wrapper))
+
+                workers = start_spinners() if arm.spinners_first else None
+                notes = stack.enter_context(arm.enter())
                 run.notes.update(notes)
                 exclusive = frozenset(int(c) for c in str(notes.get("exclusive", "")).split(",") if c.isdigit())
-                with T.spinners(bg, self.timeout_s + 30, self.under.spinner_cgroup, arm.spinner_wrapper) as workers:
-                    run.error = self._spinners_ready(arm, exclusive, workers)
+                if workers is None:
+                    workers = start_spinners()
+                run.error = self._spinners_ready(arm, exclusive, workers)
+                if run.error:
+                    return run
+                if workers:
+                    run.notes["spinners_allowed"] = C.cpulist(C.affinity_of(workers[0]) or ())
+                    run.notes["spinners_policy"] = POLICY_NAMES.get(_policy(workers[0]), "?")
+                if arm.settle is not None:
+                    run.error = arm.settle(workers)
                     if run.error:
                         return run
-                    if workers:
-                        run.notes["spinners_allowed"] = C.cpulist(C.affinity_of(workers[0]) or ())
-                        run.notes["spinners_policy"] = POLICY_NAMES.get(_policy(workers[0]), "?")
-                    if arm.settle is not None:
-                        run.error = arm.settle(workers)
-                        if run.error:
-                            return run
-                    time.sleep(self.settle_s)
-                    if arm.during is None:
+                time.sleep(self.settle_s)
+                if arm.during is None:
+                    self._measure(run, variant)
+                else:
+                    with arm.during() as during:
                         self._measure(run, variant)
-                    else:
-                        with arm.during() as during:
-                            self._measure(run, variant)
-                        run.notes.update(during)
-                    others = other_temperds()
-                    if others and run.ok:
-                        run.error = f"another temperd (pid {', '.join(map(str, others))}) started during the run"
+                    run.notes.update(during)
+                others = other_temperds()
+                if others and run.ok:
+                    run.error = f"another temperd (pid {', '.join(map(str, others))}) started during the run"
         except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
             run.error = str(exc)
         return run
