@@ -735,6 +735,9 @@ export -f bench_asked bench_run
 
 step_bench_isolation() {
   local arms=stock,temperd+bg
+  # The image's other servers would be matched by their builtin profiles too (memcached's workers
+  # holding a core of their own while idle): only the benchmark's redis runs.
+  systemctl stop memcached.service redis-server.service 2>/dev/null || true
   if [ -f "$H/scx_layered" ]; then
     install -m 0755 "$H/scx_layered" /usr/bin/scx_layered
     arms="$arms,scx+bg"
