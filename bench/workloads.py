@@ -186,9 +186,9 @@ class MariaDB(Workload):
         return found.group(1) if found else server.version
 
     def treated(self, server, exclusive: FrozenSet[int]) -> bool:
-        """No thread is in the exclusive group on 10.11: the plan is in force once the unnamed
-        threads got their nice."""
-        return any(os.getpriority(os.PRIO_PROCESS, tid) == -5 for tid in procfs.list_tids(server.pid) or ())
+        """No thread is in the exclusive group on 10.11: the plan is in force once its threads got
+        a latency group's negative nice (the builtin's `unnamed` group -5, a trained one's -10)."""
+        return any(os.getpriority(os.PRIO_PROCESS, tid) < 0 for tid in procfs.list_tids(server.pid) or ())
 
     def load_argv(self, server, variant: str, amount: int) -> List[str]:
         return ["sysbench", "oltp_read_write", f"--mysql-host={S.LOOPBACK}", f"--mysql-port={server.port}",
