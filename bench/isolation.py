@@ -7,7 +7,7 @@ Usage (root, from the checkout):
   .venv/bin/python bench/isolation.py --quick             # smoke run: 1 repetition, bg 0 and 4
   .venv/bin/python bench/isolation.py --server memcached  # see --help for the servers
   options: --reps N --ladder 0,1,2,4 --variants c=50,c=1 --arms stock,by-hand,temperd,temperd+bg
-           --seconds S --trained-profile FILE --train SECONDS --json FILE
+           --seconds S --run-timeout S --trained-profile FILE --train SECONDS --json FILE
   e.g. the trained profile against stock and the builtin (temperctl train under the first variant's
   load for 20 s first, the profile kept beside --json):
   .venv/bin/python bench/isolation.py --train 20 --arms stock,temperd+bg,trained --ladder 0,4 --reps 5
