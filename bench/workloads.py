@@ -59,9 +59,13 @@ class Workload:
         return [server.pid]
 
     def treated(self, server, exclusive: FrozenSet[int]) -> bool:
-        """temperd's plan is in force: some thread of the server is on the exclusive CPUs."""
-        return any(C.affinity_of(tid) == exclusive for pid in self.pids(server)
-                   for tid in (procfs.list_tids(pid) or ()))
+        """temperd's plan is in force: some thread of the server is on the exclusive CPUs or, where
+        the profile gives none (a trained profile of latency and yield groups), has a nice value or
+        policy temperd set."""
+        tids = [tid for pid in self.pids(server) for tid in (procfs.list_tids(pid) or ())]
+        if exclusive:
+            return any(C.affinity_of(tid) == exclusive for tid in tids)
+        return any(_touched(tid) for tid in tids)
 
     def size(self, server, variant: str, seconds: float, timeout_s: float) -> int:
         """The amount of work for a run of about `seconds` (stock, no spinners)."""
@@ -276,14 +280,6 @@ class JvmService(Workload):
 
     def prepare(self, server) -> None:
         subprocess.run(self.load_argv(server, "c=4", 3), capture_output=True, timeout=60)  # the JIT warmed
-
-    def treated(self, server, exclusive: FrozenSet[int]) -> bool:
-        """A trained profile may give no exclusive core: the plan is in force once some thread of
-        the JVM has a nice value or policy temperd set (latency or yield groups)."""
-        if exclusive:
-            return super().treated(server, exclusive)
-        tids = procfs.list_tids(server.pid) or ()
-        return any(_touched(tid) for tid in tids)
 
     def load_argv(self, server, variant: str, amount: int) -> List[str]:
         return [sys.executable, os.path.join(S.JVM_DIR, "http_load.py"), str(server.port), str(amount),
