@@ -235,12 +235,9 @@ class PostgreSQL(Workload):
         return [server.pid, *S.child_pids(server.pid)]
 
     def treated(self, server, exclusive: FrozenSet[int]) -> bool:
-        """No backend exists between runs: the plan is in force once the postmaster has its
-        latency nice (the builtin profile's postmaster group)."""
-        try:
-            return os.getpriority(os.PRIO_PROCESS, server.pid) < 0
-        except OSError:
-            return False
+        """No backend exists between runs: the plan is in force once temperd set the postmaster's
+        nice or policy (the builtin's postmaster group: latency; a trained profile's: its group's)."""
+        return _touched(server.pid)
 
     def load_argv(self, server, variant: str, amount: int) -> List[str]:
         # pgbench writes one log line per transaction (latency in us, 3rd field) into files of its
