@@ -263,8 +263,7 @@ def scx_settled(spinners: Sequence[int]) -> str:
         supervisor = last.get("scx_layered") or {}
         # the spinners' cgroup is empty until they start: its tier layer exists once they are planned
         planned = any(layer["name"].endswith(".tier") for layer in status["layers"])
-        settled = (planned and last.get("carried_by") == "scx" and supervisor.get("state") == "running"
-                   and not supervisor.get("pending_change"))
+        settled = planned and _scx_carries(last) and not supervisor.get("pending_change")
         if not settled:
             reads_when_settled = None
         elif reads_when_settled is None:
@@ -280,14 +279,19 @@ def scx_settled(spinners: Sequence[int]) -> str:
             f"restarts {supervisor.get('restarts')}, crashes {supervisor.get('crashes')}, tier layers {tiers}")
 
 
+def _scx_carries(backend_status: dict) -> bool:
+    """temperd's backend status says a running scx_layered carries the plan."""
+    supervisor = backend_status.get("scx_layered") or {}
+    return backend_status.get("carried_by") == "scx" and supervisor.get("state") == "running"
+
+
 def wait_for_scx(daemon: C.TemperdProcess) -> None:
     """scx_layered places the threads itself (affinities stay as they were): wait until it
     carries the plan and temperd has read its stats."""
     def attached():
         backend_status = daemon.status()["backend"]
         supervisor = backend_status.get("scx_layered") or {}
-        return (backend_status.get("carried_by") == "scx" and supervisor.get("state") == "running"
-                and supervisor.get("stats_reads", 0) > 0), backend_status
+        return _scx_carries(backend_status) and supervisor.get("stats_reads", 0) > 0, backend_status
 
     ok, last = attached()
     deadline = time.monotonic() + SCX_ATTACH_S
