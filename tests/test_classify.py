@@ -48,6 +48,11 @@ def test_swapping_is_memory_bound_though_it_raises_io_pressure_too():
                                     MAJOR_FAULTS: 1986.0, IO_BYTES: 121e6, D_STATE_SHARE: 1.0}))
     assert faulting_in.cpu_bound == "memory", faulting_in.reason  # its D-state sleeps wait on swap-ins
     assert "100% of sampled sleeps in D state >= 50% with 115.4 MiB/s of I/O (paging)" in faulting_in.reason
+    # Seen in CI under a cgroup v1 limit: the swap-ins raised no io pressure at all, only D-state sleeps.
+    quiet_io = classify(signals({CPU_DEMAND: 0.21, CPU_CAPACITY: 1, PSI_MEMORY: 13.0, PSI_IO: 4.0,
+                                 MAJOR_FAULTS: 1290.0, IO_BYTES: 77e6, D_STATE_SHARE: 1.0}))
+    assert quiet_io.cpu_bound == "memory", quiet_io.reason
+    assert "100% of sampled sleeps in D state >= 50% with 73.4 MiB/s of I/O (paging)" in quiet_io.reason
     writing = classify(signals({CPU_DEMAND: 0.14, CPU_CAPACITY: 1, PSI_MEMORY: 12.0, PSI_IO: 40.0,
                                 MAJOR_FAULTS: 1483.0, IO_BYTES: 5e6}))  # io beyond what paging explains
     assert writing.cpu_bound == "mixed" and "io: io pressure 40% >= 10% of the window" in writing.reason

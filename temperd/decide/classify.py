@@ -229,6 +229,11 @@ def _bound_evidence(s: WorkloadSignals, util: Optional[float]) -> Dict[str, List
     if dram is not None and dram > RAPL_DRAM_MEMORY:
         found["memory"].append(f"DRAM energy ratio {dram:.2f} > {RAPL_DRAM_MEMORY}")
     d_share, io_bytes = s.get(D_STATE_SHARE), s.get(IO_BYTES)
+    # Swap-ins stall as memory and as io at once, sleep in D state, and a swap file's reads may count
+    # as the task's own I/O: memory stalling at least as much as io, with the faults to feed it, is
+    # paging, whatever the io signals say.
+    swapping = ((faults or 0.0) >= MAJOR_FAULTS_PER_S
+                and (memory_psi or 0.0) >= max(io_psi or 0.0, PRESSURE_PCT))
     paging = False  # the io signals below are swap-ins and refaults: memory's doing, not storage's
     if io_psi is not None and io_psi >= PRESSURE_PCT:
         if io_bytes is not None and io_bytes < OWN_IO_BYTES_PER_S:
@@ -236,14 +241,13 @@ def _bound_evidence(s: WorkloadSignals, util: Optional[float]) -> Dict[str, List
             found["memory" if paging else "io"].append(
                 f"io pressure {_pct(io_psi)} >= {PRESSURE_PCT:.0f}% with only "
                 f"{_bytes(io_bytes)}/s of its own storage I/O (paging)")
-        elif (faults or 0.0) >= MAJOR_FAULTS_PER_S and (memory_psi or 0.0) >= io_psi:
-            # Swap-ins stall as memory and as io at once (and a swap file's reads may count as the
-            # task's own): io no larger than memory pressure, with the faults to feed it, is paging.
+        elif swapping:
             paging = True
             found["memory"].append(f"io pressure {_pct(io_psi)} no larger than memory pressure "
                                    f"{_pct(memory_psi or 0.0)}, with {faults:.0f} major faults/s (paging)")
         else:
             found["io"].append(f"io pressure {_pct(io_psi)} >= {PRESSURE_PCT:.0f}% of the window")
+    paging = paging or swapping
     if d_share is not None and d_share >= D_STATE_IO_SHARE and (io_bytes or 0.0) > 0:
         # A task that faults its pages back in sleeps in D state on that I/O too.
         found["memory" if paging else "io"].append(
