@@ -122,6 +122,49 @@ def test_a_peer_just_under_the_hot_mark_stays_in_its_pool():
     assert {c.busiest for c in A.analyze(lighter, 8.0, "host").clusters if c.selector == "busiest"} == {2}
 
 
+def test_near_idle_threads_the_path_waits_on_now_and_then_are_left_untreated():
+    """A JVM under load (the shape measured on tests/jvm/TrainingService.java): the VM Thread ends
+    each safepoint by waking the handlers (12/s, 3 % of their wakeups: too few to join the path)
+    and waits for the GC workers. Both near idle: untreated, not yielded at nice 19. The busy
+    report-builder, which the handlers also wait on for a lock now and then, still yields; an idle
+    thread the path never waits on yields; the yield group is then selected by name, since a
+    catch-all would select the untreated threads too."""
+    handlers = [thread(i, f"req-handler-{i}", 0.25, network=1000, wakees={j: 400 for j in (1, 2, 3, 4) if j != i})
+                for i in (1, 2, 3, 4)]
+    wf = workload(*handlers,
+                  thread(10, "VM Thread", 0.003, timer=200, wakers={11: 100, 12: 100}, wakees={1: 30, 2: 30, 3: 30, 4: 30, 11: 270, 12: 270}),
+                  thread(11, "GC Thread#0", 0.004, wakers={10: 270}, wakees={10: 100}),
+                  thread(12, "GC Thread#1", 0.004, wakers={10: 270}, wakees={10: 100}),
+                  thread(20, "report-builder", 0.5, timer=500, p50=20000, wakees={1: 20, 2: 20}),
+                  thread(21, "Service Thread", 0.0, timer=12, wakees={1: 2}))
+    analysis = A.analyze(wf, 2.0, "host")
+    assert analysis.untreated == (10, 11, 12)
+    assert "waits on it now and then: 12.0 wakeups/s, 3.0% of those its wakees receive" in analysis.verdicts[10].why
+    assert "most to VM Thread (which the request path waits on)" in analysis.verdicts[11].why
+    treatment = {t: (c.treatment if c else "none") for t in wf.threads for c in [analysis.cluster_of(t)]}
+    assert treatment[20] == treatment[21] == YIELD and treatment[1] in (LATENCY, EXCLUSIVE)
+    background = analysis.cluster_of(20)
+    assert background.selector == "thread_names" and set(background.patterns) == {"report-builder", "Service Thread"}
+    text = synthesize(analysis, None, SHAPE)
+    profile = parse_profile(text, "jvm.toml")
+    assert not any(g.catch_all for g in profile.thread_groups)
+    assert "# Left untreated (3 threads: GC Thread#*, VM Thread)" in text
+
+
+def test_a_catch_all_that_would_select_an_untreated_thread_is_untreated_too():
+    """Unnamed threads (all called like the process): the two busiest serve; of the rest one wakes a
+    serving thread twice a second. The rest is selected only as the catch-all, which cannot leave
+    that thread out: the rest stays untreated rather than yield a thread requests wait on."""
+    wf = workload(thread(1, "server", 0.4, network=500), thread(2, "server", 0.4, network=500),
+                  thread(3, "server", 0.001, wakees={1: 20}), thread(4, "server", 0.0), thread(5, "server", 0.05))
+    analysis = A.analyze(wf, 8.0, "host")
+    assert [c.selector for c in analysis.clusters] == ["busiest"]
+    assert analysis.untreated == (3, 4, 5)
+    rarely = workload(thread(1, "server", 0.4, network=500), thread(2, "server", 0.4, network=500),
+                      thread(3, "server", 0.001, wakees={1: 9}), thread(4, "server", 0.0))  # 9 in 10 s: chance
+    assert [c.selector for c in A.analyze(rarely, 8.0, "host").clusters] == ["busiest", "catch_all"]
+
+
 def test_processes_named_alike_split_by_title():
     titles = {101: "db: 15/main: app shop 10.0.0.1(5001) idle", 102: "db: 15/main: app shop 10.0.0.1(5002) SELECT",
               103: "db: 15/main: checkpointer"}

@@ -10,14 +10,21 @@
 2. Each thread's class: on the path, a thread using HOT_CPU or more is **sync compute** (its
    median burst is LONG_BURST_US or more) or **latency critical** (short bursts) and gets
    exclusive cores; below that a path thread is latency critical, or an **I/O wake chain** when it
-   is not a seed and IO_D_SHARE of its sleeps are in D state (waiting on I/O), both latency; off the path, **sporadic / background**: yield (SCHED_BATCH, never
-   SCHED_IDLE, which a thread someone waits on now and then must not get).
+   is not a seed and IO_D_SHARE of its sleeps are in D state (waiting on I/O), both latency; off the
+   path, **sporadic / background**: yield (SCHED_BATCH, never SCHED_IDLE). An off-path thread the
+   path waits on now and then (it gives the path threads it wakes, or such threads, a share of
+   their wakeups: a JVM's VM Thread ending each safepoint, the GC workers that thread waits for)
+   is left untreated when idle (below BUSY_CPU): yielding it frees no CPU, and at nice 19 beside
+   any normal-priority work it stretches every pause a request waits through.
 3. Threads are grouped by normalised name (names.name_key); a group takes the class of its
    foremost member (on the path first, then the busiest). Where names do not separate (every
    thread carries the process name: MariaDB 10.11, ONNX Runtime, PostgreSQL) the members are
    split by behaviour: across processes by process title (`process_titles`), inside one process
-   as the N busiest (`busiest = N`) with the rest in the catch-all.
-4. Groups of one class and treatment are one cluster: one [[thread_groups]] of the profile.
+   as the N busiest (`busiest = N`) with the rest in the catch-all. A group holding an untreated
+   thread is untreated as a whole (its selector cannot tell that thread apart).
+4. Groups of one class and treatment are one cluster: one [[thread_groups]] of the profile;
+   untreated groups are none. The yield cluster is the catch-all only when no thread is left
+   untreated (it would catch those too).
 """
 
 from __future__ import annotations
@@ -38,12 +45,19 @@ IO_WAKE_CHAIN = "I/O wake chain"
 BACKGROUND = "sporadic / background"
 CLASSES = (SYNC_COMPUTE, LATENCY_CRITICAL, IO_WAKE_CHAIN, BACKGROUND)
 TREATMENT_OF = {SYNC_COMPUTE: EXCLUSIVE, LATENCY_CRITICAL: LATENCY, IO_WAKE_CHAIN: LATENCY, BACKGROUND: YIELD}
-RANK = {YIELD: 0, LATENCY: 1, EXCLUSIVE: 2}
+UNTREATED = "none"  # no thread group: the thread keeps the scheduling it has
+# A group takes its foremost member's treatment: untreated outranks yield, so that a group holding a
+# thread the path waits on is not yielded.
+RANK = {YIELD: 0, UNTREATED: 1, LATENCY: 2, EXCLUSIVE: 3}
 
 SERVING_RATE = 5.0  # external wakeups/s that make a thread a request-path seed
 CHAIN_RATE = 5.0  # wakeups/s along an edge that couple two threads
 DRIVEN_SHARE = 0.5  # of a thread's wakeups, from path threads: the path drives it
 WAITED_ON_SHARE = 0.1  # of a path thread's wakeups, by one thread: the path waits on that thread
+# Of the wakeups the path threads it wakes receive, by one thread: too few to join the path, enough
+# that requests wait on it now and then (a JVM's VM Thread: 3 %; memcached's LRU maintainer: 0.02 %).
+WAITED_NOW_AND_THEN_SHARE = 0.01
+WAITED_ON_EVENTS = 10  # ... and at least this many in the window: two wakeups in a 3 s window are chance
 BUSY_CPU = 0.02  # CPUs: a thread below this is idle for sizing
 HOT_CPU = 0.3  # CPUs: a path thread this busy gets exclusive cores
 LONG_BURST_US = 200.0  # median on-CPU burst of sync compute
@@ -87,6 +101,12 @@ class Analysis:
     seeds: Tuple[int, ...]
     budget: float  # CPUs the sizing is for
     budget_reason: str
+
+    @property
+    def untreated(self) -> Tuple[int, ...]:
+        """Threads no group selects: they keep the scheduling they have."""
+        grouped = {t for c in self.clusters for t in c.tids}
+        return tuple(sorted(t for t in self.features.threads if t not in grouped))
 
     def cluster_of(self, tid: int) -> Optional[Cluster]:
         for cluster in self.clusters:
@@ -148,11 +168,38 @@ def _joins_path(t: ThreadFeatures, path: Dict[int, str], wf: WorkloadFeatures) -
     return None
 
 
+def waited_on(wf: WorkloadFeatures, path: Dict[int, str]) -> Dict[int, str]:
+    """tid -> why the request path waits on it now and then: off the path, it gives the path threads
+    (or threads found here) that it wakes WAITED_NOW_AND_THEN_SHARE of their wakeups or more, and
+    WAITED_ON_EVENTS wakeups at least."""
+    found: Dict[int, str] = {}
+    changed = True
+    while changed:
+        changed = False
+        for t in wf.threads.values():
+            if t.tid in path or t.tid in found:
+                continue
+            waiting = {w: n for w, n in t.wakees.items() if w in path or w in found}
+            n = sum(waiting.values())
+            received = sum(wf.threads[w].wakeups_per_s for w in waiting) * wf.duration_s
+            if n < WAITED_ON_EVENTS or n < WAITED_NOW_AND_THEN_SHARE * received:
+                continue
+            most = max(waiting, key=lambda w: (waiting[w], -w))
+            via = "" if most in path else " (which the request path waits on)"
+            found[t.tid] = (f"the request path waits on it now and then: {n / wf.duration_s:.1f} wakeups/s, "
+                            f"{n / received:.1%} of those its wakees receive, most to {wf.threads[most].comm}{via}")
+            changed = True
+    return found
+
+
 # ---- 2. classes ------------------------------------------------------------------------------
 
 
-def classify_thread(t: ThreadFeatures, path_why: Optional[str], seed: bool) -> Verdict:
+def classify_thread(t: ThreadFeatures, path_why: Optional[str], seed: bool, waited_why: Optional[str] = None) -> Verdict:
     if path_why is None:
+        if waited_why is not None and t.cpu_share < BUSY_CPU:
+            return Verdict(t.tid, False, f"{waited_why}; at {t.cpu_share:.3f} CPUs, yielding it would free nothing",
+                           BACKGROUND, UNTREATED)
         return Verdict(t.tid, False, "not on the request path", BACKGROUND, YIELD)
     if t.cpu_share >= HOT_CPU:
         cls = SYNC_COMPUTE if t.burst_p50_us >= LONG_BURST_US else LATENCY_CRITICAL
@@ -270,6 +317,10 @@ def _groups(wf: WorkloadFeatures, verdicts: Dict[int, Verdict], titles_seen: Dic
             groups.append(_Group("thread_names", key, tids, lead.cls, lead.treatment))
         elif len(pids) > 1:
             groups.extend(_split_titles(tids, verdicts, wf, titles_seen))
+        elif not any(verdicts[t].on_path for t in tids):  # nothing to pick as the busiest
+            lead = _foremost(tids, verdicts, wf)
+            groups.append(_Group("catch_all", None, tids, lead.cls, lead.treatment,
+                                 f"the threads named {wf.threads[tids[0]].comm!r}"))
         else:
             top_rank = max(RANK[verdicts[t].treatment] for t in tids)
             hot = [t for t in tids if RANK[verdicts[t].treatment] == top_rank]
@@ -306,9 +357,16 @@ def cores_needed(threads: Sequence[ThreadFeatures]) -> int:
 
 def _clusters(groups: List[_Group], wf: WorkloadFeatures) -> List[Cluster]:
     merged: Dict[Tuple[str, str, str], Cluster] = {}
+    if any(g.treatment == UNTREATED for g in groups):
+        # A catch-all would select the untreated threads too: the unnamed rest stays untreated as well.
+        for g in groups:
+            if g.selector == "catch_all":
+                g.treatment = UNTREATED
     catch_all = [g for g in groups if g.selector == "catch_all"]
-    background_is_catch_all = not catch_all
+    background_is_catch_all = not catch_all and not any(g.treatment == UNTREATED for g in groups)
     for g in groups:
+        if g.treatment == UNTREATED:
+            continue
         selector = g.selector
         if background_is_catch_all and g.cls == BACKGROUND and selector == "thread_names":
             selector = "catch_all"
@@ -343,7 +401,8 @@ def analyze(wf: WorkloadFeatures, budget: float, budget_reason: str,
     """The request path, each thread's class and treatment, and the clusters that become the
     profile's thread groups. `titles_seen`: pid -> every title the process showed."""
     path, seeds = request_path(wf)
-    verdicts = {tid: classify_thread(t, path.get(tid), tid in seeds) for tid, t in wf.threads.items()}
+    waited = waited_on(wf, path)
+    verdicts = {tid: classify_thread(t, path.get(tid), tid in seeds, waited.get(tid)) for tid, t in wf.threads.items()}
     clusters = _clusters(_groups(wf, verdicts, titles_seen or {}), wf)
     return Analysis(wf, verdicts, clusters, seeds, budget, budget_reason)
 
@@ -366,5 +425,5 @@ def wakers_summary(t_list: Sequence[ThreadFeatures], wf: WorkloadFeatures, n: in
                      sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:n])
 
 
-__all__ = ["Analysis", "CLASSES", "Cluster", "Verdict", "analyze", "cores_needed", "request_path", "title_key",
-           "title_regex", "wakers_summary", "SAME_PROCESS", "WORKLOAD", "top"]
+__all__ = ["Analysis", "CLASSES", "Cluster", "UNTREATED", "Verdict", "analyze", "cores_needed", "request_path",
+           "title_key", "title_regex", "waited_on", "wakers_summary", "SAME_PROCESS", "WORKLOAD", "top"]

@@ -164,6 +164,17 @@ def _group_toml(cluster: Cluster, analysis: Analysis) -> List[str]:
     return out
 
 
+def _untreated_lines(analysis: Analysis) -> List[str]:
+    """The threads no group selects, and why (most often: the request path waits on them now and then)."""
+    untreated = [analysis.features.threads[t] for t in analysis.untreated]
+    if not untreated:
+        return []
+    names = sorted({t.key for t in untreated})
+    lead = max(untreated, key=lambda t: (t.cpu_share, -t.tid))
+    return [f"# Left untreated ({len(untreated)} threads: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}); "
+            f"e.g. {lead.comm}: {analysis.verdicts[lead.tid].why}."]
+
+
 def synthesize(analysis: Analysis, root: Optional[ProcessInfo], shape: ShapeFacts, *, requested_id: Optional[str] = None,
                load: Optional[str] = None, tier: str = "standard") -> str:
     """The profile TOML text; raises ValueError when the result does not validate (a bug)."""
@@ -179,9 +190,11 @@ def synthesize(analysis: Analysis, root: Optional[ProcessInfo], shape: ShapeFact
             + (", ".join(f"{wf.threads[t].comm} ({t})" for t in analysis.seeds[:4]) or "nothing") + ".",
             "# Classes: sync compute / latency critical (on the request path; exclusive when a thread uses "
             "0.3 CPUs or more), I/O wake chain (on the path, sleeping in D: latency), "
-            "sporadic / background (yield with SCHED_BATCH).",
+            "sporadic / background (yield with SCHED_BATCH; left untreated when near idle and the path "
+            "waits on it now and then).",
             f"# Sizing is for a budget of {analysis.budget:g} CPUs ({analysis.budget_reason}); give the workload "
             "that budget with a [[binding]] cpus = ..., or temperd gives each exclusive thread a core.",
+            *_untreated_lines(analysis),
             "schema_version = 1", f"id = {_q(pid)}",
             f"description = {_q(f'trained from {what}: ' + ', '.join(f'{c.name} {c.treatment}' for c in analysis.clusters))}",
             "", "[fingerprint]"]
