@@ -29,7 +29,7 @@ import shlex
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence
 
 import common as C
@@ -83,6 +83,7 @@ class ServerUnderTest:
     treated: Callable[[FrozenSet[int]], bool]  # the plan is in force for the server (given exclusive CPUs)
     trained_profile: Optional[str] = None  # a profile file for the trained arm
     expects_exclusive: bool = True  # false where no thread can match the exclusive group (MariaDB 10.11)
+    profile_arms: Dict[str, str] = field(default_factory=dict)  # more arms like it: name -> profile file
 
 
 def temperd_bindings(server: ServerUnderTest, background: bool, profile_id: str) -> str:
@@ -206,15 +207,20 @@ def make_arms(server: ServerUnderTest, by_hand_cpus: FrozenSet[int]) -> Dict[str
                  lambda: temperd_arm(server, True, backend="scx"), during=scx_window, spinners_first=True,
                  settle=scx_settled),
     ]
-    if server.trained_profile:
-        with open(server.trained_profile) as handle:
-            text = handle.read()
-        exclusive = any(g.treatment == EXCLUSIVE for g in parse_profile(text, server.trained_profile).thread_groups)
-        arms.append(BenchArm(TRAINED, f"temperd+bg with the trained profile {profile_id_of(text)!r}",
-                             lambda: temperd_arm(server, True, profiles={"trained.toml": text},
-                                                 profile_id=profile_id_of(text), expects_exclusive=exclusive),
-                             spinners_kept_off=True, spinner_policy=idle))
+    files = dict(server.profile_arms, **({TRAINED: server.trained_profile} if server.trained_profile else {}))
+    arms += [profile_arm(server, name, path) for name, path in files.items()]
     return {arm.name: arm for arm in arms}
+
+
+def profile_arm(server: ServerUnderTest, name: str, path: str) -> BenchArm:
+    """temperd+bg with the server bound to the profile in `path` (a trained one, or a variant of it)."""
+    with open(path) as handle:
+        text = handle.read()
+    exclusive = any(g.treatment == EXCLUSIVE for g in parse_profile(text, path).thread_groups)
+    return BenchArm(name, f"temperd+bg with the profile {profile_id_of(text)!r} ({os.path.basename(path)})",
+                    lambda: temperd_arm(server, True, profiles={"trained.toml": text},
+                                        profile_id=profile_id_of(text), expects_exclusive=exclusive),
+                    spinners_kept_off=True, spinner_policy=os.SCHED_IDLE)
 
 
 def train_profile(workload, server, variant: str, seconds: float, path: str, timeout_s: float) -> None:

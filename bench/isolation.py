@@ -7,10 +7,12 @@ Usage (root, from the checkout):
   .venv/bin/python bench/isolation.py --quick             # smoke run: 1 repetition, bg 0 and 4
   .venv/bin/python bench/isolation.py --server memcached  # see --help for the servers
   options: --reps N --ladder 0,1,2,4 --variants c=50,c=1 --arms stock,by-hand,temperd,temperd+bg
-           --seconds S --run-timeout S --trained-profile FILE --train SECONDS --json FILE
+           --seconds S --run-timeout S --trained-profile FILE --train SECONDS --profile-arm NAME=FILE --json FILE
   e.g. the trained profile against stock and the builtin (temperctl train under the first variant's
   load for 20 s first, the profile kept beside --json):
   .venv/bin/python bench/isolation.py --train 20 --arms stock,temperd+bg,trained --ladder 0,4 --reps 5
+  and a hand-edited variant of a trained profile beside it, in the same interleaved runs:
+  .venv/bin/python bench/isolation.py --server jvm --trained-profile jvm.toml --profile-arm edited=jvm-edited.toml
 
 What runs (bench/workloads.py has each server and its load; bench/arms.py each arm):
 - The server in its own session (as a service manager starts it) and in a cgroup v2 directory
@@ -433,6 +435,9 @@ def main() -> int:
                         help=f"arms (default {','.join(A.DEFAULT_ARMS)}; also {A.PMQOS}, {A.PMQOS_BG}, {A.SCX}, "
                              f"{A.SCX_BG}, {A.TRAINED}); bench/arms.py says what each does")
     parser.add_argument("--trained-profile", metavar="FILE", help="the profile the trained arm applies")
+    parser.add_argument("--profile-arm", action="append", default=[], metavar="NAME=FILE",
+                        help="one more arm like trained, named NAME, applying the profile FILE (a variant to compare "
+                             "with the trained profile side by side); repeatable, added to --arms")
     parser.add_argument("--train", type=float, metavar="SECONDS",
                         help="train the trained arm's profile first: temperctl train for SECONDS under the first "
                              "variant's load (written to --trained-profile, else beside --json)")
@@ -476,6 +481,10 @@ def main() -> int:
             arm_names.append(A.TRAINED)
     elif A.TRAINED in arm_names and not args.trained_profile:
         parser.error("the trained arm needs --trained-profile FILE (or --train SECONDS)")
+    profile_arms = dict(spec.split("=", 1) for spec in args.profile_arm if "=" in spec)
+    if len(profile_arms) != len(args.profile_arm) or set(profile_arms) & set(arm_names) - set(profile_arms):
+        parser.error("--profile-arm takes NAME=FILE, NAME a new arm's name")
+    arm_names += [name for name in profile_arms if name not in arm_names]
     limits = T.NoiseLimits(args.noisy_foreign, args.noisy_steal)
     started = time.monotonic()
     print(C.host_description())
@@ -488,7 +497,7 @@ def main() -> int:
             under = A.ServerUnderTest(workload.name, workload.profile_id, workload.exclusive_group, server_cgroup,
                                       spinner_cgroup, lambda: workload.pids(server),
                                       lambda cpus: workload.treated(server, cpus), args.trained_profile,
-                                      workload.expects_exclusive)
+                                      workload.expects_exclusive, profile_arms)
             for pid in under.pids():
                 server_cgroup.add(pid)
             workload.prepare(server)
