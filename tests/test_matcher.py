@@ -202,6 +202,23 @@ def test_busiest_group_takes_the_thread_that_burns_cpu(inventory, spawn):
     assert "busiest #1 of 1" in hot.reason
 
 
+def test_a_foreign_process_leaves_a_workload_as_built_and_its_own_new_thread_rebuilds_it(inventory, spawn):
+    """A process that matches nothing, coming and going, must not rebuild every workload's
+    thread list (thousands of threads each time); a change of the workload's own process must."""
+    m = matcher()
+    child = spawn("tmpd-match-kept")
+    child.wait_ready()
+    built = settle(inventory, m, lambda r: r.workload_of(child.pid) is not None).workload_of(child.pid)
+    foreign = spawn("tmpd-foreign")
+    foreign.wait_ready()
+    result = settle(inventory, m, lambda r: foreign.pid in {p.pid for p in inventory.processes.values()})
+    assert result.workload_of(foreign.pid) is None
+    assert result.workload_of(child.pid) is built
+    tid = int(child.command("thread wrk-0"))
+    result = settle(inventory, m, lambda r: group_of(r, tid) == "workers")
+    assert group_of(result, tid) == "workers" and result.workload_of(child.pid) is not built
+
+
 def test_reused_pid_is_matched_afresh(inventory, spawn):
     m = matcher()
     old = spawn("tmpd-match-old")

@@ -17,6 +17,7 @@ accounts; a Matcher made without one builds it the same way).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import re
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from temperd.config.profile import Profile, ThreadGroup
 from temperd.config.schema import glob_match
 from temperd.config.safe_regex import bounded_subject
 from temperd.decide.trust import RAISING_TIERS, UNTRUSTED_TIER_CAP, TrustPolicy, raises, trust_policy
+from temperd.sources.facts import ProcessFacts
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +75,16 @@ class Workload:
     threads: Tuple[ThreadMatch, ...]
 
     def members(self, group: str) -> Tuple[int, ...]:
-        return tuple(t.tid for t in self.threads if t.group == group)
+        return self._members_by_group.get(group, ())
+
+    @functools.cached_property
+    def _members_by_group(self) -> Dict[Optional[str], Tuple[int, ...]]:
+        """Once per workload: a match reuses an unchanged workload, and every replan's plan and
+        journal ask for its groups' members."""
+        out: Dict[Optional[str], List[int]] = {}
+        for thread in self.threads:
+            out.setdefault(thread.group, []).append(thread.tid)
+        return {group: tuple(tids) for group, tids in out.items()}
 
 
 @dataclass
@@ -87,6 +98,16 @@ class MatchResult:
             if pid in workload.pids:
                 return workload
         return None
+
+
+@dataclass(frozen=True)
+class _BuiltWorkload:
+    """A workload as the last match built it, and what it was built from: the next match reuses
+    it while these are equal (a foreign process event must not rebuild a 2 000-thread workload)."""
+
+    inputs: tuple  # (processes, decision, budget, distrust)
+    workload: "Workload"
+    runtimes: Mapping[Tuple[int, int], int]  # (tid, start time) -> runtime, as _assign saw it
 
 
 @dataclass(frozen=True)
@@ -152,6 +173,7 @@ class Matcher:
         self._env_cache: Dict[Tuple[int, int, int], Optional[str]] = {}
         self._decisions: Dict[tuple, Optional[_ProcessDecision]] = {}
         self._last_runtime: Dict[Tuple[int, int], int] = {}
+        self._built: Dict[str, _BuiltWorkload] = {}  # workload key -> the last match's workload
         self.runtime_bindings: Dict[int, RuntimeBinding] = {}  # pid -> binding (temperctl bind)
         self._bound: Dict[int, RuntimeBinding] = {}  # pid -> the binding of it or an ancestor, this match
 
@@ -239,6 +261,7 @@ class Matcher:
         for pid, decision in decisions.items():
             groups.setdefault(self._workload_key(procs, decisions, pid), []).append(pid)
         seen_runtime: Dict[Tuple[int, int], int] = {}
+        built, self._built = self._built, {}
         for key in sorted(groups):
             pids = sorted(groups[key])
             first = decisions[pids[0]]
@@ -248,7 +271,7 @@ class Matcher:
                 first = dataclasses.replace(first, tier=UNTRUSTED_TIER_CAP, reason=(
                     f"{first.reason}; tier {first.tier} not granted, {UNTRUSTED_TIER_CAP} instead: {distrust}"))
             workload = self._workload(key, [procs[p] for p in pids], first, seen_runtime,
-                                      {p: decisions[p].distrust for p in pids})
+                                      {p: decisions[p].distrust for p in pids}, built.get(key))
             result.workloads.append(workload)
         self._last_runtime = seen_runtime
         return result
@@ -268,10 +291,29 @@ class Matcher:
         return f"{pid_of}:pid{root}"
 
     def _workload(self, key: str, procs: Sequence, decision: _ProcessDecision,
-                  seen_runtime: Dict[Tuple[int, int], int], distrust: Mapping[int, Optional[str]]) -> Workload:
+                  seen_runtime: Dict[Tuple[int, int], int], distrust: Mapping[int, Optional[str]],
+                  before: Optional[_BuiltWorkload]) -> Workload:
+        """The workload of these processes; the one built last time (`before`) where nothing it
+        was built from changed."""
+        budget = self._budget(decision.binding, procs[0].cgroup)
+        inputs = (tuple(procs), decision, budget, tuple(distrust.items()))
+        if before is not None and before.inputs == inputs:
+            seen_runtime.update(before.runtimes)
+            self._built[key] = before
+            return before.workload
+        runtimes: Dict[Tuple[int, int], int] = {}
+        workload = self._build_workload(key, procs, decision, budget, runtimes, distrust)
+        seen_runtime.update(runtimes)
+        if _reusable(procs, decision.profile):
+            self._built[key] = _BuiltWorkload(inputs, workload, runtimes)
+        return workload
+
+    def _build_workload(self, key: str, procs: Sequence, decision: _ProcessDecision,
+                        budget: Tuple[Optional[float], str], seen_runtime: Dict[Tuple[int, int], int],
+                        distrust: Mapping[int, Optional[str]]) -> Workload:
         unit = procs[0].unit
         cgroup = procs[0].cgroup
-        budget, budget_reason = self._budget(decision.binding, cgroup)
+        budget_cpus, budget_reason = budget
         threads: List[ThreadMatch] = []
         if decision.profile is not None:
             for proc in procs:
@@ -284,7 +326,7 @@ class Matcher:
             key=key,
             profile_id=decision.profile.id if decision.profile else None,
             tier=decision.tier,
-            budget=budget,
+            budget=budget_cpus,
             budget_reason=budget_reason,
             source=decision.source,
             reason=decision.reason,
@@ -347,6 +389,15 @@ class Matcher:
                     out[tid] = ThreadMatch(tid, proc.pid, match.comm, None,
                                            f"{match.reason}; {treatment[match.group]} not granted: {distrust}")
         return list(out.values())
+
+
+def _reusable(procs: Sequence, profile: Optional[Profile]) -> bool:
+    """Whether a workload may be reused while its inputs compare equal: its processes are the
+    inventory's immutable facts (an object changed in place would compare equal to itself), and
+    no `busiest` group ranks threads by the runtime grown since the previous match."""
+    if profile is not None and any(group.busiest is not None for group in profile.thread_groups):
+        return False
+    return all(isinstance(proc, ProcessFacts) for proc in procs)
 
 
 def _bound_processes(procs: Mapping[int, object], bindings: Mapping[int, RuntimeBinding]) -> Dict[int, RuntimeBinding]:

@@ -70,16 +70,12 @@ def _cpus(cpus: Sequence[int]) -> str:
 
 
 def _treatment(workload, plan: LayerPlan) -> Tuple[Tuple[str, int, str], ...]:
-    counts: Dict[str, int] = {}
-    for thread in workload.threads:
-        if thread.group:
-            counts[thread.group] = counts.get(thread.group, 0) + 1
     out = []
     for layer in plan.layers:
         if layer.workload != workload.key:
             continue
         group = layer.group or "all threads"
-        n = counts.get(layer.group, len(layer.selector.tids)) if layer.group else len(layer.selector.tids)
+        n = len(workload.members(layer.group) or layer.selector.tids) if layer.group else len(layer.selector.tids)
         out.append((group, n, describe_layer(layer)))
     return tuple(out)
 
