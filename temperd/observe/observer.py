@@ -4,7 +4,8 @@ by the schedstat read here), and the observation's own cost.
 
 Budget: temperd's always-on cost should stay near 0.13 % of one core, so a sample reads the
 plan's member threads (schedstat + stat) and each process's utime+stime — not every thread on
-the host; per-thread detail outside the plan only for the few busiest processes.
+the host; per-thread detail outside the plan only for the few busiest processes. The threads of a
+process that did not run are not read again until its utime+stime moves (_idle_processes).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Mapping, Optional, Set, Tuple
+from typing import Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
 
 from temperd.sources import procfs
 from temperd.sources.runqlat import LatencyReport, Telemetry, read_schedstat3
@@ -117,7 +118,10 @@ class Observer:
         self.shape = shape
         self.telemetry = telemetry
         self.psi_path = psi_path
-        self._runtime: Dict[Tuple[int, int], Tuple[int, int]] = {}  # (pid, tid) -> (run ns, wait ns)
+        self._runtime: Dict[Tuple[int, int], Tuple[int, int, int]] = {}  # (pid, tid) -> schedstat
+        self._files: Dict[Tuple[int, int], _Files] = {}  # (pid, tid) -> its stat and affinity as last read
+        self._quiet: Set[int] = set()  # processes none of whose threads ran before the previous sample
+        self._plan: Optional[LayerPlan] = None  # the plan of the previous sample
         self._proc_ticks: Dict[int, int] = {}
         self._last_at: Optional[float] = None
         self._last_self_cpu = self._self_cpu()
@@ -139,10 +143,7 @@ class Observer:
         if self.telemetry is not None:
             self.telemetry.start()  # once: bpf where it loads, else the schedstat read below feeds it
         window = (wall - self._last_at) if self._last_at is not None else 0.0
-        members: Dict[int, Tuple[str, object]] = {}
-        for layer in plan.layers:
-            for tid in layer.selector.tids:
-                members[tid] = (layer.name, layer)
+        members = {tid: layer.name for layer in plan.layers for tid in layer.selector.tids}
         groups = {t.tid: (w.key, t.group) for w in match.workloads for t in w.threads}
         tid_pid = {}
         for pid, proc in processes.items():
@@ -162,6 +163,7 @@ class Observer:
             ticks_now[pid] = ticks
             if pid in self._proc_ticks and window > 0:
                 busy_procs.append(((ticks - self._proc_ticks[pid]) / CLOCK_TICKS / window, pid))
+        idle = self._idle_processes(ticks_now, plan)
         self._proc_ticks = ticks_now
         busy_procs.sort(reverse=True)
         unmanaged = []
@@ -172,29 +174,42 @@ class Observer:
             unmanaged.append({"pid": pid, "name": getattr(proc, "name", "?"), "util": round(ratio, 3)})
             watched.update((pid, tid) for tid in proc.threads)
 
-        samples: List[ThreadSample] = []
-        runtime_now = {}
+        rows: List[_Row] = []
+        runtime_now: Dict[Tuple[int, int], Tuple[int, int, int]] = {}
+        files_now: Dict[Tuple[int, int], _Files] = {}
+        moved: Set[int] = set()  # processes with a thread that ran since the previous sample
         for pid, tid in sorted(watched):
-            sched3 = read_schedstat3(pid, tid)
-            stat = procfs.read_task_stat(pid, tid)
-            if sched3 is None or stat is None:
-                continue
-            sched = sched3[:2]
-            runtime_now[(pid, tid)] = sched
-            layer_name = members.get(tid, (None,))[0]
+            layer_name = members.get(tid)
+            before = self._runtime.get((pid, tid))
+            thread = processes[pid].threads.get(tid) if pid in idle else None
+            files = self._files.get((pid, tid)) if thread is not None else None
+            if files is not None:
+                # Nothing of this process ran: its threads' files say what they said (a rename is
+                # an event, so the name is the inventory's).
+                sched3 = before
+                if files.comm != thread.comm:
+                    files = files._replace(comm=thread.comm)
+            else:
+                read = _read_thread(pid, tid)
+                if read is None:
+                    continue
+                sched3, files = read
+            runtime_now[(pid, tid)] = sched3
+            files_now[(pid, tid)] = files
+            util = wait = 0.0
+            if sched3 != before:
+                moved.add(pid)
+                if before is not None and window > 0:
+                    util = round(max(0, sched3[0] - before[0]) / 1e9 / window, 4)
+                    wait = round(max(0, sched3[1] - before[1]) / 1e9 / window, 4)
             if layer_name is not None and self.telemetry is not None:
                 self.telemetry.add_schedstat(layer_name, pid, tid, sched3[1], sched3[2])
-            before = self._runtime.get((pid, tid))
-            util = wait = 0.0
-            if before is not None and window > 0:
-                util = max(0, sched[0] - before[0]) / 1e9 / window
-                wait = max(0, sched[1] - before[1]) / 1e9 / window
-            affinity = procfs.read_affinity(tid, pid) or frozenset()
-            workload, group = groups.get(tid, (None, None))
-            samples.append(ThreadSample(tid, pid, stat.comm, stat.last_cpu, round(util, 4), round(wait, 4),
-                                        stat.policy, stat.nice, tuple(sorted(affinity)), layer_name, workload, group))
+            rows.append(_Row(tid, pid, files, util, wait, layer_name, *groups.get(tid, (None, None))))
         self._runtime = runtime_now
-        samples = self._placements(samples)
+        self._files = files_now
+        self._quiet = {pid for pid, _tid in files_now if pid not in moved}
+        self._plan = plan
+        samples = self._samples(rows)
 
         layers = []
         for layer in plan.layers:
@@ -216,21 +231,69 @@ class Observer:
         return Observation(now if now is not None else time.time(), self._shape_json(), layers, samples,
                            read_psi(self.psi_path), overhead, unmanaged, latency)
 
-    def _placements(self, samples: List[ThreadSample]) -> List[ThreadSample]:
-        """Core of each thread's CPU, and whether a busy thread ran last on its SMT sibling."""
-        busy_on: Dict[int, List[ThreadSample]] = {}
-        for s in samples:
-            if s.util >= BUSY_RATIO:
-                busy_on.setdefault(s.cpu, []).append(s)
+    def _idle_processes(self, ticks_now: Mapping[int, int], plan: LayerPlan) -> Set[int]:
+        """Processes whose threads need not be read again: none of them ran in the window before
+        the previous sample (quiet), the process's CPU ticks have not moved since, and the plan
+        (which the backend carries out on their affinity, policy and nice) is the same. A 2 000-
+        thread pool that sleeps then costs one read of /proc/PID/stat a sample, not 6 000 reads;
+        a thread that runs less than a tick between two samples is counted at the next read."""
+        if plan != self._plan:
+            return set()
+        return {pid for pid in self._quiet if pid in ticks_now and ticks_now[pid] == self._proc_ticks.get(pid)}
+
+    def _samples(self, rows: List[_Row]) -> List[ThreadSample]:
+        """Each thread's sample, with the core of its CPU and whether a busy thread ran last on
+        its SMT sibling."""
+        busy_on: Dict[int, List[_Row]] = {}
+        for row in rows:
+            if row.util >= BUSY_RATIO:
+                busy_on.setdefault(row.files.cpu, []).append(row)
         out = []
-        for s in samples:
+        for row in rows:
+            files = row.files
+            core_key = sibling_busy = None
             try:
-                core = self.shape.core_of(s.cpu)
+                core_key = self.shape.core_of(files.cpu).core_key
             except KeyError:
-                out.append(s)
-                continue
-            siblings = self.shape.siblings(s.cpu)
-            sibling_busy = any(o.tid != s.tid for c in siblings for o in busy_on.get(c, ())) if siblings else None
-            out.append(ThreadSample(**{**asdict(s), "core": core.core_key, "sibling_busy": sibling_busy,
-                                       "affinity": s.affinity}))
+                pass
+            else:
+                siblings = self.shape.siblings(files.cpu)
+                if siblings:
+                    sibling_busy = any(o.tid != row.tid for c in siblings for o in busy_on.get(c, ()))
+            out.append(ThreadSample(row.tid, row.pid, files.comm, files.cpu, row.util, row.wait, files.policy,
+                                    files.nice, files.affinity, row.layer, row.workload, row.group, core_key,
+                                    sibling_busy))
         return out
+
+
+class _Files(NamedTuple):
+    """What a thread's stat and affinity said when last read."""
+
+    comm: str
+    cpu: int
+    policy: int
+    nice: int
+    affinity: Tuple[int, ...]
+
+
+class _Row(NamedTuple):
+    """One watched thread in a sample, before its placement is known."""
+
+    tid: int
+    pid: int
+    files: _Files
+    util: float
+    wait: float
+    layer: Optional[str]
+    workload: Optional[str]
+    group: Optional[str]
+
+
+def _read_thread(pid: int, tid: int) -> Optional[Tuple[Tuple[int, int, int], _Files]]:
+    """A thread's schedstat, stat and affinity; None where it is gone."""
+    sched3 = read_schedstat3(pid, tid)
+    stat = procfs.read_task_stat(pid, tid)
+    if sched3 is None or stat is None:
+        return None
+    affinity = procfs.read_affinity(tid, pid) or frozenset()
+    return sched3, _Files(stat.comm, stat.last_cpu, stat.policy, stat.nice, tuple(sorted(affinity)))
