@@ -11,44 +11,25 @@ import pytest
 
 from temperd.backends.native import autogroup
 from temperd.backends.native.autogroup import (YIELD_NICE, Autogroups, Session, autogroup_enabled, read_autogroup,
-                                               sessions, wanted_nices)
+                                               wanted_nices)
 from temperd.plan import LATENCY, OPEN, YIELD, Layer, MemberSelector
 
 needs_autogroup = pytest.mark.skipif(os.geteuid() != 0 or not autogroup_enabled(),
                                      reason="needs root and kernel.sched_autogroup_enabled=1")
 
 
-def test_whole_sessions_and_sessions_of_favoured_processes_get_a_nice_and_mixed_ones_a_note():
+def test_whole_sessions_get_a_nice_and_mixed_ones_a_note():
     wanted, notes = wanted_nices({
         "/autogroup-1": Session(10, {YIELD}),
         "/autogroup-2": Session(20, {"favoured"}, [-5, -2]),
         "/autogroup-3": Session(30, {"favoured"}, [3]),  # no negative nice: left
         "/autogroup-4": Session(40, {"favoured"}),  # no nice at all: left
         "/autogroup-5": Session(50, {YIELD, "none"}),
-        # an untreated process shares it (a shell beside the server): raising it would raise that too
-        "/autogroup-6": Session(60, {"favoured", "none"}, [-5], pids={60, 61}, favoured_pids={60}),
-        # one process with favoured, yield and untreated threads (a JVM): the session is the workload's
-        "/autogroup-7": Session(70, {"favoured", YIELD, "none"}, [-10], pids={70}, favoured_pids={70}),
-        "/autogroup-8": Session(80, {"favoured", YIELD}, [-10], pids={80, 81}, favoured_pids={80}),
+        "/autogroup-6": Session(60, {"favoured", "none"}, [-5]),  # untreated threads share it: left, quietly
     })
-    assert wanted == {"/autogroup-1": YIELD_NICE, "/autogroup-2": -5, "/autogroup-7": -10}
+    assert wanted == {"/autogroup-1": YIELD_NICE, "/autogroup-2": -5}
     assert notes == ["autogroup /autogroup-5 (session of pid 50) mixes yield threads with others: "
-                     "their SCHED_IDLE/BATCH only yields inside that session",
-                     "autogroup /autogroup-8 (session of pid 80) mixes yield threads with others: "
                      "their SCHED_IDLE/BATCH only yields inside that session"]
-
-
-def test_a_session_is_raised_only_when_each_of_its_processes_has_favoured_threads():
-    latency = _layer("lat", LATENCY, [1], nice=-8)
-    background = _layer("bg", YIELD, [2], policy="batch")
-    layers = {1: latency, 2: background}
-    server = [_Thread(1, 1), _Thread(2, 1), _Thread(3, 1)]  # request, background and untreated threads
-    found = sessions(server + [_Thread(9, 9)], lambda t: layers.get(t.tid), lambda t: False,
-                     lambda pid: ("/autogroup-1", 0) if pid == 1 else ("/autogroup-2", 0))
-    assert wanted_nices(found)[0] == {"/autogroup-1": -8}
-    shared = sessions(server + [_Thread(9, 9)], lambda t: layers.get(t.tid), lambda t: False,
-                      lambda pid: ("/autogroup-1", 0))  # a shell (pid 9) in the server's session
-    assert wanted_nices(shared)[0] == {} and found["/autogroup-1"].held_by_favoured
 
 
 def test_state_from_the_earlier_layout_is_adopted():

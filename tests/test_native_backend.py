@@ -374,23 +374,6 @@ def test_whole_yield_session_gets_autogroup_nice_and_mixed_one_is_left(tmp_path,
 
 
 @needs_autogroup
-def test_a_session_of_one_workload_with_yield_threads_gets_its_favoured_nice(tmp_path, children, backends):
-    """A service's own session (one process: a request thread at nice -6 and a background thread
-    yielding) gets the favoured nice: otherwise it gets half the host against any busy session."""
-    service = children.spawn(["req-a", "bg-d", "idle-e"])  # idle-e: untreated
-    plan = LayerPlan(layers=(
-        layer("req", OPEN, LATENCY, tids=[service.threads["req-a"]], nice=-6),
-        layer("bg", OPEN, YIELD, tids=[service.threads["bg-d"]], policy="batch", nice=19, tier="background"),
-    ), reserve_cpus=(0,))
-    backend = backends(tmp_path)
-    result = backend.apply(plan, universe(service, kthreads=False))
-    assert result.applied[AUTOGROUP] == 1 and _autogroup_nice(service.pid) == -6
-    assert not any("mixes yield threads" in n for n in result.notes)
-    backend.stop()
-    assert _autogroup_nice(service.pid) == 0
-
-
-@needs_autogroup
 def test_yield_treatment_holds_against_a_spinner_in_another_session(tmp_path, children, backends):
     """The mechanism, measured: a yield spinner and a normal spinner in two sessions share CPU 1."""
     pinned = {EXCL_CPU}

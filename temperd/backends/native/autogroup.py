@@ -8,14 +8,9 @@ spinner pinned to one CPU split it ~2/98 in one session but 50/50 in two session
 sessions the controls that act are affinity and the autogroup's own nice (/proc/PID/autogroup),
 which weighs the whole session's group entity.
 
-So a session whose every thread yields gets autogroup nice 19, and one whose every process has
-favoured threads, with a negative nice among their layers, gets the lowest of those nices: the
-session is that workload's, and its own yield and untreated threads (a JVM's report thread, its
-GC workers) still rank below its favoured ones inside it, by their own policy and nice. Left at
-the kernel's 50/50 split between sessions, a service whose favoured threads want more than half
-the host gets half whatever its treatment. A session holding a process with no favoured thread
-(a login shell beside a treated server) is not raised: that would raise the shell too. One that
-mixes yield threads with others it cannot raise is left as it is, and reported. Each autogroup nice is a held
+So a session whose every thread yields gets autogroup nice 19, and one whose every thread is
+favoured, with a negative nice among its layers, gets the lowest of those nices. A session that
+mixes yield threads with others is left as it is, and reported. Each autogroup nice is a held
 setting (held.py): original recorded first, drift left to whoever made it, restored at the end.
 """
 
@@ -80,13 +75,6 @@ class Session:
     pid: int  # a process in it (a leader where one was seen): /proc/PID/autogroup reaches the group
     classes: Set[str] = field(default_factory=set)  # YIELD, favoured, none (untreated)
     nices: List[int] = field(default_factory=list)  # the nices of its favoured layers
-    pids: Set[int] = field(default_factory=set)  # its processes
-    favoured_pids: Set[int] = field(default_factory=set)  # those with a favoured thread
-
-    @property
-    def held_by_favoured(self) -> bool:
-        """Every process in it has favoured threads: the session belongs to treated workloads."""
-        return self.pids <= self.favoured_pids
 
 
 def sessions(threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
@@ -108,7 +96,6 @@ def sessions(threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
         session = found.setdefault(group[0], Session(thread.pid))
         if thread.pid == thread.tid:
             session.pid = thread.pid
-        session.pids.add(thread.pid)
         layer = layer_for(thread)
         if layer is None:
             session.classes.add(_UNTREATED)
@@ -116,7 +103,6 @@ def sessions(threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
             session.classes.add(YIELD)
         else:
             session.classes.add(_FAVOURED)
-            session.favoured_pids.add(thread.pid)
             if layer.nice is not None:
                 session.nices.append(layer.nice)
     return found
@@ -197,7 +183,7 @@ def wanted_nices(found: Mapping[str, Session]) -> Tuple[Dict[str, int], List[str
     for name, session in found.items():
         if session.classes == {YIELD}:
             wanted[name] = YIELD_NICE
-        elif _FAVOURED in session.classes and session.held_by_favoured and session.nices and min(session.nices) < 0:
+        elif session.classes == {_FAVOURED} and session.nices and min(session.nices) < 0:
             wanted[name] = min(session.nices)
         elif YIELD in session.classes and len(session.classes) > 1:
             notes.append(f"autogroup {name} (session of pid {session.pid}) mixes yield threads with others: "
