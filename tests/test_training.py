@@ -131,16 +131,18 @@ def test_near_idle_threads_the_path_waits_on_now_and_then_are_left_untreated():
     catch-all would select the untreated threads too."""
     handlers = [thread(i, f"req-handler-{i}", 0.25, network=1000, wakees={j: 400 for j in (1, 2, 3, 4) if j != i})
                 for i in (1, 2, 3, 4)]
-    wf = workload(*handlers,
-                  thread(10, "VM Thread", 0.003, timer=200, wakers={11: 100, 12: 100}, wakees={1: 30, 2: 30, 3: 30, 4: 30, 11: 270, 12: 270}),
+    dispatcher = thread(5, "HTTP-Dispatcher", 0.05, network=30000)  # its many wakeups must not hide the handlers' 3 %
+    wf = workload(*handlers, dispatcher,
+                  thread(10, "VM Thread", 0.003, timer=200, wakers={11: 100, 12: 100},
+                         wakees={1: 30, 2: 30, 3: 30, 4: 30, 5: 60, 11: 270, 12: 270}),
                   thread(11, "GC Thread#0", 0.004, wakers={10: 270}, wakees={10: 100}),
                   thread(12, "GC Thread#1", 0.004, wakers={10: 270}, wakees={10: 100}),
                   thread(20, "report-builder", 0.5, timer=500, p50=20000, wakees={1: 20, 2: 20}),
                   thread(21, "Service Thread", 0.0, timer=12, wakees={1: 2}))
     analysis = A.analyze(wf, 2.0, "host")
     assert analysis.untreated == (10, 11, 12)
-    assert "waits on it now and then: 12.0 wakeups/s, 3.0% of those its wakees receive" in analysis.verdicts[10].why
-    assert "most to VM Thread (which the request path waits on)" in analysis.verdicts[11].why
+    assert "waits on it now and then: it wakes such threads 18.0 times a second, 3.0% of req-handler-1's" in analysis.verdicts[10].why
+    assert "of VM Thread's wakeups, which the request path waits on" in analysis.verdicts[11].why
     treatment = {t: (c.treatment if c else "none") for t in wf.threads for c in [analysis.cluster_of(t)]}
     assert treatment[20] == treatment[21] == YIELD and treatment[1] in (LATENCY, EXCLUSIVE)
     background = analysis.cluster_of(20)

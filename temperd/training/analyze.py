@@ -12,8 +12,8 @@
    exclusive cores; below that a path thread is latency critical, or an **I/O wake chain** when it
    is not a seed and IO_D_SHARE of its sleeps are in D state (waiting on I/O), both latency; off the
    path, **sporadic / background**: yield (SCHED_BATCH, never SCHED_IDLE). An off-path thread the
-   path waits on now and then (it gives the path threads it wakes, or such threads, a share of
-   their wakeups: a JVM's VM Thread ending each safepoint, the GC workers that thread waits for)
+   path waits on now and then (it gives a path thread, or such a thread, a share of that thread's
+   wakeups: a JVM's VM Thread ending each safepoint, the GC workers that thread waits for)
    is left untreated when idle (below BUSY_CPU): yielding it frees no CPU, and at nice 19 beside
    any normal-priority work it stretches every pause a request waits through.
 3. Threads are grouped by normalised name (names.name_key); a group takes the class of its
@@ -54,8 +54,9 @@ SERVING_RATE = 5.0  # external wakeups/s that make a thread a request-path seed
 CHAIN_RATE = 5.0  # wakeups/s along an edge that couple two threads
 DRIVEN_SHARE = 0.5  # of a thread's wakeups, from path threads: the path drives it
 WAITED_ON_SHARE = 0.1  # of a path thread's wakeups, by one thread: the path waits on that thread
-# Of the wakeups the path threads it wakes receive, by one thread: too few to join the path, enough
-# that requests wait on it now and then (a JVM's VM Thread: 3 %; memcached's LRU maintainer: 0.02 %).
+# Of one path thread's wakeups, by one thread: too few to join the path, enough that requests wait on
+# it now and then (a JVM's VM Thread: 2.6 % of a handler's; its busy report thread 0.5 %; memcached's
+# LRU maintainer well under 0.1 % of a worker's).
 WAITED_NOW_AND_THEN_SHARE = 0.01
 WAITED_ON_EVENTS = 10  # ... and at least this many in the window: two wakeups in a 3 s window are chance
 BUSY_CPU = 0.02  # CPUs: a thread below this is idle for sizing
@@ -169,9 +170,9 @@ def _joins_path(t: ThreadFeatures, path: Dict[int, str], wf: WorkloadFeatures) -
 
 
 def waited_on(wf: WorkloadFeatures, path: Dict[int, str]) -> Dict[int, str]:
-    """tid -> why the request path waits on it now and then: off the path, it gives the path threads
-    (or threads found here) that it wakes WAITED_NOW_AND_THEN_SHARE of their wakeups or more, and
-    WAITED_ON_EVENTS wakeups at least."""
+    """tid -> why the request path waits on it now and then: off the path, it gives a path thread
+    (or a thread found here) WAITED_NOW_AND_THEN_SHARE of that thread's wakeups or more, and such
+    threads WAITED_ON_EVENTS wakeups at least."""
     found: Dict[int, str] = {}
     changed = True
     while changed:
@@ -181,13 +182,16 @@ def waited_on(wf: WorkloadFeatures, path: Dict[int, str]) -> Dict[int, str]:
                 continue
             waiting = {w: n for w, n in t.wakees.items() if w in path or w in found}
             n = sum(waiting.values())
-            received = sum(wf.threads[w].wakeups_per_s for w in waiting) * wf.duration_s
-            if n < WAITED_ON_EVENTS or n < WAITED_NOW_AND_THEN_SHARE * received:
+            if n < WAITED_ON_EVENTS:
                 continue
-            most = max(waiting, key=lambda w: (waiting[w], -w))
-            via = "" if most in path else " (which the request path waits on)"
-            found[t.tid] = (f"the request path waits on it now and then: {n / wf.duration_s:.1f} wakeups/s, "
-                            f"{n / received:.1%} of those its wakees receive, most to {wf.threads[most].comm}{via}")
+            share, most = max((count / max(1.0, wf.threads[w].wakeups_per_s * wf.duration_s), -w)
+                              for w, count in waiting.items())
+            if share < WAITED_NOW_AND_THEN_SHARE:
+                continue
+            via = "" if -most in path else ", which the request path waits on"
+            found[t.tid] = (f"the request path waits on it now and then: it wakes such threads "
+                            f"{n / wf.duration_s:.1f} times a second, {share:.1%} of {wf.threads[-most].comm}'s "
+                            f"wakeups{via}")
             changed = True
     return found
 
