@@ -165,6 +165,13 @@ def test_a_catch_all_that_would_select_an_untreated_thread_is_untreated_too():
     rarely = workload(thread(1, "server", 0.4, network=500), thread(2, "server", 0.4, network=500),
                       thread(3, "server", 0.001, wakees={1: 9}), thread(4, "server", 0.0))  # 9 in 10 s: chance
     assert [c.selector for c in A.analyze(rarely, 8.0, "host").clusters] == ["busiest", "catch_all"]
+    serving_rest = workload(thread(1, "server", 0.4, network=500), thread(2, "server", 0.4, network=500),
+                            thread(3, "server", 0.05, network=500),  # serves, under the pool's peers
+                            thread(4, "server", 0.001, wakees={1: 20}), thread(5, "VM Thread", 0.003, wakees={2: 20}))
+    analysis = A.analyze(serving_rest, 8.0, "host")
+    rest = analysis.clusters[-1]  # a latency catch-all may take an untreated thread: favouring it is no harm
+    assert (rest.selector, rest.treatment, set(rest.tids)) == ("catch_all", LATENCY, {3, 4, 5})
+    assert analysis.untreated == ()  # as the matcher will place them
 
 
 def test_processes_named_alike_split_by_title():

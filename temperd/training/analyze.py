@@ -362,9 +362,10 @@ def cores_needed(threads: Sequence[ThreadFeatures]) -> int:
 def _clusters(groups: List[_Group], wf: WorkloadFeatures) -> List[Cluster]:
     merged: Dict[Tuple[str, str, str], Cluster] = {}
     if any(g.treatment == UNTREATED for g in groups):
-        # A catch-all would select the untreated threads too: the unnamed rest stays untreated as well.
+        # A yield catch-all would yield the untreated threads too: the unnamed rest stays untreated as
+        # well. A latency catch-all takes them (favouring a thread the path waits on is no harm).
         for g in groups:
-            if g.selector == "catch_all":
+            if g.selector == "catch_all" and g.treatment == YIELD:
                 g.treatment = UNTREATED
     catch_all = [g for g in groups if g.selector == "catch_all"]
     background_is_catch_all = not catch_all and not any(g.treatment == UNTREATED for g in groups)
@@ -388,6 +389,10 @@ def _clusters(groups: List[_Group], wf: WorkloadFeatures) -> List[Cluster]:
             cluster.patterns = cluster.patterns + (g.pattern,)
         cluster.tids = tuple(sorted(cluster.tids + tuple(g.tids)))
     clusters = list(merged.values())
+    for cluster in clusters:
+        if cluster.selector == "catch_all":  # it selects every thread no other group does
+            left = tuple(t for g in groups if g.treatment == UNTREATED for t in g.tids)
+            cluster.tids = tuple(sorted(cluster.tids + left))
     for cluster in clusters:
         if cluster.selector == "process_titles":
             cluster.patterns = (title_regex(cluster.patterns),)
