@@ -134,17 +134,27 @@ def request_path(wf: WorkloadFeatures) -> Tuple[Dict[int, str], Tuple[int, ...]]
                 path[t.tid] = (f"drives the workload: {t.cpu_share:.2f} CPUs, among its busiest threads, and nothing "
                                "wakes the workload from outside")
     seeds = tuple(sorted(path))
+    _grow(wf, path, lambda t: _joins_path(t, path, wf))
+    return path, seeds
+
+
+def _grow(wf: WorkloadFeatures, found: Dict[int, str], why_of) -> None:
+    """Adds to `found` (tid -> why) every thread `why_of` gives a reason for, until none joins:
+    a thread can join through one that joined after it was first looked at."""
     changed = True
     while changed:
         changed = False
-        for t in threads.values():
-            if t.tid in path:
-                continue
-            why = _joins_path(t, path, wf)
-            if why:
-                path[t.tid] = why
-                changed = True
-    return path, seeds
+        for t in wf.threads.values():
+            if t.tid not in found:
+                why = why_of(t)
+                if why:
+                    found[t.tid] = why
+                    changed = True
+
+
+def _share_of_wakeups(n: int, tid: int, wf: WorkloadFeatures) -> float:
+    """n wakeups as a share of all those thread `tid` received in the window."""
+    return n / max(1.0, wf.threads[tid].wakeups_per_s * wf.duration_s)
 
 
 def _joins_path(t: ThreadFeatures, path: Dict[int, str], wf: WorkloadFeatures) -> Optional[str]:
@@ -160,11 +170,10 @@ def _joins_path(t: ThreadFeatures, path: Dict[int, str], wf: WorkloadFeatures) -
     for wakee, n in sorted(t.wakees.items(), key=lambda item: -item[1]):
         if wakee not in path:
             continue
-        target = wf.threads[wakee]
         rate = n / wf.duration_s
-        received = max(1.0, target.wakeups_per_s * wf.duration_s)
-        if rate >= CHAIN_RATE and n / received >= WAITED_ON_SHARE:
-            return (f"the request path waits on it: it gives {target.comm} {n / received:.0%} of its wakeups "
+        share = _share_of_wakeups(n, wakee, wf)
+        if rate >= CHAIN_RATE and share >= WAITED_ON_SHARE:
+            return (f"the request path waits on it: it gives {wf.threads[wakee].comm} {share:.0%} of its wakeups "
                     f"({rate:.1f}/s)")
     return None
 
@@ -173,27 +182,23 @@ def waited_on(wf: WorkloadFeatures, path: Dict[int, str]) -> Dict[int, str]:
     """tid -> why the request path waits on it now and then: off the path, it gives a path thread
     (or a thread found here) WAITED_NOW_AND_THEN_SHARE of that thread's wakeups or more, and such
     threads WAITED_ON_EVENTS wakeups at least."""
-    found: Dict[int, str] = {}
-    changed = True
-    while changed:
-        changed = False
-        for t in wf.threads.values():
-            if t.tid in path or t.tid in found:
-                continue
-            waiting = {w: n for w, n in t.wakees.items() if w in path or w in found}
-            n = sum(waiting.values())
-            if n < WAITED_ON_EVENTS:
-                continue
-            share, most = max((count / max(1.0, wf.threads[w].wakeups_per_s * wf.duration_s), -w)
-                              for w, count in waiting.items())
-            if share < WAITED_NOW_AND_THEN_SHARE:
-                continue
-            via = "" if -most in path else ", which the request path waits on"
-            found[t.tid] = (f"the request path waits on it now and then: it wakes such threads "
-                            f"{n / wf.duration_s:.1f} times a second, {share:.1%} of {wf.threads[-most].comm}'s "
-                            f"wakeups{via}")
-            changed = True
-    return found
+    waited = dict(path)  # the path and the threads found so far: waiting on one of them is waiting
+
+    def why_of(t: ThreadFeatures) -> Optional[str]:
+        waiting = {w: n for w, n in t.wakees.items() if w in waited}
+        n = sum(waiting.values())
+        if n < WAITED_ON_EVENTS:
+            return None
+        most = max(waiting, key=lambda w: (_share_of_wakeups(waiting[w], w, wf), -w))
+        share = _share_of_wakeups(waiting[most], most, wf)
+        if share < WAITED_NOW_AND_THEN_SHARE:
+            return None
+        via = "" if most in path else ", which the request path waits on"
+        return (f"the request path waits on it now and then: it wakes such threads {n / wf.duration_s:.1f} times "
+                f"a second, {share:.1%} of {wf.threads[most].comm}'s wakeups{via}")
+
+    _grow(wf, waited, why_of)
+    return {tid: why for tid, why in waited.items() if tid not in path}
 
 
 # ---- 2. classes ------------------------------------------------------------------------------
@@ -389,9 +394,9 @@ def _clusters(groups: List[_Group], wf: WorkloadFeatures) -> List[Cluster]:
             cluster.patterns = cluster.patterns + (g.pattern,)
         cluster.tids = tuple(sorted(cluster.tids + tuple(g.tids)))
     clusters = list(merged.values())
+    left = tuple(t for g in groups if g.treatment == UNTREATED for t in g.tids)
     for cluster in clusters:
         if cluster.selector == "catch_all":  # it selects every thread no other group does
-            left = tuple(t for g in groups if g.treatment == UNTREATED for t in g.tids)
             cluster.tids = tuple(sorted(cluster.tids + left))
     for cluster in clusters:
         if cluster.selector == "process_titles":
