@@ -4,6 +4,7 @@ settings untouched, and the file format Perfetto imports."""
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import json
 import os
@@ -264,6 +265,28 @@ def test_second_capture_is_refused_naming_the_running_one(tmp_path):
     assert outcome["result"].events > 0
     assert tc.read_lock_holder() is None
     assert not os.path.exists(tmp_path / "second.trace")
+
+
+def test_a_reader_looking_at_the_lock_does_not_refuse_a_starting_capture(tmp_path):
+    """read_lock_holder takes a shared lock for an instant: a capture starting in that instant
+    found the lock held with no holder written and was refused as 'just starting'."""
+    path = str(tmp_path / "trace.lock")
+    with open(path, "w") as probe:
+        fcntl.flock(probe, fcntl.LOCK_SH)  # a reader's probe, held longer than any real one
+        releaser = threading.Timer(0.1, fcntl.flock, (probe, fcntl.LOCK_UN))
+        releaser.start()
+        try:
+            with tc.CaptureLock({"pid": os.getpid(), "requester": "starting"}, path):
+                assert tc.read_lock_holder(path)["requester"] == "starting"
+        finally:
+            releaser.join()
+    with open(path, "w") as stuck:  # held with no holder for longer than a starting capture takes
+        fcntl.flock(stuck, fcntl.LOCK_EX)
+        started = time.monotonic()
+        with pytest.raises(tc.CaptureBusy, match="it is just starting"):
+            with tc.CaptureLock({"pid": os.getpid()}, path):
+                pass
+        assert time.monotonic() - started < 2.0
 
 
 KILLED = textwrap.dedent("""

@@ -122,6 +122,19 @@ def test_a_peer_just_under_the_hot_mark_stays_in_its_pool():
     assert {c.busiest for c in A.analyze(lighter, 8.0, "host").clusters if c.selector == "busiest"} == {2}
 
 
+def test_a_named_pool_is_treated_as_its_typical_member_not_its_busiest():
+    """Four request handlers at about 0.2 CPUs, one of which crossed the hot mark in this window
+    (the JVM service under one client): a latency pool, in this training and the next. With three
+    of four hot the pool is hot, and gets exclusive cores."""
+    handlers = ((1, 0.20), (2, 0.21), (3, 0.22), (4, 0.31))
+    wf = workload(*[thread(i, f"req-handler-{i}", cpu, network=500) for i, cpu in handlers])
+    clusters = A.analyze(wf, 8.0, "host").clusters
+    assert [(c.treatment, c.tids) for c in clusters] == [(LATENCY, (1, 2, 3, 4))]
+    hot = workload(*[thread(i, f"req-handler-{i}", cpu, network=500) for i, cpu in ((1, 0.2), (2, 0.35), (3, 0.4), (4, 0.31))])
+    clusters = A.analyze(hot, 8.0, "host").clusters
+    assert [(c.treatment, c.tids) for c in clusters] == [(EXCLUSIVE, (1, 2, 3, 4))]
+
+
 def test_near_idle_threads_the_path_waits_on_now_and_then_are_left_untreated():
     """A JVM under load (the shape measured on tests/jvm/TrainingService.java): the VM Thread ends
     each safepoint by waking the handlers (12/s, 3 % of their wakeups: too few to join the path)

@@ -289,6 +289,9 @@ def describe_holder(holder: Dict[str, Any]) -> str:
             f"{holder.get('duration_s', '?')} s, writing {holder.get('output', '?')}")
 
 
+_EMPTY_HOLDER_WAIT_S = 0.5  # how long a lock held with no holder written may be looked at again
+
+
 class CaptureLock:
     """flock on LOCK_PATH for the length of a capture; the file names the holder in JSON.
 
@@ -303,18 +306,27 @@ class CaptureLock:
     def __enter__(self) -> "CaptureLock":
         os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            text = os.pread(fd, 64 * 1024, 0).decode("utf-8", "replace")
-            os.close(fd)
+        # An empty file under a held lock is a reader's probe (read_lock_holder's shared lock, held
+        # for microseconds) or a capture between its flock and its holder line: look again shortly
+        # instead of refusing a capture because `temperctl status` looked at the lock.
+        deadline = time.monotonic() + _EMPTY_HOLDER_WAIT_S
+        while True:
             try:
-                holder = json.loads(text)
-            except ValueError:
-                holder = {}
-            what = describe_holder(holder) if holder else "it is just starting"
-            raise CaptureBusy(f"a trace capture is already running ({what}); one at a time per host, "
-                              "try again when it ends", holder) from None
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                text = os.pread(fd, 64 * 1024, 0).decode("utf-8", "replace")
+                if not text.strip() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
+                os.close(fd)
+                try:
+                    holder = json.loads(text)
+                except ValueError:
+                    holder = {}
+                what = describe_holder(holder) if holder else "it is just starting"
+                raise CaptureBusy(f"a trace capture is already running ({what}); one at a time per host, "
+                                  "try again when it ends", holder) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(self.holder).encode() + b"\n", 0)
         self._fd = fd

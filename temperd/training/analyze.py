@@ -17,7 +17,9 @@
    is left untreated when idle (below BUSY_CPU): yielding it frees no CPU, and at nice 19 beside
    any normal-priority work it stretches every pause a request waits through.
 3. Threads are grouped by normalised name (names.name_key); a group takes the class of its
-   foremost member (on the path first, then the busiest). Where names do not separate (every
+   foremost member (on the path first, then the busiest), except that a pool gets exclusive cores
+   only when at least half of its members on the path are hot: a pool is treated as its typical
+   member, so one handler that crossed HOT_CPU in one window does not flip the pool. Where names do not separate (every
    thread carries the process name: MariaDB 10.11, ONNX Runtime, PostgreSQL) the members are
    split by behaviour: across processes by process title (`process_titles`), inside one process
    as the N busiest (`busiest = N`) with the rest in the catch-all. A group holding an untreated
@@ -237,6 +239,21 @@ def _foremost(tids: Sequence[int], verdicts: Dict[int, Verdict], wf: WorkloadFea
                key=lambda v: (RANK[v.treatment], v.on_path, wf.threads[v.tid].cpu_share, -v.tid))
 
 
+def _pool_lead(tids: Sequence[int], verdicts: Dict[int, Verdict], wf: WorkloadFeatures) -> Verdict:
+    """The verdict a named group takes: its foremost member's, unless that makes the group
+    exclusive while fewer than half of its members on the path are hot; then its foremost member
+    below the mark. Four handlers at 0.2 CPUs of which one reached 0.31 in one window are a latency
+    pool: judged by its busiest member, the pool changed treatment from one training to the next."""
+    lead = _foremost(tids, verdicts, wf)
+    if lead.treatment != EXCLUSIVE:
+        return lead
+    on_path = [t for t in tids if verdicts[t].on_path]
+    hot = [t for t in on_path if verdicts[t].treatment == EXCLUSIVE]
+    if 2 * len(hot) >= len(on_path):
+        return lead
+    return _foremost([t for t in tids if t not in hot], verdicts, wf)
+
+
 def _split_titles(tids: Sequence[int], verdicts, wf: WorkloadFeatures, titles_seen: Dict[int, List[str]]) -> List[_Group]:
     """Threads of a process-per-connection server, one group per role: processes of one
     treatment, selected by the keys of their titles."""
@@ -322,7 +339,7 @@ def _groups(wf: WorkloadFeatures, verdicts: Dict[int, Verdict], titles_seen: Dic
         treatments = {verdicts[t].treatment for t in tids}
         pids = {wf.threads[t].pid for t in tids}
         if key not in process_names or len(treatments) == 1 and len(pids) == 1:
-            lead = _foremost(tids, verdicts, wf)
+            lead = _pool_lead(tids, verdicts, wf)
             groups.append(_Group("thread_names", key, tids, lead.cls, lead.treatment))
         elif len(pids) > 1:
             groups.extend(_split_titles(tids, verdicts, wf, titles_seen))
