@@ -19,11 +19,12 @@
 3. Threads are grouped by normalised name (names.name_key); a group takes the class of its
    foremost member (on the path first, then the busiest), except that a pool gets exclusive cores
    only when at least half of its members on the path are hot: a pool is treated as its typical
-   member, so one handler that crossed HOT_CPU in one window does not flip the pool. Where names do not separate (every
-   thread carries the process name: MariaDB 10.11, ONNX Runtime, PostgreSQL) the members are
-   split by behaviour: across processes by process title (`process_titles`), inside one process
-   as the N busiest (`busiest = N`) with the rest in the catch-all. A group holding an untreated
-   thread is untreated as a whole (its selector cannot tell that thread apart).
+   member, so one handler that crossed HOT_CPU in one window does not flip the pool. Where names
+   do not separate (every thread carries the process name: MariaDB 10.11, ONNX Runtime,
+   PostgreSQL) the members are split by behaviour: across processes by process title
+   (`process_titles`), inside one process as the N busiest (`busiest = N`) with the rest in the
+   catch-all. A group holding an untreated thread is untreated as a whole (its selector cannot
+   tell that thread apart).
 4. Groups of one class and treatment are one cluster: one [[thread_groups]] of the profile;
    untreated groups are none. The yield cluster is the catch-all only when no thread is left
    untreated (it would catch those too).
@@ -247,9 +248,8 @@ def _pool_lead(tids: Sequence[int], verdicts: Dict[int, Verdict], wf: WorkloadFe
     lead = _foremost(tids, verdicts, wf)
     if lead.treatment != EXCLUSIVE:
         return lead
-    on_path = [t for t in tids if verdicts[t].on_path]
-    hot = [t for t in on_path if verdicts[t].treatment == EXCLUSIVE]
-    if 2 * len(hot) >= len(on_path):
+    hot = [t for t in tids if verdicts[t].treatment == EXCLUSIVE]  # only path threads are ever exclusive
+    if 2 * len(hot) >= sum(1 for t in tids if verdicts[t].on_path):
         return lead
     return _foremost([t for t in tids if t not in hot], verdicts, wf)
 
