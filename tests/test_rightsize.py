@@ -4,10 +4,18 @@ remainder is shared, the per-container figure stays beside it; the history decay
 and survives a save and load."""
 
 import json
+import sys
+import time
 
+import cgroup_fixtures as F
+
+from temperd.config.daemon_config import KnowledgeSettings
+from temperd.decide.matcher import Workload
 from temperd.decide.rightsize import Declared, history_confidence, rightsize
 from temperd.observe.histogram import DecayingHistogram
+from temperd.observe import workload_watch
 from temperd.observe.usage_history import ThreadSample, UsageHistory
+from temperd.observe.workload_watch import WorkloadWatch
 
 DAY = 86400.0
 
@@ -107,13 +115,80 @@ def test_a_restarted_workloads_thread_inherits_its_namesakes_history(tmp_path):
 def test_the_usage_thread_samples_each_interval_only_while_a_workload_is_tracked(tmp_path):
     import dataclasses
 
-    from temperd.config.daemon_config import KnowledgeSettings
-    from temperd.observe import workload_watch
-    from temperd.observe.workload_watch import WorkloadWatch
-
     settings = dataclasses.replace(KnowledgeSettings(), history_file=str(tmp_path / "history.json"))
     watch = WorkloadWatch(settings, 2, lambda: ((), None, {}))
     watch.sample_once(0.0)
     assert watch._next_wait_s() == max(settings.sample_interval_s, workload_watch.NOTHING_TRACKED_WAIT_S)
     watch._workloads = {"redis.service": object()}  # what sample_once keeps of current()'s workloads
     assert watch._next_wait_s() == settings.sample_interval_s
+
+
+def _workload_in(cgroup, pids):
+    return Workload(key="resting.service", profile_id=None, tier="standard", budget=None, budget_reason="",
+                    source="binding", reason="test", unit="resting.service", cgroup=cgroup.path, pids=tuple(pids), threads=())
+
+
+def test_a_workload_idle_for_30_s_is_looked_at_every_5_s_and_each_look_counts_the_seconds_it_covers(tmp_path):
+    """A real sleeping process in a cgroup of its own: after RESTING_AFTER_S of unchanged cgroup CPU
+    time the usage thread waits idle_sample_interval_s, each look weighs the intervals it covers,
+    and the first look that finds CPU used brings the 1 s samples back."""
+    settings = KnowledgeSettings(history_file=str(tmp_path / "history.json"))
+    with F.cgroup_parent("temperd-test-resting") as make:
+        cgroup = make("app")
+        sleeper = cgroup.spawn([sys.executable, "-c", "import time; time.sleep(120)"])
+        time.sleep(0.5)  # its start-up CPU is behind it
+        workload = _workload_in(cgroup, [sleeper.pid])
+        watch = WorkloadWatch(settings, 2, lambda: ((workload,), None, {}))
+        history = watch.history.of("resting.service")
+        now = 1_000.0
+        watch.sample_once(now)
+        for _ in range(int(workload_watch.RESTING_AFTER_S) - 1):
+            now += 1.0
+            watch.sample_once(now)
+            assert watch._next_wait_s() == settings.sample_interval_s
+        now += 1.0
+        watch.sample_once(now)
+        assert watch._next_wait_s() == settings.idle_sample_interval_s
+        history.summary()  # adds the idle looks
+        before = history.samples
+        now += settings.idle_sample_interval_s
+        watch.sample_once(now)
+        history.summary()
+        assert history.samples - before == round(settings.idle_sample_interval_s / settings.sample_interval_s)
+
+        burner = cgroup.spawn([sys.executable, "-c", "import time\nend = time.monotonic() + 0.3\n"
+                               "while time.monotonic() < end: pass"])
+        burner.wait(timeout=30)
+        now += settings.idle_sample_interval_s
+        watch.sample_once(now)
+        assert watch._next_wait_s() == settings.sample_interval_s, "CPU used: back to samples every second"
+        history.summary()
+        assert history.samples - before == 2 * round(settings.idle_sample_interval_s / settings.sample_interval_s)
+
+
+def test_a_workload_that_runs_every_few_seconds_never_rests(tmp_path):
+    """A thread busy now and then (the bursty duty cycle rightsizing must see at p95) keeps the
+    usage thread sampling every second: its cgroup's CPU time moves more often than RESTING_AFTER_S."""
+    settings = KnowledgeSettings(history_file=str(tmp_path / "history.json"))
+    with F.cgroup_parent("temperd-test-bursty") as make:
+        cgroup = make("app")
+        sleeper = cgroup.spawn([sys.executable, "-c", "import time; time.sleep(120)"])
+        time.sleep(0.5)
+        watch = WorkloadWatch(settings, 2, lambda: ((_workload_in(cgroup, [sleeper.pid]),), None, {}))
+        now = 1_000.0
+        for second in range(int(workload_watch.RESTING_AFTER_S) * 2):
+            if second % 10 == 9:  # a short burst every 10 s
+                cgroup.spawn([sys.executable, "-c", "sum(range(100000))"]).wait(timeout=30)
+            watch.sample_once(now)
+            assert watch._next_wait_s() == settings.sample_interval_s, f"rested at second {second}"
+            now += 1.0
+
+
+def test_a_look_covering_several_intervals_weighs_as_many_samples():
+    history = UsageHistory("/nonexistent/h.json", DAY, 16)
+    w = history.of("app.service")
+    w.record(1_000.0, [ThreadSample(100, 1, "hot", "workers", 1.0)], 0.0, 16, intervals=5)
+    w.record_idle(1_001.0, intervals=3)
+    summary = w.summary()
+    assert w.samples == 8 and summary.samples == 8
+    assert summary.threads[0].p50 > 0.9, "5 of 8 samples at a whole core: the median is hot"

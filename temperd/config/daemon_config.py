@@ -113,6 +113,10 @@ RIGHTSIZING_SPEC = TableSpec("rightsizing", "rightsizing", {
     "sample_interval_s": Spec("float", "Seconds between usage samples of each tracked workload's busiest threads "
                               "(a thread busy 2 s in 10 s is seen as hot only with samples this short).",
                               minimum=0.2, maximum=60.0, default=1.0),
+    "idle_sample_interval_s": Spec("float", "Seconds between looks at a workload whose own cgroup has used no CPU "
+                                   "for 30 s (one read of its cpu.stat); the first look that finds it running "
+                                   "again returns it to sample_interval_s and counts at its average.",
+                                   minimum=0.2, maximum=60.0, default=5.0),
     "keep_threads": Spec("int", "Threads of each workload kept individually in the history (the busiest); the "
                          "rest are aggregated.", minimum=1, maximum=1024, default=16),
     "history_file": Spec("str", "The history, kept across restarts.", default=paths.USAGE_HISTORY),
@@ -184,6 +188,7 @@ class KnowledgeSettings:
     margin: float = RIGHTSIZING_SPEC.default_of("margin")
     half_life_h: float = RIGHTSIZING_SPEC.default_of("half_life_h")
     sample_interval_s: float = RIGHTSIZING_SPEC.default_of("sample_interval_s")
+    idle_sample_interval_s: float = RIGHTSIZING_SPEC.default_of("idle_sample_interval_s")
     keep_threads: int = RIGHTSIZING_SPEC.default_of("keep_threads")
     history_file: str = RIGHTSIZING_SPEC.default_of("history_file")
 
@@ -269,6 +274,7 @@ def _knowledge(classify: dict, rightsizing: dict) -> KnowledgeSettings:
     return KnowledgeSettings(classify=classify["enabled"], window_s=classify["window_s"],
                              rightsizing=rightsizing["enabled"], margin=rightsizing["margin"],
                              half_life_h=rightsizing["half_life_h"], sample_interval_s=rightsizing["sample_interval_s"],
+                             idle_sample_interval_s=rightsizing["idle_sample_interval_s"],
                              keep_threads=rightsizing["keep_threads"], history_file=rightsizing["history_file"])
 
 

@@ -34,7 +34,8 @@ class DecayingHistogram:
         self.buckets: Dict[int, float] = {}
         self.total = 0.0
 
-    def add(self, value: float, at: float) -> None:
+    def add(self, value: float, at: float, count: float = 1.0) -> None:
+        """count: how many samples this one stands for (an interval that many sampling intervals long)."""
         if self.reference is None:
             self.reference = at
         weight = 2.0 ** ((at - self.reference) / self.half_life_s)
@@ -42,8 +43,8 @@ class DecayingHistogram:
             self._rescale(at)
             weight = 1.0
         index = bucket_of(max(0.0, value))
-        self.buckets[index] = self.buckets.get(index, 0.0) + weight
-        self.total += weight
+        self.buckets[index] = self.buckets.get(index, 0.0) + weight * count
+        self.total += weight * count
 
     def _rescale(self, at: float) -> None:
         factor = 2.0 ** (-(at - (self.reference or at)) / self.half_life_s)

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from temperd.decide.classify import HOT_THREAD_CPUS
 from temperd.decide.rightsize import ThreadUsage, UsageSummary
@@ -66,33 +66,36 @@ class WorkloadHistory:
         self.first_at: Optional[float] = None
         self.last_at: Optional[float] = None
         self.samples = 0
-        self.idle_at: List[float] = []  # idle intervals not yet added (record_idle)
+        self.idle_at: List[Tuple[float, int]] = []  # idle looks not yet added (record_idle): (at, intervals)
 
-    def record_idle(self, at: float) -> None:
-        """One sampling interval in which none of its processes ran: counted now, added to every
-        histogram at once when it next runs (or is summarised), so an idle workload costs nothing."""
-        self.idle_at.append(at)
+    def record_idle(self, at: float, intervals: int = 1) -> None:
+        """A look that found none of its processes ran for `intervals` sampling intervals: counted
+        now, added to every histogram at once when it next runs (or is summarised), so an idle
+        workload costs nothing."""
+        self.idle_at.append((at, intervals))
 
     def _flush_idle(self) -> None:
         if not self.idle_at:
             return
-        times, self.idle_at = self.idle_at, []
+        looks, self.idle_at = self.idle_at, []
         for hist in [e.hist for e in self.threads.values()] + [self.rest, self.total, *self.group_rest.values()]:
-            for at in times:
-                hist.add(0.0, at)
-        self.first_at = times[0] if self.first_at is None else self.first_at
-        self.last_at = times[-1]
-        self.samples += len(times)
+            for at, intervals in looks:
+                hist.add(0.0, at, intervals)
+        self.first_at = looks[0][0] if self.first_at is None else self.first_at
+        self.last_at = looks[-1][0]
+        self.samples += sum(intervals for _at, intervals in looks)
 
-    def record(self, at: float, threads: Iterable[ThreadSample], unattributed_cpus: float, keep: int) -> None:
-        """One sampling interval: each kept thread's usage, and what the rest of the workload used."""
+    def record(self, at: float, threads: Iterable[ThreadSample], unattributed_cpus: float, keep: int,
+               intervals: int = 1) -> None:
+        """One look: each kept thread's usage, and what the rest of the workload used, averaged over
+        `intervals` sampling intervals (more than one after a look at a resting workload)."""
         self._flush_idle()
         rest = max(0.0, unattributed_cpus)
         total = rest
         group_rest: Dict[str, float] = {OTHER_THREADS: rest}
         for sample in threads:
             entry = self._entry(sample)
-            entry.hist.add(sample.cpus, at)
+            entry.hist.add(sample.cpus, at, intervals)
             if entry.hot or sample.cpus >= HOT_THREAD_CPUS:  # only a busy sample can make it hot, a hot one cool
                 entry.hot = entry.hist.percentile(0.95) >= HOT_THREAD_CPUS
             total += sample.cpus
@@ -100,13 +103,13 @@ class WorkloadHistory:
                 rest += sample.cpus
                 group = sample.group or "-"
                 group_rest[group] = group_rest.get(group, 0.0) + sample.cpus
-        self.rest.add(rest, at)
-        self.total.add(total, at)
+        self.rest.add(rest, at, intervals)
+        self.total.add(total, at, intervals)
         for group, cpus in group_rest.items():
-            self.group_rest.setdefault(group, DecayingHistogram(self.half_life_s)).add(cpus, at)
+            self.group_rest.setdefault(group, DecayingHistogram(self.half_life_s)).add(cpus, at, intervals)
         self.first_at = at if self.first_at is None else self.first_at
         self.last_at = at
-        self.samples += 1
+        self.samples += intervals
         self._bound(keep)
 
     def _entry(self, sample: ThreadSample) -> ThreadHistory:

@@ -3,9 +3,14 @@ rightsizing and the signals it is classified by. It runs on a thread of its own 
 [rightsizing] sample_interval_s (1 s) it samples each workload, and every SNAPSHOT_S it snapshots
 the classification counters.
 
-A sample costs one read of /proc/PID/stat per process; only where the process used CPU since
-the previous sample are its kept threads (the keep_threads busiest of the workload) read, one
-schedstat and one stat each: a sleeping workload of thousands of threads costs one read a second.
+A sample of a workload in a cgroup of its own starts with its cgroup's CPU time: unchanged, and
+nothing else is read. Otherwise it costs one read of /proc/PID/stat per process; only where the
+process used CPU since the previous sample are its kept threads (the keep_threads busiest of the
+workload) read, one schedstat and one stat each. A workload whose cgroup has used no CPU for
+RESTING_AFTER_S is resting: while every tracked workload rests, the thread looks every
+idle_sample_interval_s (5 s) instead, and a look counts for the sampling intervals it covers. So a
+sleeping workload of thousands of threads costs one small read every 5 s, and a thread busy 2 s in
+every 10 s is still sampled every second.
 Which threads are kept is decided anew every RERANK_S from every thread's runtime, read only for
 processes that ran meanwhile. A thread's usage is what it wants (wanted_cpus): its on-CPU time as
 a share of the time it was not kept waiting on a runqueue or by its quota, at most one CPU.
@@ -47,6 +52,9 @@ SAVE_EVERY_S = 300.0
 # With no workload to sample, look again this often rather than every sample interval: an idle
 # host's temperd then wakes for nothing; a workload that appears waits at most this for its first sample.
 NOTHING_TRACKED_WAIT_S = 5.0
+# A workload whose own cgroup used no CPU for this long rests (module docstring): longer than the idle
+# gaps of the duty cycles per-second samples exist to see.
+RESTING_AFTER_S = 30.0
 SHORT_WARN_EVERY_S = 60.0
 _NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 SLEEPING = ("S", "D")
@@ -87,6 +95,9 @@ class _Tracked:
     reranked_at: float = 0.0
     rerank_runtime: Dict[int, int] = field(default_factory=dict)  # tid -> run ns at the last rerank
     cgroup_usage_us: Optional[int] = None  # its cgroup's cpu.stat usage_usec at the last sample
+    sampled_at: Optional[float] = None  # time of the last sample
+    unchanged_since: Optional[float] = None  # first sample of the current run that found its cgroup unchanged
+    resting: bool = False  # unchanged for RESTING_AFTER_S (module docstring)
     psi_missing: str = ""
 
 
@@ -186,8 +197,17 @@ class WorkloadWatch:
     def _next_wait_s(self) -> float:
         with self.lock:
             tracked = bool(self._workloads)
+            resting = tracked and bool(self.tracked) and all(t.resting for t in self.tracked.values())
         interval = self.settings.sample_interval_s
+        if resting:
+            return max(interval, self.settings.idle_sample_interval_s)
         return interval if tracked or not self.samples else max(interval, NOTHING_TRACKED_WAIT_S)
+
+    def _intervals(self, t: _Tracked, now: float) -> int:
+        """How many sampling intervals this look at t covers (more than one after a resting wait)."""
+        if t.sampled_at is None:
+            return 1
+        return max(1, int(round((now - t.sampled_at) / self.settings.sample_interval_s)))
 
     def _run(self) -> None:
         while not self._stop.wait(self._next_wait_s()):
@@ -248,9 +268,14 @@ class WorkloadWatch:
         usage = cgroups.cpu_usage_us(w.cgroup) if w.cgroup and w.cgroup != "/" else None
         unchanged = usage is not None and usage == t.cgroup_usage_us and set(w.pids) == set(t.processes)
         t.cgroup_usage_us = usage
+        intervals = self._intervals(t, now)
+        # unchanged since the sample that read the same usage
+        t.unchanged_since = (t.unchanged_since or t.sampled_at or now) if unchanged else None
+        t.sampled_at = now
+        t.resting = t.unchanged_since is not None and now - t.unchanged_since >= RESTING_AFTER_S
         if unchanged:  # kept threads or none (a pool that never ran since it was tracked): nothing to read
             if self.settings.rightsizing:
-                self.history.of(t.label).record_idle(now)
+                self.history.of(t.label).record_idle(now, intervals)
             return
         moved: List[int] = []
         residual = 0.0
@@ -277,7 +302,7 @@ class WorkloadWatch:
                 elapsed = dt
         if not moved:  # nothing ran: a zero for every kept thread, counted in one go; no rank can change
             if self.settings.rightsizing:
-                self.history.of(t.label).record_idle(now)
+                self.history.of(t.label).record_idle(now, intervals)
             t.counters.sampled = True
             return
         if now - t.reranked_at >= RERANK_S or len(t.kept) < min(self.settings.keep_threads, len(w.threads)):
@@ -319,7 +344,7 @@ class WorkloadWatch:
         t.counters.used_s += (on_cpu + residual) * dt
         t.counters.sampled = True
         if self.settings.rightsizing:
-            self.history.of(t.label).record(now, samples, residual, self.settings.keep_threads)
+            self.history.of(t.label).record(now, samples, residual, self.settings.keep_threads, intervals)
 
     def _rerank(self, t: _Tracked, w, now: float) -> None:
         """Keep the busiest threads: runtime since the last rerank, read for processes that ran."""
