@@ -17,9 +17,12 @@ Usage (root, from the checkout):
 What runs (bench/workloads.py has each server and its load; bench/arms.py each arm):
 - The server in its own session (as a service manager starts it) and in a cgroup v2 directory
   of its own; its load generator and the spinners in this script's session (one autogroup, as a
-  batch job started beside a benchmark shell). The spinners (`stress-ng --cpu N --cpu-method
-  int64`, time-bounded) start in another cgroup of their own. No controller is enabled in those
-  directories: they only name the processes for temperd's bindings.
+  batch job started beside a benchmark shell), or with --spinner-session own the spinners in a
+  session of their own (as a service manager starts a batch job: with autogroups on, a session's
+  policies and nices rank its threads only against each other, so this decides whether a
+  spinner's SCHED_IDLE or a session's autogroup nice is what yields). The spinners (`stress-ng
+  --cpu N --cpu-method int64`, time-bounded) start in another cgroup of their own. No controller
+  is enabled in those directories: they only name the processes for temperd's bindings.
 - Arms (bench/arms.py): stock, by-hand (the server pinned with `taskset -a -p -c CPUS PID` to
   the CPUs temperd gives it, the spinners under `nice -n 19 chrt --idle 0`), temperd (builtin
   profile, critical tier, spinners untagged), temperd+bg (spinners bound to the background
@@ -103,8 +106,10 @@ class Bench:
     """One server under its load, every arm, every step."""
 
     def __init__(self, workload: W.Workload, server, under: A.ServerUnderTest, arms: Dict[str, A.BenchArm],
-                 amounts: Dict[str, int], timeout_s: float, pmqos_originals: Dict[int, str]):
+                 amounts: Dict[str, int], timeout_s: float, pmqos_originals: Dict[int, str],
+                 spinners_own_session: bool = False):
         self.workload = workload
+        self.spinners_own_session = spinners_own_session
         self.server = server
         self.under = under
         self.arms = arms
@@ -131,7 +136,8 @@ class Bench:
             with contextlib.ExitStack() as stack:
                 def start_spinners() -> List[int]:
                     return stack.enter_context(
-                        T.spinners(bg, self.timeout_s + 30, self.under.spinner_cgroup, arm.spinner_wrapper))
+                        T.spinners(bg, self.timeout_s + 30, self.under.spinner_cgroup, arm.spinner_wrapper,
+                                   own_session=self.spinners_own_session))
 
                 workers = start_spinners() if arm.spinners_first else None
                 notes = stack.enter_context(arm.enter())
@@ -441,6 +447,9 @@ def main() -> int:
     parser.add_argument("--train", type=float, metavar="SECONDS",
                         help="train the trained arm's profile first: temperctl train for SECONDS under the first "
                              "variant's load (written to --trained-profile, else beside --json)")
+    parser.add_argument("--spinner-session", choices=("beside", "own"), default="beside",
+                        help="the spinners in this script's session beside the load generator (default), or in a "
+                             "session of their own, as a service manager starts a batch job")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 repetition, bg 0 and 4")
     parser.add_argument("--noisy-foreign", type=float, default=10.0,
                         help="%% of a core used by other processes that marks a run noisy")
@@ -510,9 +519,11 @@ def main() -> int:
             unknown = [a for a in arm_names if a not in arms]
             if unknown or A.STOCK not in arm_names:
                 parser.error(f"--arms: expected stock plus any of {', '.join(arms)}, found {args.arms!r}")
-            bench = Bench(workload, server, under, arms, amounts, timeout_s, A.pmqos_values())
+            bench = Bench(workload, server, under, arms, amounts, timeout_s, A.pmqos_values(),
+                          spinners_own_session=args.spinner_session == "own")
             print(f"{workload.name} {workload.version(server)} pid {server.pid} in cgroup {server_cgroup.relative}, spinners in "
-                  f"{spinner_cgroup.relative}; work per run: " + ", ".join(f"{v}: {a}" for v, a in amounts.items()))
+                  f"{spinner_cgroup.relative} and {'a session of their own' if bench.spinners_own_session else 'this session'}"
+                  "; work per run: " + ", ".join(f"{v}: {a}" for v, a in amounts.items()))
             for name in arm_names:
                 print(f"  arm {name}: {arms[name].description}")
             if A.BY_HAND in arm_names:
@@ -559,7 +570,7 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"host": C.host_description(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                       "workload": workload.name, "amounts": amounts,
+                       "workload": workload.name, "amounts": amounts, "spinner_session": args.spinner_session,
                        "arms": {n: arms[n].description for n in arm_names},
                        "runs": [run_json(r) for r in runs]}, handle, indent=1)
     return 0

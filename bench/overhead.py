@@ -380,7 +380,9 @@ def print_py_spy(path: str, top: int = 20) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=60.0, help="measurement window per scenario (default 60)")
-    parser.add_argument("--settle", type=float, default=3.0, help="seconds after start-up before the window (default 3)")
+    parser.add_argument("--settle", type=float,
+                        help="seconds after start-up before the window (default 3; with --track 40: a tracked "
+                             "workload is sampled every second until its cgroup has been idle for 30 s)")
     parser.add_argument("--threads", type=int, default=2000, help="extra threads of the second scenario (default 2000)")
     parser.add_argument("--reps", type=int, default=1, help="repetitions per scenario; medians are printed (default 1)")
     parser.add_argument("--reconcile-intervals", default="120",
@@ -403,6 +405,8 @@ def main() -> int:
     parser.add_argument("--profile", choices=("cprofile", "py-spy"), help="profile temperd while measuring")
     parser.add_argument("--py-spy", dest="py_spy", default="py-spy", help="py-spy binary for --profile py-spy")
     args = parser.parse_args()
+    if args.settle is None:
+        args.settle = 40.0 if args.track else 3.0
     if os.geteuid() != 0:
         print("overhead.py: must run as root (temperd changes scheduling settings of other processes)", file=sys.stderr)
         return 2
