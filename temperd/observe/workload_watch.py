@@ -269,8 +269,10 @@ class WorkloadWatch:
         unchanged = usage is not None and usage == t.cgroup_usage_us and set(w.pids) == set(t.processes)
         t.cgroup_usage_us = usage
         intervals = self._intervals(t, now)
-        # unchanged since the sample that read the same usage
-        t.unchanged_since = (t.unchanged_since or t.sampled_at or now) if unchanged else None
+        if not unchanged:
+            t.unchanged_since = None
+        elif t.unchanged_since is None:  # unchanged since the sample that read the same usage
+            t.unchanged_since = t.sampled_at if t.sampled_at is not None else now
         t.sampled_at = now
         t.resting = t.unchanged_since is not None and now - t.unchanged_since >= RESTING_AFTER_S
         if unchanged:  # kept threads or none (a pool that never ran since it was tracked): nothing to read
