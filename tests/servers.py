@@ -501,10 +501,11 @@ def _mariadb_client(socket_path: str, sql: str, client: str, timeout: float = 30
 
 
 @contextlib.contextmanager
-def mariadb_server(performance_schema: bool = True, connections: int = 4) -> Iterator[RunningServer]:
+def mariadb_server(performance_schema: bool = True, connections: int = 4,
+                   sysbench_test: str = "oltp_read_write") -> Iterator[RunningServer]:
     """mariadbd on a throwaway datadir (mariadb-install-db) and a free loopback port.
 
-    Load = sysbench oltp_read_write (``connections`` threads, one small table) when sysbench is
+    Load = sysbench ``sysbench_test`` (``connections`` threads, one small table) when sysbench is
     installed, else as many mariadb client connections running a bounded CPU-heavy query.
     ``performance_schema`` lets :func:`mariadb_thread_roles` map thread ids to P_S names.
     """
@@ -544,7 +545,7 @@ def mariadb_server(performance_schema: bool = True, connections: int = 4) -> Ite
             def start_load(seconds: float) -> Load:
                 secs = max(1, int(round(seconds)))
                 if sysbench:
-                    return Load("sysbench", [[sysbench, "oltp_read_write", *sb_common, f"--threads={connections}",
+                    return Load("sysbench", [[sysbench, sysbench_test, *sb_common, f"--threads={connections}",
                                               f"--time={secs}", "run"]], secs, workdir, self_limited=True)
                 # No sysbench: connections each busy for at most the load's duration.
                 query = f"SET STATEMENT max_statement_time={secs} FOR SELECT BENCHMARK(1000000000, MD5('x'))"
