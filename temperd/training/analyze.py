@@ -22,7 +22,9 @@
    member, so one handler that crossed HOT_CPU in one window does not flip the pool. Where names
    do not separate (every thread carries the process name: MariaDB 10.11, ONNX Runtime,
    PostgreSQL) the members are split by behaviour: across processes by process title
-   (`process_titles`), inside one process as the N busiest (`busiest = N`) with the rest in the
+   (`process_titles`), inside one process as the N busiest (`busiest = N`: every busy thread on
+   the path, a pool judged like a named one, so two connection threads that split the load 0.6 /
+   0.28 in one window and 0.45 / 0.45 in the next are the same group) with the rest in the
    catch-all. A group holding an untreated thread is untreated as a whole (its selector cannot
    tell that thread apart).
 4. Groups of one class and treatment are one cluster: one [[thread_groups]] of the profile;
@@ -68,9 +70,6 @@ LONG_BURST_US = 200.0  # median on-CPU burst of sync compute
 SELF_DRIVEN_SHARE = 0.5  # no seed: threads with this share of the busiest thread's CPU drive the workload
 POLLING_DEMAND = 0.5  # CPUs wanted by a thread that never slept: it polls for work
 IO_D_SHARE = 0.3  # of a path thread's sleeps, in D state: it waits on I/O for the path
-# Unnamed peers: a path thread with this share of the least busy hot one's CPU joins the busiest
-# group (four connection threads at 0.30, 0.31, 0.33 and 0.297 CPUs are one pool, not 3 + 1).
-PEER_SHARE = 0.75
 
 
 @dataclass
@@ -350,11 +349,10 @@ def _groups(wf: WorkloadFeatures, verdicts: Dict[int, Verdict], titles_seen: Dic
         else:
             top_rank = max(RANK[verdicts[t].treatment] for t in tids)
             hot = [t for t in tids if RANK[verdicts[t].treatment] == top_rank]
-            if verdicts[hot[0]].on_path:
-                floor = PEER_SHARE * min(wf.threads[t].cpu_share for t in hot)
-                hot += [t for t in tids if t not in hot and verdicts[t].on_path and wf.threads[t].cpu_share >= floor]
+            if verdicts[hot[0]].on_path:  # the busy path threads are one pool, however the load fell on them
+                hot += [t for t in tids if t not in hot and verdicts[t].on_path and wf.threads[t].cpu_share >= BUSY_CPU]
             rest = [t for t in tids if t not in hot]
-            lead = _foremost(hot, verdicts, wf)
+            lead = _pool_lead(hot, verdicts, wf)
             note = (f"every thread is named {wf.threads[tids[0]].comm!r}; the {len(hot)} busiest are this group, "
                     "picked by recent CPU time")
             groups.append(_Group("busiest", None, hot, lead.cls, lead.treatment, note))
