@@ -97,8 +97,13 @@ class _Tracked:
     cgroup_usage_us: Optional[int] = None  # its cgroup's cpu.stat usage_usec at the last sample
     sampled_at: Optional[float] = None  # time of the last sample
     unchanged_since: Optional[float] = None  # first sample of the current run that found its cgroup unchanged
-    resting: bool = False  # unchanged for RESTING_AFTER_S (module docstring)
     psi_missing: str = ""
+
+    @property
+    def resting(self) -> bool:
+        """Its cgroup unchanged for RESTING_AFTER_S as of the last sample (module docstring)."""
+        return (self.unchanged_since is not None and self.sampled_at is not None
+                and self.sampled_at - self.unchanged_since >= RESTING_AFTER_S)
 
 
 def wanted_cpus(ran_s: float, waited_s: float, interval_s: float) -> float:
@@ -274,7 +279,6 @@ class WorkloadWatch:
         elif t.unchanged_since is None:  # unchanged since the sample that read the same usage
             t.unchanged_since = t.sampled_at if t.sampled_at is not None else now
         t.sampled_at = now
-        t.resting = t.unchanged_since is not None and now - t.unchanged_since >= RESTING_AFTER_S
         if unchanged:  # kept threads or none (a pool that never ran since it was tracked): nothing to read
             if self.settings.rightsizing:
                 self.history.of(t.label).record_idle(now, intervals)

@@ -242,8 +242,9 @@ def _foremost(tids: Sequence[int], verdicts: Dict[int, Verdict], wf: WorkloadFea
 def _pool_lead(tids: Sequence[int], verdicts: Dict[int, Verdict], wf: WorkloadFeatures) -> Verdict:
     """The verdict a pool takes (a named group, or the busy path threads of an unnamed one): its
     foremost member's, unless that makes the pool exclusive while fewer than half of its members on
-    the path are hot; then its foremost member below the mark. Four handlers at 0.2 CPUs of which one reached 0.31 in one window are a latency
-    pool: judged by its busiest member, the pool changed treatment from one training to the next."""
+    the path are hot; then its foremost member below the mark. Four handlers at 0.2 CPUs of which
+    one reached 0.31 in one window are a latency pool: judged by its busiest member, the pool
+    changed treatment from one training to the next."""
     lead = _foremost(tids, verdicts, wf)
     if lead.treatment != EXCLUSIVE:
         return lead
