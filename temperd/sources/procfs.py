@@ -43,10 +43,12 @@ class TaskStat(NamedTuple):
 
 @dataclass(frozen=True)
 class CgroupPaths:
-    """A process's cgroup: the v2 path (`0::` line) and, on hybrid hosts, the name=systemd one."""
+    """A process's cgroup: the v2 path (`0::` line) and, on hybrid hosts, the name=systemd one;
+    where the cpu controller is bound to a v1 hierarchy, the path in that one."""
 
     unified: Optional[str]
     systemd: Optional[str]
+    cpu_v1: Optional[str] = None
 
     @property
     def unit(self) -> Optional[str]:
@@ -320,6 +322,7 @@ def read_cmdline(pid: int, tid: Optional[int] = None) -> Optional[Tuple[str, ...
 def parse_cgroup(data: bytes) -> CgroupPaths:
     unified = None
     systemd = None
+    cpu_v1 = None
     for line in data.decode("utf-8", "replace").splitlines():
         hierarchy, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
@@ -327,11 +330,14 @@ def parse_cgroup(data: bytes) -> CgroupPaths:
             unified = path
         elif controllers == "name=systemd":
             systemd = path
-    return CgroupPaths(unified=unified, systemd=systemd)
+        elif "cpu" in controllers.split(","):
+            cpu_v1 = path
+    return CgroupPaths(unified=unified, systemd=systemd, cpu_v1=cpu_v1)
 
 
-def read_cgroup(pid: int) -> Optional[CgroupPaths]:
-    data = read_bytes(f"{PROC}/{pid}/cgroup")
+def read_cgroup(pid: int, tid: Optional[int] = None) -> Optional[CgroupPaths]:
+    """The cgroups of a process, or of one of its threads (a cgroup v1 hierarchy places threads)."""
+    data = read_bytes(_task_path(pid, tid, "cgroup"))
     if data is None:
         return None
     return parse_cgroup(data)

@@ -10,8 +10,9 @@ which weighs the whole session's group entity.
 
 So a session whose every thread yields gets autogroup nice 19, and one whose every thread is
 favoured, with a negative nice among its layers, gets the lowest of those nices. A session that
-mixes yield threads with others is left as it is, and reported. Each autogroup nice is a held
-setting (held.py): original recorded first, drift left to whoever made it, restored at the end.
+mixes yield threads with others keeps its nice; its yield threads are the idle cgroup's to place
+(idle_cgroup.py). Each autogroup nice is a held setting (held.py): original recorded first,
+drift left to whoever made it, restored at the end.
 """
 
 from __future__ import annotations
@@ -75,6 +76,12 @@ class Session:
     pid: int  # a process in it (a leader where one was seen): /proc/PID/autogroup reaches the group
     classes: Set[str] = field(default_factory=set)  # YIELD, favoured, none (untreated)
     nices: List[int] = field(default_factory=list)  # the nices of its favoured layers
+    yielding: List[Any] = field(default_factory=list)  # its threads in yield layers
+
+    @property
+    def mixed(self) -> bool:
+        """Yield threads beside others: their policy yields only inside the session."""
+        return YIELD in self.classes and len(self.classes) > 1
 
 
 def sessions(threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
@@ -101,6 +108,7 @@ def sessions(threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
             session.classes.add(_UNTREATED)
         elif layer.treatment == YIELD:
             session.classes.add(YIELD)
+            session.yielding.append(thread)
         else:
             session.classes.add(_FAVOURED)
             if layer.nice is not None:
@@ -176,19 +184,20 @@ class SessionCache:
 _UNREAD: Any = object()
 
 
-def wanted_nices(found: Mapping[str, Session]) -> Tuple[Dict[str, int], List[str]]:
-    """The nice each autogroup should have, and notes on the mixed ones left alone."""
+def wanted_nices(found: Mapping[str, Session]) -> Dict[str, int]:
+    """The nice each autogroup should have (mixed ones keep theirs)."""
     wanted: Dict[str, int] = {}
-    notes: List[str] = []
     for name, session in found.items():
         if session.classes == {YIELD}:
             wanted[name] = YIELD_NICE
         elif session.classes == {_FAVOURED} and session.nices and min(session.nices) < 0:
             wanted[name] = min(session.nices)
-        elif YIELD in session.classes and len(session.classes) > 1:
-            notes.append(f"autogroup {name} (session of pid {session.pid}) mixes yield threads with others: "
-                         "their SCHED_IDLE/BATCH only yields inside that session")
-    return wanted, notes
+    return wanted
+
+
+def mixed_note(name: str, session: Session, why: str) -> str:
+    return (f"autogroup {name} (session of pid {session.pid}) mixes yield threads with others: their "
+            f"SCHED_IDLE/BATCH only yields inside that session, and they stay in it: {why}")
 
 
 class AutogroupNice(Setting[str, int]):
@@ -229,6 +238,7 @@ class Autogroups(HeldSettings[str, int]):
     def __init__(self) -> None:
         self.groups = AutogroupNice()
         self.cache = SessionCache()
+        self.mixed: Dict[str, Session] = {}  # as of the last pass: sessions of yield threads beside others
         super().__init__(self.groups)
 
     def apply(self, threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
@@ -239,13 +249,12 @@ class Autogroups(HeldSettings[str, int]):
         if reread:
             self.cache.clear()
         found = self.cache.sessions(threads, layer_for, is_kernel_thread)
-        wanted, notes = wanted_nices(found)
+        wanted = wanted_nices(found)
+        self.mixed = {name: session for name, session in found.items() if session.mixed}
         for name, session in found.items():
             if name in wanted or name in self.written:
                 self.groups.locate(name, session.pid)
-        result = self.hold(wanted, before_write)
-        result.notes[:0] = notes
-        return result
+        return self.hold(wanted, before_write)
 
     def state(self) -> Dict[str, Any]:
         section = super().state()

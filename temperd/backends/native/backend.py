@@ -2,7 +2,9 @@
 
 - per-thread affinity, policy, nice and slice for the layers' members, and every other thread
   kept off the exclusive CPUs (treatment.py, with membership.py saying who is in which layer);
-- the nice of whole autogroups whose threads all yield or are all favoured (autogroup.py);
+- the nice of whole autogroups whose threads all yield or are all favoured (autogroup.py), and
+  the yield threads of sessions that mix them with others moved into an idle cpu cgroup, where
+  the cpu controller is on a cgroup v1 hierarchy (idle_cgroup.py);
 - idle_resume_us: the PM QoS resume bound on the layers' own CPUs (pmqos.py);
 - tier weights: cgroup v2 cpu.weight through systemd or the cgroupfs, where the host allows
   (cgroup_weight.py).
@@ -23,9 +25,10 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from temperd import paths
 from temperd.backends.native import sched
-from temperd.backends.native.autogroup import AUTOGROUP, Autogroups, autogroup_enabled
+from temperd.backends.native.autogroup import AUTOGROUP, Autogroups, autogroup_enabled, mixed_note
 from temperd.backends.native.cgroup_weight import CPU_WEIGHT, CgroupWeights
 from temperd.backends.native.held import HeldSettings
+from temperd.backends.native.idle_cgroup import IDLE_CGROUP, IdleCgroup, cgroup_name
 from temperd.backends.native.inheritance import restore_inherited
 from temperd.backends.native.membership import ThreadKey, ThreadRef, scan_threads
 from temperd.backends.native.pmqos import PMQOS, PmQos, resume_bounds
@@ -35,7 +38,7 @@ from temperd.backends.native.treatment import ThreadTreatment
 from temperd.backends.status import NATIVE, BackendStatus
 from temperd.plan import LayerPlan
 
-__all__ = ["AUTOGROUP", "CPU_WEIGHT", "PMQOS", "ApplyResult", "DEFAULT_STATE_DIR", "NativeBackend", "ThreadRef",
+__all__ = ["AUTOGROUP", "CPU_WEIGHT", "IDLE_CGROUP", "PMQOS", "ApplyResult", "DEFAULT_STATE_DIR", "NativeBackend", "ThreadRef",
            "scan_threads"]
 
 DEFAULT_STATE_DIR = paths.RUN_DIR
@@ -46,12 +49,14 @@ class NativeBackend:
 
     def __init__(self, state_dir: str = DEFAULT_STATE_DIR, *, pmqos: Optional[PmQos] = None,
                  weights: Optional[CgroupWeights] = None, pmqos_open_layers: bool = False,
-                 autogroup: bool = True):
+                 autogroup: bool = True, idle_cgroup: Optional[IdleCgroup] = None):
         self.ledger = RestoreLedger(state_dir)
         self.treatment = ThreadTreatment(self.ledger)
         self.pmqos = pmqos if pmqos is not None else PmQos()
         self.weights = weights if weights is not None else CgroupWeights()
         self.autogroups = Autogroups()
+        self.idle_cgroup = idle_cgroup if idle_cgroup is not None else IdleCgroup(
+            cgroup_name(state_dir, DEFAULT_STATE_DIR))
         self.pmqos_open_layers = pmqos_open_layers  # bound every CPU for Open layers (temperd.toml has no key)
         self.autogroup = autogroup and autogroup_enabled()
         self.plan: Optional[LayerPlan] = None
@@ -61,7 +66,7 @@ class NativeBackend:
 
     def _held(self) -> List[HeldSettings]:
         """The host settings held, in the order they are restored; each kind is its state-file section."""
-        return [self.autogroups, self.pmqos, self.weights]
+        return [self.idle_cgroup, self.autogroups, self.pmqos, self.weights]
 
     # ---- public API --------------------------------------------------------------------------
 
@@ -145,6 +150,14 @@ class NativeBackend:
             result.notes.append("recover: this backend already holds changes; the state file is its own")
             return result
         self._recovered = True
+        self._recover_from_state_file(result)
+        left = self.idle_cgroup.empty() if self.idle_cgroup.supported else 0
+        if left:  # threads an earlier run's moved threads created, or a run that left no state file
+            result.bump(result.restored, IDLE_CGROUP, left)
+            result.notes.append(f"recover: {left} thread(s) left in the idle cgroup moved back to the root")
+        return result
+
+    def _recover_from_state_file(self, result: ApplyResult) -> None:
         previous = RestoreLedger(self.ledger.state_dir, os.path.basename(self.ledger.path))
         removed = previous.remove_stale_temp_files()
         if removed:
@@ -156,9 +169,9 @@ class NativeBackend:
             aside = previous.path + ".unreadable"
             os.replace(previous.path, aside)
             result.errors.append(f"{exc}; moved to {aside}, nothing restored from it")
-            return result
+            return
         if not found:
-            return result
+            return
         creators = previous.copy()
         result.take(previous.restore_all())
         result.take(restore_inherited(previous, creators))
@@ -169,7 +182,6 @@ class NativeBackend:
                 result.take_counts(held.kind, held.restore_all())
         result.notes.append(f"recovered from {previous.path}: {result.summary()}")
         previous.delete()
-        return result
 
     def status(self) -> BackendStatus:
         return BackendStatus(carried_by=NATIVE, drift=self.drift_counts)
@@ -200,9 +212,16 @@ class NativeBackend:
         """reread: every process's autogroup read anew (a whole apply); else only the few that
         can have changed (autogroup.SessionCache): a new process costs file reads for itself."""
         if self.autogroup and self.treatment.membership is not None:
+            save = functools.partial(self._save, result)
             result.take_counts(AUTOGROUP, self.autogroups.apply(
                 self._universe.values(), self.treatment.layer_for, self.treatment.is_kernel_thread,
-                functools.partial(self._save, result), reread=reread))
+                save, reread=reread))
+            mixed = self.autogroups.mixed
+            if not self.idle_cgroup.supported:
+                result.notes.extend(mixed_note(name, session, self.idle_cgroup.why_not)
+                                    for name, session in mixed.items())
+            result.take_counts(IDLE_CGROUP, self.idle_cgroup.apply(
+                [t for session in mixed.values() for t in session.yielding], save))
 
     def _finish(self, result: ApplyResult) -> ApplyResult:
         self._save(result)

@@ -1,0 +1,207 @@
+"""Yield threads that share a session with others, moved into an idle cpu cgroup (cgroup v1).
+
+With autogroups (autogroup.py), a session that holds yield threads beside untreated or favoured
+ones keeps its group entity's full weight: its SCHED_IDLE and SCHED_BATCH threads yield only to
+their session's peers, and the session still takes an even share of the host whenever its yield
+threads are runnable. Measured on a 6.18 kernel with 2 CPUs: 4 SCHED_IDLE spinners in one session
+held a 2-thread job of another session to 1.0 CPU; the same spinners in a cgroup with cpu.idle = 1
+left it 1.98.
+
+Where the cpu controller is bound to a cgroup v1 hierarchy, a cgroup takes single threads, and a
+thread outside that hierarchy's root is out of autogroup's reach. So each such yield thread that
+sits in the root cpu cgroup moves into temperd's own cgroup there, whose cpu.idle = 1 gives the
+group entity itself idle weight: it runs where nothing else wants the CPU, and any waking thread
+of another group preempts it. Threads in any other cpu cgroup stay: a cgroup someone made
+arbitrates them already. Under cgroup v2 a thread leaves its process's cgroup only inside a
+threaded subtree, so there it is not done, and the session's note says so.
+
+A thread's cpu cgroup is a held setting (held.py), keyed by tid and start time: the original
+("/") recorded before the move, a thread someone else moved elsewhere is theirs (drift), restore
+moves it back. Threads created by a moved thread inherit its cgroup; they are held as if temperd
+had moved them, so they go back too when they should not be there. restore_all() then moves
+whatever is left in the cgroup to the root and removes it; the cgroup found at start is what a
+killed predecessor left, and is emptied the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Iterable, List, Optional, Tuple
+
+from temperd.backends.native.cgroup_weight import cgroup1_cpu_mount
+from temperd.backends.native.held import HeldSettings, HostSettingResult, Setting
+from temperd.sources import procfs
+
+IDLE_CGROUP = "idle_cgroup"
+ROOT = "/"
+NAME = "temperd-yield"
+
+Key = Tuple[int, int]  # (tid, start_time): a thread, across tid reuse
+
+
+def cgroup_name(state_dir: str, default_state_dir: str) -> str:
+    """The cgroup belongs to one state file: a second temperd (a test's, a benchmark's, with its
+    own state directory) must not empty the first one's."""
+    if os.path.normpath(state_dir) == os.path.normpath(default_state_dir):
+        return NAME
+    return f"{NAME}-{hashlib.sha1(os.path.abspath(state_dir).encode()).hexdigest()[:8]}"
+
+
+def detect(mountinfo: str = "/proc/self/mountinfo") -> Tuple[Optional[str], str]:
+    """(the cgroup v1 cpu hierarchy's mount, or None; why not)."""
+    mount = cgroup1_cpu_mount(mountinfo)
+    if mount is None:
+        return None, ("the cpu controller is not on a cgroup v1 hierarchy (under cgroup v2 a thread leaves its "
+                      "process's cgroup only inside a threaded subtree)")
+    if not os.path.exists(os.path.join(mount, "cpu.idle")):
+        return None, f"{mount} has no cpu.idle (a kernel before 5.15)"
+    return mount, ""
+
+
+class ThreadCpuCgroup(Setting[Key, str]):
+    """A thread's cgroup in the v1 cpu hierarchy, as a path from the hierarchy's root."""
+
+    kind = IDLE_CGROUP
+
+    def __init__(self, mount: str):
+        self.mount = mount
+
+    def read(self, key: Key) -> Optional[str]:
+        """None when the thread is gone (or its tid now names another thread)."""
+        tid, start_time = key
+        stat = procfs.read_task_stat(tid, tid)  # /proc/TID/task/TID reaches any thread
+        if stat is None or stat.start_time != start_time:
+            return None
+        paths = procfs.read_cgroup(tid, tid)
+        return paths.cpu_v1 if paths is not None else None
+
+    def write(self, key: Key, path: str) -> None:
+        move(self.mount, path, key[0])
+
+    def where(self, key: Key) -> str:
+        return f"tid {key[0]}"
+
+    def shown(self, path: str) -> str:
+        return f"cpu cgroup {path}"
+
+    def key_text(self, key: Key) -> str:
+        return f"{key[0]}/{key[1]}"
+
+    def key_from_text(self, text: str) -> Key:
+        tid, _, start = text.partition("/")
+        return int(tid), int(start)
+
+
+def move(mount: str, path: str, tid: int) -> None:
+    """Put one thread in the cgroup at `path` of the v1 hierarchy mounted at `mount`."""
+    with open(os.path.join(mount, path.lstrip("/"), "tasks"), "w") as handle:
+        handle.write(str(tid))
+
+
+class IdleCgroup(HeldSettings[Key, str]):
+    """Holds yield threads of mixed sessions in temperd's idle cpu cgroup."""
+
+    def __init__(self, name: str = NAME, mount: Optional[str] = None, why_not: str = ""):
+        if mount is None and not why_not:
+            mount, why_not = detect()
+        self.mount = mount
+        self.why_not = why_not  # empty where supported
+        self.path = "/" + name  # the cgroup, as /proc/TID/cgroup names it
+        super().__init__(ThreadCpuCgroup(mount or ""))
+
+    @property
+    def supported(self) -> bool:
+        return not self.why_not
+
+    def apply(self, threads: Iterable, before_write=None) -> HostSettingResult:
+        """Hold these threads (with tid, start_time) in the idle cgroup, where they sit in the
+        hierarchy's root or in it already; everything else temperd holds there goes back."""
+        result = HostSettingResult()
+        if not self.supported:
+            return result
+        threads = list(threads)
+        if threads and not self._ensure(result):
+            return result
+        desired = {}
+        for thread in threads:
+            key = (thread.tid, thread.start_time)
+            current = self._read_quietly(key)
+            if current == self.path:
+                self._as_moved(key)  # inherited from a thread temperd moved
+            if current in (ROOT, self.path):
+                desired[key] = self.path
+        for key in self._inherited_strays(desired):
+            self._as_moved(key)
+        return self.hold(desired, before_write)
+
+    def restore_all(self) -> HostSettingResult:
+        result = super().restore_all()
+        if self.supported:
+            result.restored += self.empty()
+        return result
+
+    def empty(self) -> int:
+        """Move every thread left in the cgroup to the root and remove it; how many were moved."""
+        moved = 0
+        for tid in self._members():
+            try:
+                move(self.mount or "", ROOT, tid)
+                moved += 1
+            except OSError:
+                pass  # gone meanwhile
+        try:
+            os.rmdir(self._dir())
+        except OSError:
+            pass  # absent, or a thread created this instant: the next start empties it
+        return moved
+
+    # ---- steps ---------------------------------------------------------------------------------
+
+    def _dir(self) -> str:
+        return os.path.join(self.mount or "", self.path.lstrip("/"))
+
+    def _ensure(self, result: HostSettingResult) -> bool:
+        """Make the cgroup (cpu.idle = 1) where it is not; False, with the reason kept, where it cannot be."""
+        try:
+            os.makedirs(self._dir(), exist_ok=True)
+            with open(os.path.join(self._dir(), "cpu.idle"), "w") as handle:
+                handle.write("1")
+        except OSError as exc:
+            self.why_not = f"cannot make the idle cgroup {self._dir()}: {exc.strerror or exc}"
+            result.errors.append(self.why_not)
+            result.failed += 1
+            return False
+        return True
+
+    def _as_moved(self, key: Key) -> None:
+        """Hold a thread found in the cgroup as if temperd had moved it there from the root."""
+        self.originals.setdefault(key, ROOT)
+        self.written.setdefault(key, self.path)
+
+    def _members(self) -> List[int]:
+        try:
+            with open(os.path.join(self._dir(), "tasks")) as handle:
+                return [int(x) for x in handle.read().split()]
+        except OSError:
+            return []
+
+    def _inherited_strays(self, desired) -> List[Key]:
+        """Threads in the cgroup that temperd does not hold and that are not wanted there: created
+        by a held thread, they inherited its cgroup."""
+        held = {key[0] for key in self.written}
+        wanted = {key[0] for key in desired}
+        strays = []
+        for tid in self._members():
+            if tid in held or tid in wanted:
+                continue
+            stat = procfs.read_task_stat(tid, tid)
+            if stat is not None:
+                strays.append((tid, stat.start_time))
+        return strays
+
+    def _read_quietly(self, key: Key) -> Optional[str]:
+        try:
+            return self.setting.read(key)
+        except OSError:
+            return None
