@@ -18,18 +18,27 @@ needs_autogroup = pytest.mark.skipif(os.geteuid() != 0 or not autogroup_enabled(
                                      reason="needs root and kernel.sched_autogroup_enabled=1")
 
 
-def test_whole_sessions_get_a_nice_and_mixed_ones_a_note():
-    wanted, notes = wanted_nices({
+def test_whole_sessions_get_a_nice_and_mixed_ones_keep_theirs():
+    found = {
         "/autogroup-1": Session(10, {YIELD}),
         "/autogroup-2": Session(20, {"favoured"}, [-5, -2]),
         "/autogroup-3": Session(30, {"favoured"}, [3]),  # no negative nice: left
         "/autogroup-4": Session(40, {"favoured"}),  # no nice at all: left
-        "/autogroup-5": Session(50, {YIELD, "none"}),
+        "/autogroup-5": Session(50, {YIELD, "none"}),  # mixed: its yield threads are the idle cgroup's
         "/autogroup-6": Session(60, {"favoured", "none"}, [-5]),  # untreated threads share it: left, quietly
-    })
-    assert wanted == {"/autogroup-1": YIELD_NICE, "/autogroup-2": -5}
-    assert notes == ["autogroup /autogroup-5 (session of pid 50) mixes yield threads with others: "
-                     "their SCHED_IDLE/BATCH only yields inside that session"]
+        "/autogroup-7": Session(70, {YIELD, "favoured"}, [-5]),  # mixed
+    }
+    assert wanted_nices(found) == {"/autogroup-1": YIELD_NICE, "/autogroup-2": -5}
+    assert sorted(name for name, session in found.items() if session.mixed) == ["/autogroup-5", "/autogroup-7"]
+
+
+def test_a_mixed_sessions_yield_threads_are_collected_for_the_idle_cgroup():
+    threads = [_Thread(11, 10), _Thread(12, 10), _Thread(21, 20)]
+    bg = _layer("bg", YIELD, [12, 21], policy="idle")
+    found = autogroup.sessions(threads, lambda t: bg if t.tid in (12, 21) else None, lambda t: False,
+                               group_of=lambda pid: (f"/autogroup-{pid}", 0))
+    assert found["/autogroup-10"].mixed and [t.tid for t in found["/autogroup-10"].yielding] == [12]
+    assert not found["/autogroup-20"].mixed  # all yield: autogroup nice 19 instead
 
 
 def test_state_from_the_earlier_layout_is_adopted():
