@@ -7,6 +7,7 @@ inheritance.py     treatment a new thread or process inherited from its creator,
 restore_ledger.py  each thread's originals and temperd's changes; the state file
 held.py            held host settings: original first, drift, restore, adopt
 autogroup.py       the nice of whole sessions (autogroups)
+idle_cgroup.py     yield threads of mixed sessions in an idle cpu cgroup (cgroup v1)
 pmqos.py           the per-CPU idle-resume bound (PM QoS)
 cgroup_weight.py   tier weights: cgroup v2 cpu.weight, through systemd or the cgroupfs
 result.py          what a call did (ApplyResult) and the drift found (DriftRecord)
