@@ -65,8 +65,20 @@ class NativeBackend:
         self._recovered = False
 
     def _held(self) -> List[HeldSettings]:
-        """The host settings held, in the order they are restored; each kind is its state-file section."""
+        """The host settings held, in the order they are restored (the idle cgroup before the
+        threads' own settings, the rest after); each kind is its state-file section."""
         return [self.idle_cgroup, self.autogroups, self.pmqos, self.weights]
+
+    @staticmethod
+    def _restore_held(result: ApplyResult, held_settings: List[HeldSettings]) -> int:
+        """Restore these held settings; how many had drifted (left as found)."""
+        drifted = 0
+        for held in held_settings:
+            drifted += len(held.drifted)
+            part = held.restore_all()
+            drifted += part.drift
+            result.take_counts(held.kind, part)
+        return drifted
 
     # ---- public API --------------------------------------------------------------------------
 
@@ -122,17 +134,16 @@ class NativeBackend:
 
         Threads keep being created while their creators are restored: threads that inherited
         temperd's treatment and were never handed to this backend are found and restored after
-        their creators (inheritance.restore_inherited)."""
+        their creators (inheritance.restore_inherited). The idle cgroup is left first: a creator
+        held there can be preempted by anything in the middle of a fork() and hand its treatment
+        to a child only after the last sweep for such threads."""
         result = ApplyResult()
+        drifted = self._restore_held(result, self._held()[:1])
         creators = self.ledger.copy()
         result.take(self.ledger.restore_all())
         result.take(restore_inherited(self.ledger, creators, self._universe))
-        drifted = sum(len(rec.drifted) for rec in self.ledger.records.values())
-        for held in self._held():
-            drifted += len(held.drifted)
-            part = held.restore_all()
-            drifted += part.drift
-            result.take_counts(held.kind, part)
+        drifted += sum(len(rec.drifted) for rec in self.ledger.records.values())
+        drifted += self._restore_held(result, self._held()[1:])
         if drifted:
             result.notes.append(f"{drifted} setting(s) changed by someone else after temperd set them were left as found")
         self.ledger.clear()
@@ -172,16 +183,22 @@ class NativeBackend:
             return
         if not found:
             return
+        idle, rest = self._held()[:1], self._held()[1:]  # the idle cgroup first, as in stop()
+        self._recover_held(result, previous, idle)
         creators = previous.copy()
         result.take(previous.restore_all())
         result.take(restore_inherited(previous, creators))
-        for held in self._held():
+        self._recover_held(result, previous, rest)
+        result.notes.append(f"recovered from {previous.path}: {result.summary()}")
+        previous.delete()
+
+    @staticmethod
+    def _recover_held(result: ApplyResult, previous: RestoreLedger, held_settings: List[HeldSettings]) -> None:
+        for held in held_settings:
             section = previous.extras.get(held.kind) or {}
             if section:
                 held.adopt_state(section)
                 result.take_counts(held.kind, held.restore_all())
-        result.notes.append(f"recovered from {previous.path}: {result.summary()}")
-        previous.delete()
 
     def status(self) -> BackendStatus:
         return BackendStatus(carried_by=NATIVE, drift=self.drift_counts)
