@@ -22,6 +22,14 @@ TREATMENTS = (EXCLUSIVE, LATENCY, YIELD)
 
 TIERS = ("critical", "standard", "background")
 
+# What `exclusive` means for the CPUs an exclusive layer holds. OWNED: the layer's threads run
+# there first and other work may borrow the CPUs while the owners sleep, yielding at once when
+# an owner wakes. FENCED: no other thread runs there, even while the owners sleep (caches kept
+# warm at the cost of idle capacity).
+OWNED = "owned"
+FENCED = "fenced"
+OWNERSHIPS = (OWNED, FENCED)
+
 
 @dataclass(frozen=True)
 class MemberSelector:
@@ -56,6 +64,7 @@ class Layer:
     policy: str = "other"  # "other" | "batch" | "idle"
     idle_resume_us: Optional[int] = None
     protected: bool = False
+    ownership: str = FENCED  # OWNED | FENCED; meaningful for CONFINED/GROUPED exclusive layers
     reasons: Tuple[str, ...] = ()
 
 
