@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
-from typing import Optional, Union
+from typing import List, Optional, Sequence, Union
 
 
 def read_stripped(path: str) -> Optional[str]:
@@ -42,3 +43,27 @@ def write_atomically(path: str, data: Union[str, bytes], mode: int = 0o644, sync
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def remove_unfinished_writes(path: str, older_prefixes: Sequence[str] = ()) -> List[str]:
+    """Remove the temp files (`.NAME.tmp-XXXX`) that write_atomically leaves when its writer is
+    killed, and names starting with `older_prefixes`; only one writer uses each file, so none of
+    them is being written now. Returns the names removed."""
+    directory = os.path.dirname(path) or "."
+    name = os.path.basename(path)
+    prefixes = (f".{name}.tmp-", *older_prefixes)
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return []
+    removed = []
+    for entry in sorted(entries):
+        if not entry.startswith(prefixes):
+            continue
+        try:
+            os.unlink(os.path.join(directory, entry))
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                continue
+        removed.append(entry)
+    return removed

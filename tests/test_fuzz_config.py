@@ -1,9 +1,13 @@
-"""Fuzzing the TOML loaders (profiles, temperd.toml) with hypothesis: whatever the text, the only
-exception is ConfigError, and every ConfigError names the file on one line. Two strategies: any
-text, and valid files with one value replaced by another TOML value (the validators' inputs)."""
+"""Fuzzing the loaders with hypothesis. The TOML ones (profiles, temperd.toml): whatever the text,
+the only exception is ConfigError, and every ConfigError names the file on one line. Two
+strategies: any text, and valid files with one value replaced by another TOML value (the
+validators' inputs). The rightsizing history (JSON): whatever the file holds, loading never
+raises, says what it found in one line, and what it loads can be summarised and saved."""
 
+import json
 import pathlib
 import re
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,6 +16,7 @@ from hypothesis import strategies as st
 from temperd.config.daemon_config import parse_config
 from temperd.config.errors import ConfigError
 from temperd.config.profile import parse_profile
+from temperd.observe.usage_history import UsageHistory
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROFILE_TEXTS = [p.read_text() for p in sorted((ROOT / "profiles").glob("*.toml"))]
@@ -79,3 +84,51 @@ def test_temperd_toml_with_one_value_replaced(line_index, value):
 def test_pathological_but_valid_shapes(text):
     assert_only_config_errors(parse_config, text, "temperd.toml")
     assert_only_config_errors(parse_profile, text, "fuzz.toml")
+
+
+HISTORY_TEXT = json.dumps({"version": 1, "half_life_s": 86400.0, "workloads": {"app.service": {
+    "first_at": 1000.0, "last_at": 1600.0, "samples": 600,
+    "threads": [{"tid": 100, "start_time": 1, "comm": "hot", "group": "workers",
+                 "hist": {"reference": 1000.0, "buckets": {"80": 2.5, "3": 0.5}}}],
+    "rest": {"reference": 1000.0, "buckets": {"2": 1.0}}, "total": {"reference": 1000.0, "buckets": {"20": 1.0}},
+    "group_rest": {"workers": {"reference": 1000.0, "buckets": {"2": 1.0}}}}}}, indent=0)
+json_scalar = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
+                        st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20),
+                        st.sampled_from(["1e999", "-1e999", "NaN", "Infinity", "9" * 400, '"\\ud800"']))
+json_value = st.recursive(json_scalar.map(lambda v: v if isinstance(v, str) and v[:1] in "19-NI\"" else json.dumps(v)),
+                          lambda inner: st.one_of(
+                              st.lists(inner, max_size=4).map(lambda xs: "[" + ", ".join(xs) + "]"),
+                              st.dictionaries(st.sampled_from(['"0"', '"80"', '"a"', '"buckets"', '"hist"']), inner,
+                                              max_size=3).map(lambda d: "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}")),
+                          max_leaves=8)
+
+
+def assert_history_loads_or_is_set_aside(text: str) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        path = pathlib.Path(directory) / "usage-history.json"
+        path.write_text(text)
+        history = UsageHistory(str(path), 86400.0, 16)
+        said = history.load()
+        assert "\n" not in said and said.startswith(str(path))
+        if "unreadable" in said:
+            assert history.workloads == {} and (path.parent / "usage-history.json.bad").exists()
+        for workload in history.workloads.values():
+            workload.summary()
+        history.save()
+
+
+@FUZZ
+@given(st.text(max_size=400))
+def test_any_text_as_the_history_file(text):
+    assert_history_loads_or_is_set_aside(text)
+
+
+@FUZZ
+@given(st.integers(min_value=0, max_value=200), json_value)
+def test_the_history_file_with_one_value_replaced(line_index, value):
+    lines = HISTORY_TEXT.splitlines()
+    values = [i for i, line in enumerate(lines) if re.search(r'": [^[{]', line)]
+    i = values[line_index % len(values)]
+    key = lines[i].split('": ', 1)[0]
+    lines[i] = f'{key}": {value}' + ("," if lines[i].rstrip().endswith(",") else "")
+    assert_history_loads_or_is_set_aside("\n".join(lines))

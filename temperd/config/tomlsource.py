@@ -122,13 +122,18 @@ def trust_problem(st: os.stat_result) -> Optional[str]:
     return None
 
 
-def read_config_bytes(path: str, require_trusted: bool = False, limit: int = MAX_FILE_BYTES) -> bytes:
+def read_config_bytes(path: str, require_trusted: bool = False, limit: int = MAX_FILE_BYTES,
+                      follow_symlinks: bool = True) -> bytes:
     """A configuration file's content, read only if it is a regular file of at most `limit`
     bytes (and, when required, trusted). The checks use the opened file itself, so the file that
-    was checked is the file that is read; O_NONBLOCK keeps a FIFO from blocking the open."""
+    was checked is the file that is read; O_NONBLOCK keeps a FIFO from blocking the open.
+    follow_symlinks=False refuses a symbolic link (files temperd writes itself are never one)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        fd = os.open(path, flags)
     except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_symlinks:
+            raise ConfigError([ConfigProblem(path, (), "refused: a symbolic link, expected a regular file")]) from None
         raise ConfigError([ConfigProblem(path, (), f"cannot be read: {exc.strerror}")]) from None
     try:
         st = os.fstat(fd)

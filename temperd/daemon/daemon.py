@@ -116,6 +116,7 @@ class Daemon:
             except OSError as exc:
                 raise StartupError(f"error: {exc.strerror or exc}") from None
             try:
+                self._load_watch(view)  # the history file is checked before anything changes
                 self._start_backend(view)
                 self.matcher = self._make_matcher(view)
                 if not self.inventory.start():
@@ -127,7 +128,8 @@ class Daemon:
                 self.sampler.telemetry.start()  # says once which scheduling-delay source runs, and why
                 self._record_reload(self.last_reload)
                 self.replan("start")
-                self._start_watch(view)
+                if self.watch is not None:
+                    self.watch.start()
                 self.services.serve(self.config, self.config_dir, self.request)
             except StartupError:
                 raise
@@ -183,11 +185,11 @@ class Daemon:
             self.backend.on_fallback = lambda reason: self.request(REPLAN, f"scx fallback: {reason}")
         self.backend.recover()
 
-    def _start_watch(self, view: HostView) -> None:
+    def _load_watch(self, view: HostView) -> None:
         if not view.config.knowledge.sampling:
             return
         self.watch = WorkloadWatch(view.config.knowledge, len(view.shape.cpus), self._tracked, self.metrics.knowledge)
-        self.watch.start()
+        self.watch.load()
 
     def _tracked(self):
         """For the usage thread: the workloads, the plan and the profiles, read under the lock."""

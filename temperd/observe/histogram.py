@@ -80,7 +80,14 @@ class DecayingHistogram:
 
     @classmethod
     def from_json(cls, data: dict, half_life_s: float) -> "DecayingHistogram":
-        hist = cls(half_life_s, data.get("reference"))
+        """From to_json's form; ValueError (TypeError) for a reference that is no finite number,
+        a bucket outside the histogram's range or a weight that is not a finite number."""
+        reference = data.get("reference")
+        if reference is not None and (isinstance(reference, bool) or not math.isfinite(float(reference))):
+            raise ValueError(f"reference: expected a time, found {reference!r}")
+        hist = cls(half_life_s, reference)
         hist.buckets = {int(i): float(w) for i, w in data.get("buckets", {}).items() if float(w) > 0}
+        if any(not 0 <= i <= _MAX_INDEX or not math.isfinite(w) for i, w in hist.buckets.items()):
+            raise ValueError(f"buckets: expected indexes from 0 to {_MAX_INDEX} with finite weights")
         hist.total = sum(hist.buckets.values())
         return hist

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from temperd.config.errors import ConfigError
+from temperd.config.tomlsource import read_config_bytes
 from temperd.decide.classify import HOT_THREAD_CPUS
 from temperd.decide.rightsize import ThreadUsage, UsageSummary
-from temperd.files import write_atomically
+from temperd.files import remove_unfinished_writes, write_atomically
+from temperd.text import printable
 from temperd.observe.histogram import DecayingHistogram
 
 log = logging.getLogger("temperd.rightsizing")
@@ -27,6 +31,32 @@ log = logging.getLogger("temperd.rightsizing")
 FORMAT_VERSION = 1
 MAX_WORKLOADS = 256  # histories kept, those of stopped workloads included (they come back)
 OTHER_THREADS = "(other threads)"  # the group of usage not attributed to a kept thread
+# Bound on the file read at start: the fullest history (256 workloads of 16 threads, every
+# histogram's ~200 buckets filled) takes about 22 MiB; a larger file is not one temperd wrote.
+MAX_FILE_BYTES = 32 << 20
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:20]} out of range")
+    return value
+
+
+def _short_int(text: str) -> int:
+    if len(text) > 20:
+        raise ValueError(f"number of {len(text)} digits, expected at most 20")
+    return int(text)
+
+
+def _no_constant(text: str) -> float:
+    raise ValueError(f"{text} is not a number")
+
+
+def _number(value, key: str) -> Optional[float]:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError(f"{key}: expected a number, found {type(value).__name__}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -160,10 +190,13 @@ class WorkloadHistory:
     @classmethod
     def from_json(cls, label: str, data: dict, half_life_s: float) -> "WorkloadHistory":
         history = cls(label, half_life_s)
-        history.first_at, history.last_at = data.get("first_at"), data.get("last_at")
-        history.samples = int(data.get("samples", 0))
+        history.first_at, history.last_at = _number(data.get("first_at"), "first_at"), _number(data.get("last_at"), "last_at")
+        history.samples = int(_number(data.get("samples", 0), "samples"))
         for item in data.get("threads", []):
-            entry = ThreadHistory(int(item["tid"]), int(item["start_time"]), str(item["comm"]), item.get("group"),
+            group = item.get("group")
+            if group is not None and not isinstance(group, str):
+                raise ValueError(f"group: expected a name, found {type(group).__name__}")
+            entry = ThreadHistory(int(item["tid"]), int(item["start_time"]), str(item["comm"]), group,
                                   DecayingHistogram.from_json(item["hist"], half_life_s))
             entry.from_file = True
             history.threads[entry.key] = entry
@@ -193,25 +226,48 @@ class UsageHistory:
         return self.workloads[label]
 
     def load(self) -> str:
-        """Read the file if there is one; a damaged file is set aside (renamed .bad) rather than trusted."""
+        """Read the file if there is one, and say what was found in one log line. Checked like a
+        configuration file (a regular file, root's when temperd runs as root, bounded in size;
+        never a link, FIFO or device) and parsed with finite numbers and bounded nesting. A file
+        that fails is set aside as NAME.bad, never trusted or overwritten, and temperd starts
+        without it. Temp files of a write a killed run left unfinished are removed."""
+        remove_unfinished_writes(self.path)
         try:
-            with open(self.path) as handle:
-                data = json.load(handle)
-            if data.get("version") != FORMAT_VERSION:
-                raise ValueError(f"version {data.get('version')!r}, expected {FORMAT_VERSION}")
-            self.workloads = {label: WorkloadHistory.from_json(label, item, self.half_life_s)
-                              for label, item in data.get("workloads", {}).items()}
-            self.loaded_from = f"{self.path}: {len(self.workloads)} workload(s)"
-        except FileNotFoundError:
-            self.loaded_from = f"{self.path}: none yet"
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            self.loaded_from = f"{self.path}: unreadable ({exc}), starting anew"
-            log.warning("rightsizing history %s", self.loaded_from)
-            try:
-                os.replace(self.path, self.path + ".bad")
-            except OSError:
-                pass
+            if not os.path.lexists(self.path):
+                self.loaded_from = f"{self.path}: none yet"
+            else:
+                self.workloads = self._read()
+                self.loaded_from = f"{self.path}: {len(self.workloads)} workload(s)"
+        except ConfigError as exc:
+            self._set_aside(exc.problems[0].message)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            self._set_aside("nested too deeply" if isinstance(exc, RecursionError) else str(exc) or type(exc).__name__)
+        else:
+            log.info("rightsizing history %s", self.loaded_from)
         return self.loaded_from
+
+    def _read(self) -> Dict[str, "WorkloadHistory"]:
+        raw = read_config_bytes(self.path, require_trusted=os.geteuid() == 0, limit=MAX_FILE_BYTES,
+                                follow_symlinks=False)
+        data = json.loads(raw, parse_float=_finite_float, parse_int=_short_int, parse_constant=_no_constant)
+        if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
+            found = data.get("version") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"version {found!r}, expected {FORMAT_VERSION}")
+        workloads = data.get("workloads", {})
+        if not isinstance(workloads, dict) or len(workloads) > MAX_WORKLOADS:
+            raise ValueError(f"workloads: expected a table of at most {MAX_WORKLOADS}")
+        return {str(label): WorkloadHistory.from_json(str(label), item, self.half_life_s)
+                for label, item in workloads.items()}
+
+    def _set_aside(self, why: str) -> None:
+        self.workloads = {}
+        try:
+            os.replace(self.path, self.path + ".bad")
+            kept = f"set aside as {os.path.basename(self.path)}.bad"
+        except OSError as exc:
+            kept = f"could not be set aside ({exc.strerror or exc})"
+        self.loaded_from = f"{self.path}: unreadable ({printable(why)}); {kept}, starting without it"
+        log.warning("rightsizing history %s", self.loaded_from)
 
     def save(self) -> int:
         """Write the whole history atomically; its size in bytes."""

@@ -178,9 +178,11 @@ class WorkloadWatch:
 
     # ---- the thread -----------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def load(self) -> None:
+        """Read the history file (once, before temperd changes anything on the host)."""
         self.history.load()
-        log.info("rightsizing history %s", self.history.loaded_from)
+
+    def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="usage", daemon=True)
         self._thread.start()
 

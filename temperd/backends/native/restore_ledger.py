@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from temperd.backends.native import sched
-from temperd.files import write_atomically
+from temperd.files import remove_unfinished_writes, write_atomically
 from temperd.sources import procfs
 
 AFFINITY = "affinity"
@@ -353,23 +353,7 @@ class RestoreLedger:
         `.native-state.json.tmp-XXXX` of write_atomically, and `native-state.json.tmp.PID` of older
         versions. Only one run uses a state directory at a time, so none of them is being written.
         Returns the names removed."""
-        name = os.path.basename(self.path)
-        prefixes = (f".{name}.tmp-", f"{name}.tmp.")
-        try:
-            entries = os.listdir(self.state_dir)
-        except OSError:
-            return []
-        removed = []
-        for entry in sorted(entries):
-            if not entry.startswith(prefixes):
-                continue
-            try:
-                os.unlink(os.path.join(self.state_dir, entry))
-            except OSError as exc:
-                if exc.errno != errno.ENOENT:
-                    continue
-            removed.append(entry)
-        return removed
+        return remove_unfinished_writes(self.path, older_prefixes=(f"{os.path.basename(self.path)}.tmp.",))
 
     def load(self) -> bool:
         """Read a state file left by an earlier run into this ledger; False when there is none."""
