@@ -1,9 +1,132 @@
-"""Shared fixtures."""
+"""Shared fixtures, and the test tiers (tests/tiers.py) applied to every collected test."""
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+import time
+from collections import defaultdict
 
 import pytest
 
-from driven import DrivenProcess
-from thread_children import Children
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+class _SourceLayout(importlib.abc.MetaPathFinder):
+    """Imports the packages pyproject.toml maps from other directories (temperctl from cli/, the
+    builtin profiles from profiles/) straight from a checkout, where the project is not installed."""
+
+    PACKAGES = {"temperctl": "cli", "temperd.builtin_profiles": "profiles"}
+
+    def find_spec(self, fullname, path=None, target=None):
+        for package, directory in self.PACKAGES.items():
+            if fullname == package or fullname.startswith(package + "."):
+                rest = fullname[len(package):].lstrip(".")
+                base = os.path.join(ROOT, directory, *(rest.split(".") if rest else []))
+                if os.path.isdir(base):
+                    return importlib.util.spec_from_file_location(
+                        fullname, os.path.join(base, "__init__.py"), submodule_search_locations=[base])
+                if os.path.isfile(base + ".py"):
+                    return importlib.util.spec_from_file_location(fullname, base + ".py")
+        return None
+
+
+if importlib.util.find_spec("temperd") is None:
+    sys.path.insert(0, ROOT)
+if importlib.util.find_spec("temperctl") is None:
+    sys.meta_path.append(_SourceLayout())
+
+import tiers  # noqa: E402  (after the layout above: the helpers import temperd)
+from driven import DrivenProcess  # noqa: E402
+from thread_children import Children  # noqa: E402
+
+
+def pytest_configure(config):
+    config._tier_seconds = defaultdict(float)
+    config._tier_counts = defaultdict(int)
+
+
+def _reach_roots(item):
+    """The module's top-level names a test starts from: its class, or its function, and pytestmark."""
+    cls = getattr(item, "cls", None)
+    roots = ["pytestmark", cls.__name__ if cls is not None else getattr(item, "originalname", item.name)]
+    return roots
+
+
+def _fixture_names(item, reach):
+    names = set()
+    for name, defs in getattr(item, "_fixtureinfo").name2fixturedefs.items():
+        if name == "_unit_tier_guard":  # every test's, and not a use of what it refuses
+            continue
+        for fixturedef in defs:
+            func = getattr(fixturedef, "func", None)
+            path = getattr(getattr(func, "__code__", None), "co_filename", "")
+            if path.startswith(HERE + os.sep):
+                names |= reach.names(path, [func.__name__])
+    return names
+
+
+def pytest_collection_modifyitems(config, items):
+    reach = tiers.Reach(HERE)
+    for item in items:
+        path = str(getattr(item, "path", None) or item.fspath)
+        names = reach.names(path, _reach_roots(item)) | _fixture_names(item, reach)
+        reasons = [str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif")]
+        have = {m.name for m in item.iter_markers()} & set(tiers.TIERS)
+        marks = (tiers.markers_for(names, item.fixturenames, reasons) | have) - {"unit"} or {"unit"}
+        for mark in marks - have:
+            item.add_marker(mark)
+        item._tier = tiers.tier_of(marks)
+
+
+def _refuse(what):
+    def refused(*args, **kwargs):
+        raise AssertionError(f"a unit test {what}: tests/tiers.py should have put it in another tier "
+                             f"(add the name it reached this through to the tier's names there)")
+    return refused
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_guard(request, monkeypatch):
+    """Under `-m unit`, a test that sleeps, starts a process or opens a network connection fails and
+    says so: the unit tier stays what it promises even when the names in tests/tiers.py miss a use."""
+    if request.config.getoption("markexpr", "") != "unit":
+        yield
+        return
+    import socket
+    import subprocess
+    real_sleep = time.sleep
+    monkeypatch.setattr(time, "sleep", lambda s: real_sleep(s) if s <= 0 else _refuse(f"slept {s} s")())
+    monkeypatch.setattr(subprocess.Popen, "__init__", _refuse("started a process"))
+    monkeypatch.setattr(os, "fork", _refuse("forked"))
+    real_connect = socket.socket.connect
+
+    def connect(sock, address):
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            _refuse(f"connected to {address}")()
+        return real_connect(sock, address)
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    started = time.monotonic()
+    yield
+    config = item.config
+    config._tier_seconds[getattr(item, "_tier", "unit")] += time.monotonic() - started
+    config._tier_counts[getattr(item, "_tier", "unit")] += 1
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if not config._tier_counts:
+        return
+    terminalreporter.write_sep("-", "time per tier")
+    for tier in tiers.TIERS:
+        if config._tier_counts[tier]:
+            terminalreporter.write_line(f"{tier:8} {config._tier_counts[tier]:5d} tests "
+                                        f"{config._tier_seconds[tier]:8.1f} s")
 
 
 @pytest.fixture
