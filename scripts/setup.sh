@@ -2,8 +2,8 @@
 # Installs temperd's runtime dependencies from the distribution (the same packages the .deb
 # depends on) and the project itself, editable, into .venv. Debian/Ubuntu, as root.
 set -euo pipefail
+. "$(dirname "$0")/as-root.sh" "$@"
 cd "$(dirname "$0")/.."
-if [ "$(id -u)" != 0 ]; then echo "run as root (sudo bash $0)" >&2; exit 1; fi
 
 export DEBIAN_FRONTEND=noninteractive
 packages=(python3 python3-venv python3-pip python3-setuptools python3-click python3-psutil python3-prometheus-client

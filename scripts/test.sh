@@ -2,6 +2,7 @@
 # Sets up everything the test suite needs (real servers from Debian packages included) and runs it.
 # Extra arguments go to pytest.
 set -euo pipefail
+. "$(dirname "$0")/as-root.sh" "$@"
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh python3-pytest python3-hypothesis \
   memcached libmemcached-tools redis-server redis-tools postgresql mariadb-server mariadb-client \
