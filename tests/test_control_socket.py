@@ -24,6 +24,7 @@ from temperd.daemon.control import (BadReply, ControlServer, DaemonNotRunning, D
 from temperd.daemon.control_commands import ControlCommands
 from temperd.decide.matcher import MatchResult
 from temperd.sources.inventory import Inventory
+from thread_children import wait_for
 
 
 def _serve(tmp_path, monkeypatch, group: str):
@@ -165,7 +166,7 @@ def test_clients_beyond_the_cap_are_told_so(served):
         sock = socket.socket(socket.AF_UNIX)
         sock.connect(served.path)
         idle.append(sock)
-    time.sleep(0.3)
+    wait_for(lambda: served._server._active == 2, 5, "the server counting both idle clients")
     reply = request(served.path, "status", timeout=5)
     assert reply["ok"] is False and reply["error"].startswith("temperd is busy: 2 clients are connected")
     for sock in idle:
@@ -184,8 +185,10 @@ def test_clients_that_go_away_before_the_reply_are_no_error(served, caplog):
             sock.connect(served.path)
             sock.sendall(b'{"cmd": "status"}\n' * 50)
             sock.close()
-        time.sleep(0.5)
+        # Clients are accepted in turn: once this one is answered all twenty were, and once none
+        # is active every one of them was served to its end (and had its chance to log).
         assert request(served.path, "status", timeout=5)["ok"]
+        wait_for(lambda: served._server._active == 0, 10, "every client served to its end")
     assert [r for r in caplog.records if r.levelname in ("ERROR", "WARNING") or r.exc_info] == []
 
 

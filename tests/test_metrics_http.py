@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 
 from servers import free_port
+from thread_children import wait_for
 from temperd.backends.status import BackendStatus
 from temperd.observe.http import HttpApi
 from temperd.observe.linter import lint
@@ -301,8 +302,10 @@ def test_a_client_that_goes_away_early_is_no_error(caplog):
                 sock.sendall(b"GET /observe HTTP/1.0\r\n\r\n")
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 sock.close()  # RST
-            time.sleep(1.0)
+            # Connections are accepted in turn: once this one is answered all five were, and once
+            # none is open every one of them was served to its end (and had its chance to log).
             assert get(server.port, "/metrics")[0] == 200
+            wait_for(lambda: server._open == 0, 10, "every connection served to its end")
         assert [r for r in caplog.records if r.levelname in ("ERROR", "WARNING") or r.exc_info] == []
     finally:
         server.stop()
