@@ -3,6 +3,7 @@
 import importlib.abc
 import importlib.util
 import os
+import random
 import sys
 import time
 from collections import defaultdict
@@ -42,6 +43,12 @@ from driven import DrivenProcess  # noqa: E402
 from thread_children import Children  # noqa: E402
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shuffle", metavar="SEED", default=None,
+                     help="run the tests in an order shuffled by SEED (an integer, or 'random': "
+                          "the seed is printed): finds tests that pass only after another")
+
+
 def pytest_configure(config):
     config._tier_seconds = defaultdict(float)
     config._tier_counts = defaultdict(int)
@@ -67,7 +74,26 @@ def _fixture_names(item, reach):
     return names
 
 
+def _shuffle(config, items):
+    seed = config.getoption("shuffle")
+    if seed is None:
+        return
+    if seed == "random":
+        seed = str(random.SystemRandom().randrange(1 << 32))
+    if not seed.isdigit():
+        raise pytest.UsageError(f"--shuffle {seed}: expected an integer seed or 'random'")
+    config._shuffle_seed = seed
+    random.Random(int(seed)).shuffle(items)
+
+
+def pytest_report_header(config):
+    if config.getoption("shuffle") is not None:
+        return "tests shuffled: the seed is printed at the end (--shuffle SEED repeats the order)"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
+    _shuffle(config, items)
     reach = tiers.Reach(HERE)
     for item in items:
         path = str(getattr(item, "path", None) or item.fspath)
@@ -120,6 +146,8 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_terminal_summary(terminalreporter, config):
+    if getattr(config, "_shuffle_seed", None) is not None:
+        terminalreporter.write_line(f"tests shuffled with --shuffle {config._shuffle_seed}")
     if not config._tier_counts:
         return
     terminalreporter.write_sep("-", "time per tier")

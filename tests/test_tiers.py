@@ -91,3 +91,28 @@ def test_a_test_counts_under_its_heaviest_tier():
     assert tiers.tier_of({"slow", "servers", "root"}) == "servers"
     assert tiers.tier_of({"slow"}) == "slow"
     assert tiers.tier_of({"unit"}) == "unit"
+
+
+class _Config:
+    def __init__(self, seed):
+        self.seed = seed
+
+    def getoption(self, name):
+        assert name == "shuffle"
+        return self.seed
+
+
+def test_shuffle_repeats_its_order_for_a_seed_and_refuses_a_bad_one():
+    import pytest
+
+    import conftest
+
+    def order(seed):
+        items = list(range(50))
+        conftest._shuffle(_Config(seed), items)
+        return items
+
+    assert order("7") == order("7") != list(range(50)) and sorted(order("7")) == list(range(50))
+    assert order(None) == list(range(50))
+    with pytest.raises(pytest.UsageError, match="--shuffle x: expected an integer seed"):
+        order("x")
