@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Sets up everything the test suite needs (real servers from Debian packages included) and runs it.
-# Extra arguments go to pytest.
+# Sets up everything the test suite needs (real servers from Debian packages included) and runs it:
+# every tier; at the end the time each tier took and the slowest tests. Extra arguments go to pytest.
 set -euo pipefail
 . "$(dirname "$0")/as-root.sh" "$@"
 cd "$(dirname "$0")/.."
@@ -13,4 +13,4 @@ if ! .venv-ml/bin/python -c 'import onnxruntime, onnx, numpy' 2>/dev/null; then
   { /usr/bin/python3 -m venv .venv-ml && .venv-ml/bin/pip install -q --disable-pip-version-check onnxruntime onnx numpy; } ||
     echo "scripts/test.sh: onnxruntime from PyPI not installed: the ONNX Runtime training test will be skipped" >&2
 fi
-exec .venv/bin/python -m pytest -q -ra "$@"
+exec .venv/bin/python -m pytest -q -ra --durations=15 "$@"

