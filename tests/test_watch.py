@@ -7,6 +7,7 @@ import time
 import pytest
 
 from temperd.sources.watch import ConfigWatcher, CpuHotplugWatcher, Debouncer, is_config_edit
+from thread_children import wait_until
 
 UEVENT = "/sys/devices/system/cpu/cpu0/uevent"
 
@@ -29,7 +30,17 @@ def test_cpu_uevent_reaches_the_hotplug_watcher():
         watcher.stop()
 
 
-def test_config_edits_are_debounced_into_one_reload_within_half_a_second(tmp_path):
+def test_config_edits_are_debounced_into_one_reload_within_half_a_second(tmp_path, monkeypatch):
+    from temperd.sources import watch
+
+    judged = []  # (paths, edit?) of every event the watcher saw, in order
+    real_is_config_edit = watch.is_config_edit
+
+    def recording(event_type, is_directory, paths):
+        edit = real_is_config_edit(event_type, is_directory, paths)
+        judged.append((" ".join(str(p) for p in paths), edit))
+        return edit
+    monkeypatch.setattr(watch, "is_config_edit", recording)
     (tmp_path / "profiles.d").mkdir()
     calls = []
     watcher = ConfigWatcher(str(tmp_path), str(tmp_path / "profiles.d"), lambda: calls.append(time.monotonic()))
@@ -47,8 +58,10 @@ def test_config_edits_are_debounced_into_one_reload_within_half_a_second(tmp_pat
         assert len(calls) == 1
         assert calls[0] - start < 0.5
         (tmp_path / "notes.txt").write_text("not a toml file\n")
-        time.sleep(0.4)
-        assert len(calls) == 1, "non-TOML files do not trigger a reload"
+        (tmp_path / "profiles.d" / "b.toml").write_text("")  # its events come after notes.txt's
+        assert wait_until(lambda: any("b.toml" in paths for paths, _ in judged), 5)
+        notes = [edit for paths, edit in judged if "notes.txt" in paths]
+        assert notes and not any(notes), "non-TOML files do not trigger a reload"
     finally:
         watcher.stop()
 
@@ -58,7 +71,8 @@ def test_debouncer_runs_once_after_the_last_poke():
     debouncer = Debouncer(0.05, lambda: calls.append(1))
     for _ in range(10):
         debouncer.poke()
-    time.sleep(0.2)
+    # The last poke's timer is the only one left: once it has run, no other call can come.
+    assert wait_until(lambda: calls and not debouncer._timer.is_alive(), 5)
     assert calls == [1]
 
 
