@@ -287,7 +287,12 @@ def test_evaluation_counts_the_busy_workload_as_its_own_not_as_host_noise():
     pid = int(subprocess.run([sys.executable, "-c", launcher, spin], capture_output=True, text=True,
                              timeout=30).stdout)
     try:
-        time.sleep(0.3)
+        from thread_children import wait_for
+
+        def named():
+            with open(f"/proc/{pid}/comm") as handle:
+                return handle.read().strip() == "eval-spin"
+        wait_for(named, 10, "the workload started (named eval-spin)")
         request = Request(pid=pid, profile_text="", bench="sleep 0.2; echo v=1", metric=r"v=(\d)")
         spreads, runs = measure_arms(request, {WITHOUT: None, WITH: "profile"}, lambda *a: None, lambda pid: None)
     finally:
