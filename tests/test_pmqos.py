@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 from temperd.backends.native.pmqos import PmQos, encode
+from thread_children import wait_until
 
 
 def _fake_tree(root, cpus, value="0"):
@@ -117,11 +117,17 @@ def test_real_zero_bound_keeps_the_cpu_out_of_sleeping_idle_states(real_cpu1):
     qos = PmQos()
     qos.apply({1: 0})
     try:
+        # A state's usage counts on exit, and the bound does not wake a CPU already asleep: the
+        # sleep in progress at apply() is counted when it ends. Once CPU 1 has polled, it has ended.
+        applied = _idle_usage()
+        wait_until(lambda: _idle_usage().get("POLL", 0) > applied.get("POLL", 0), 5)
         start = _idle_usage()
-        time.sleep(0.3)
+        # CPU 1 went idle 20 times since (each time polling): 20 chances to enter a sleeping state.
+        went_idle = wait_until(lambda: _idle_usage().get("POLL", 0) - start.get("POLL", 0) >= 20, 5)
         during = _idle_usage()
     finally:
         qos.restore_all()
+    assert went_idle, f"CPU 1 did not poll 20 times in 5 s (idle in sleeping states instead?): {start} -> {during}"
     sleeping = {name: during[name] - start[name] for name in start if name != "POLL"}
     assert sleeping and all(delta == 0 for delta in sleeping.values()), sleeping
     assert qos.read(1) == real_cpu1
