@@ -38,9 +38,14 @@ def stress(*args: str):
 
 
 @pytest.mark.skipif(F.needs("stress-ng") is not None, reason=str(F.needs("stress-ng")))
-def test_fixtures_are_classified_with_reasons_naming_their_signals(tmp_path, io_dir):
+@pytest.mark.parametrize("spinners", [0, 2])
+def test_fixtures_are_classified_with_reasons_naming_their_signals(tmp_path, io_dir, spinners):
+    """All at once, and again with `spinners` CPU spinners beside them in a cgroup of their own
+    (not tracked): each class still comes from the fixture's own signals."""
     with F.cgroup_parent("temperd-classify") as make, F.temporary_swap("/var/tmp") as swap:
         compute, memory, io, sleeper, mix = (make(n) for n in ("compute", "memory", "io", "sleeper", "mix"))
+        if spinners:
+            make("spinners").spawn(stress("--cpu", str(spinners)))
         bound_by = memory.memory_bound(96 * 2**20)
         daemon = KnowledgeTemperd(tmp_path, f'[classify]\nwindow_s = {RUN_S:g}\n[rightsizing]\n'
                                              f'history_file = "{tmp_path}/history.json"\n'
@@ -67,7 +72,7 @@ def test_fixtures_are_classified_with_reasons_naming_their_signals(tmp_path, io_
     assert (c["compute"]["cpu"]["intensity"], c["compute"]["cpu"]["bound"]) == ("high", "compute")
     assert "util" in c["compute"]["classificationReason"] and "hot thread" in c["compute"]["classificationReason"]
     assert c["memory"]["cpu"]["bound"] == "memory", c["memory"]["classificationReason"]
-    assert "memory pressure" in c["memory"]["classificationReason"]
+    assert re.search(r"memory pressure|paging", c["memory"]["classificationReason"])
     assert c["io"]["cpu"]["bound"] == "io"
     assert re.search(r"io pressure|D state", c["io"]["classificationReason"])
     assert c["sleeper"]["cpu"]["intensity"] == "low"
@@ -81,3 +86,30 @@ def test_fixtures_are_classified_with_reasons_naming_their_signals(tmp_path, io_
     info = [line for line in metrics.splitlines() if line.startswith("temperd_workload_class_info{")]
     assert any(f'workload="{compute.path}"' in line and 'cpu_bound="compute"' in line for line in info)
     assert not any(re.search(r'pid\d', line) for line in info)  # labels name cgroups, never a pid
+
+
+@pytest.mark.skipif(F.needs("stress-ng") is not None, reason=str(F.needs("stress-ng")))
+def test_an_fsync_writer_in_another_cgroup_makes_no_fixture_io_bound(tmp_path, io_dir):
+    """A spinner and a sleeper, each in a cgroup of its own, while an fsync writer runs in a third
+    cgroup that temperd does not track: the host's io pressure is named as context, and the
+    classes come from the fixtures' own signals: the spinner compute/high, the sleeper low, not io."""
+    run_s = 30.0
+    with F.cgroup_parent("temperd-classify-alone") as make:
+        compute, sleeper, writer = make("compute"), make("sleeper"), make("writer")
+        daemon = KnowledgeTemperd(tmp_path, f'[classify]\nwindow_s = {run_s:g}\n[rightsizing]\n'
+                                             f'history_file = "{tmp_path}/history.json"\n' + bindings(compute, sleeper))
+        daemon.start()
+        try:
+            writer.spawn(stress("--hdd", "1", "--hdd-opts", "fsync", "--hdd-bytes", "4M", "--temp-path", io_dir))
+            compute.spawn(stress("--cpu", "1"))
+            sleeper.spawn([sys.executable, "-c", SLEEPER])
+            time.sleep(run_s)
+            got = daemon.ask("classify")
+            print(daemon.temperctl("classify").stdout)
+        finally:
+            daemon.stop()
+    spinner, resting = got[compute.path], got[sleeper.path]
+    print("\n" + spinner["classificationReason"] + "\n" + resting["classificationReason"])
+    assert (spinner["cpu"]["intensity"], spinner["cpu"]["bound"]) == ("high", "compute"), spinner["classificationReason"]
+    assert resting["cpu"]["intensity"] == "low" and resting["cpu"]["bound"] != "io", resting["classificationReason"]
+    assert "(paging)" not in resting["classificationReason"]

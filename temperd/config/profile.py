@@ -61,7 +61,8 @@ TRAITS_SPEC = TableSpec(
         "cpu_bound": Spec("str", "The dominant constraint on its CPU use.", choices=("compute", "memory", "io", "mixed")),
         "cpu_cap_sensitivity": Spec("str", "Slowdown under CPU frequency or quota caps.", choices=LEVELS),
         "gpu_intensity": Spec("str", "How much GPU the workload uses.", choices=LEVELS + ("none",)),
-        "gpu_bound": Spec("str", "The dominant constraint on its GPU use.", choices=("compute", "memory", "mixed", "none")),
+        "gpu_bound": Spec("str", "The dominant constraint on its GPU use (input: the GPU waits for the CPUs that feed it).",
+                      choices=("compute", "memory", "input", "mixed", "none")),
         "gpu_cap_sensitivity": Spec("str", "Slowdown under GPU power caps.", choices=LEVELS + ("none",)),
     },
 )

@@ -73,6 +73,9 @@ class Workload:
     cgroup: Optional[str]
     pids: Tuple[int, ...]
     threads: Tuple[ThreadMatch, ...]
+    # What makes this instance itself: the command line (executable and arguments) of its root
+    # process, as `ps` shows it; what tells two hand-started instances of one profile apart.
+    instance: str = ""
 
     def members(self, group: str) -> Tuple[int, ...]:
         return self._members_by_group.get(group, ())
@@ -334,6 +337,7 @@ class Matcher:
             cgroup=cgroup,
             pids=tuple(p.pid for p in procs),
             threads=tuple(sorted(threads, key=lambda t: t.tid)),
+            instance=_instance(procs),
         )
 
     def _budget(self, binding: Optional[Binding], cgroup: Optional[str]) -> Tuple[Optional[float], str]:
@@ -389,6 +393,13 @@ class Matcher:
                     out[tid] = ThreadMatch(tid, proc.pid, match.comm, None,
                                            f"{match.reason}; {treatment[match.group]} not granted: {distrust}")
         return list(out.values())
+
+
+def _instance(procs: Sequence) -> str:
+    """The command line of the workload's root process (the one whose parent is not in it)."""
+    pids = {p.pid for p in procs}
+    root = next((p for p in procs if p.ppid not in pids), procs[0])
+    return _cmdline_text(root) or root.exe or root.name
 
 
 def _reusable(procs: Sequence, profile: Optional[Profile]) -> bool:

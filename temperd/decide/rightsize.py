@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from temperd.decide.classify import HOT_THREAD_CPUS
+from temperd.decide.classify import HOT_THREAD_CPUS, InputBound
 
 CONFIDENT_HISTORY_S = 24 * 3600.0  # a day of history: full confidence
 CONFIDENCE_UNIT_S = 60.0
@@ -72,6 +72,8 @@ class Recommendation:
     reason: str
     per_container_cpus: float  # the container-average view (p90 x (1 + margin)), for contrast
     groups: Tuple[Dict[str, object], ...] = ()
+    profile: Optional[str] = None  # the profile it matched, named beside its label
+    input_bound: Optional[Dict[str, object]] = None  # its GPU waits for its input workers (classify.InputBound)
 
     def as_json(self) -> Dict[str, object]:
         return asdict(self)
@@ -90,9 +92,11 @@ def _cpus(value: float) -> float:
     return round(value, 2)
 
 
-def rightsize(usage: UsageSummary, declared: Declared, margin: float) -> Recommendation:
+def rightsize(usage: UsageSummary, declared: Declared, margin: float, profile: Optional[str] = None,
+              input_bound: Optional[InputBound] = None) -> Recommendation:
     """The recommendation for one workload (module docstring). Savings: declared - needed where
-    something is declared; risk where declared < needed, with the throttling counted so far."""
+    something is declared; risk where declared < needed, with the throttling counted so far.
+    input_bound: its GPU waits for its input workers (from its classification): said first."""
     hot = sorted((t for t in usage.threads if t.p95 >= HOT_THREAD_CPUS), key=lambda t: (-t.p95, t.tid))
     exclusive = len(hot)
     shared = _cpus(usage.rest_p95 * (1 + margin))
@@ -107,7 +111,7 @@ def rightsize(usage: UsageSummary, declared: Declared, margin: float) -> Recomme
             risk += f": throttled in {throttled} of {periods} periods (nr_throttled), {seconds:.1f} s"
         if exclusive:
             risk += f"; its {exclusive} hot thread(s) stall while the quota is spent"
-    parts: List[str] = []
+    parts: List[str] = [input_bound.text] if input_bound is not None else []
     for t in hot:
         parts.append(f"thread {t.comm!r} (tid {t.tid}{', group ' + t.group if t.group else ''}) p95 {t.p95:.2f} CPU "
                      f">= {HOT_THREAD_CPUS}: a core of its own")
@@ -132,4 +136,5 @@ def rightsize(usage: UsageSummary, declared: Declared, margin: float) -> Recomme
         hot_threads=tuple({"tid": t.tid, "comm": t.comm, "group": t.group, "p95_cpus": _cpus(t.p95),
                            "p50_cpus": _cpus(t.p50)} for t in hot),
         savings_cpus=savings, risk=risk, confidence=history_confidence(usage.history_s), reason="; ".join(parts),
-        per_container_cpus=per_container, groups=groups)
+        per_container_cpus=per_container, groups=groups, profile=profile,
+        input_bound=input_bound.as_json() if input_bound is not None else None)

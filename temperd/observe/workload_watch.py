@@ -15,8 +15,10 @@ Which threads are kept is decided anew every RERANK_S from every thread's runtim
 processes that ran meanwhile. A thread's usage is what it wants (wanted_cpus): its on-CPU time as
 a share of the time it was not kept waiting on a runqueue or by its quota, at most one CPU.
 
-Workloads are named by their unit, else the cgroup of their binding, else their profile (no pid:
-labels stay bounded and histories outlive processes); two that would share a name get #2, #3.
+Workloads are named by observe/workload_labels.py (unit, binding, own cgroup, else profile and
+instance: no pid, so labels stay bounded and histories outlive processes). Whether a workload's
+cgroup is its own (no other process in it) is read from its cgroup.procs every SNAPSHOT_S: only
+then is that cgroup's pressure the workload's own signal.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ from temperd.decide.rightsize import Declared, Recommendation, rightsize
 from temperd.observe import workload_window as W
 from temperd.observe.metrics import KnowledgeMetrics
 from temperd.observe.usage_history import ThreadSample, UsageHistory
+from temperd.observe.workload_labels import workload_labels
 from temperd.plan import EXCLUSIVE
 from temperd.sources import cgroups, perf, psi, rapl
 from temperd.sources.delayacct import delayacct_state
-from temperd.sources.nvml import gpu_state
+from temperd.sources import nvml
 from temperd.sources.proc_io import read_process_io
 from temperd.sources.runqlat import read_schedstat3
 from temperd.sources.shape import parse_cpulist
@@ -98,6 +101,7 @@ class _Tracked:
     sampled_at: Optional[float] = None  # time of the last sample
     unchanged_since: Optional[float] = None  # first sample of the current run that found its cgroup unchanged
     psi_missing: str = ""
+    psi_scope: str = ""  # "cgroup /x (its own)": where its pressure was read, for the reason
 
     @property
     def resting(self) -> bool:
@@ -114,22 +118,6 @@ def wanted_cpus(ran_s: float, waited_s: float, interval_s: float) -> float:
     return min(1.0, ran_s / free) if free > 0 else 0.0
 
 
-def workload_labels(workloads: Sequence) -> Dict[str, str]:
-    """workload key -> its label (module docstring)."""
-    out: Dict[str, str] = {}
-    taken: Dict[str, int] = {}
-    for w in sorted(workloads, key=lambda w: w.key):
-        if w.unit:
-            base = w.unit
-        elif w.source == "binding" and w.cgroup:
-            base = w.cgroup
-        else:
-            base = w.profile_id or f"tier-{w.tier}"
-        taken[base] = taken.get(base, 0) + 1
-        out[w.key] = base if taken[base] == 1 else f"{base}#{taken[base]}"
-    return out
-
-
 class WorkloadWatch:
     def __init__(self, settings: KnowledgeSettings, host_cpus: int,
                  current: Callable[[], Tuple[Sequence, object, Mapping[str, object]]],
@@ -144,6 +132,7 @@ class WorkloadWatch:
         self.lock = threading.Lock()  # the history and tracked state, between this thread and readers
         self.tracked: Dict[str, _Tracked] = {}
         self._labels: Dict[str, str] = {}
+        self._cgroup_members: Dict[str, Tuple[float, Optional[frozenset]]] = {}  # cgroup -> (read at, its procs)
         self._workloads: Dict[str, object] = {}
         self._plan = None
         self._profiles: Mapping[str, object] = {}
@@ -159,7 +148,8 @@ class WorkloadWatch:
         self.history_bytes = 0
         self.static_missing = self._static_missing()
         self.delayacct = delayacct_state()[0]
-        self.gpu_present = gpu_state()[0]
+        self.gpu_present = nvml.gpu_state()[0]
+        self._gpu: Optional[nvml.NvmlReader] = None  # opened at start() where a GPU is present
 
     @staticmethod
     def _static_missing() -> Dict[str, str]:
@@ -172,8 +162,9 @@ class WorkloadWatch:
         energy, why = rapl.read_energy()
         if energy is None:
             missing["rapl"] = why
-        present, why = gpu_state()
-        missing["nvml"] = why
+        present, why = nvml.gpu_state()
+        if not present:
+            missing["nvml"] = why
         return missing
 
     # ---- the thread -----------------------------------------------------------------------------
@@ -183,6 +174,11 @@ class WorkloadWatch:
         self.history.load()
 
     def start(self) -> None:
+        if self.gpu_present:
+            self._gpu, why = nvml.open_reader()
+            if self._gpu is None:
+                self.static_missing["nvml"] = why
+                log.warning("GPU use not measured: %s", why)
         self._thread = threading.Thread(target=self._run, name="usage", daemon=True)
         self._thread.start()
 
@@ -190,6 +186,8 @@ class WorkloadWatch:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._gpu is not None:
+            self._gpu.close()
         self.save()
 
     def save(self) -> None:
@@ -240,7 +238,7 @@ class WorkloadWatch:
         started = time.thread_time()
         workloads, plan, profiles = self.current()
         with self.lock:
-            self._labels = workload_labels(workloads)
+            self._labels = workload_labels(workloads, lambda w: self._own_cgroup(w, now))
             self._workloads = {w.key: w for w in workloads}
             self._plan, self._profiles = plan, profiles
             live = set()
@@ -254,12 +252,15 @@ class WorkloadWatch:
             for label in list(self.tracked):
                 if label not in live:
                     del self.tracked[label]
+            cgroups_now = {w.cgroup for w in workloads}
+            self._cgroup_members = {c: v for c, v in self._cgroup_members.items() if c in cgroups_now}
             snapshot_due = now >= self._next_snapshot
             if snapshot_due:
                 self._next_snapshot = now + SNAPSHOT_S
                 host_pressure = psi.host_pressure()
+                gpu = self._read_gpu()
                 for w in workloads:
-                    self._snapshot(self.tracked[self._labels[w.key]], w, now, host_pressure)
+                    self._snapshot(self.tracked[self._labels[w.key]], w, now, host_pressure, gpu)
         metrics_due = snapshot_due and now >= self._next_metrics
         if metrics_due and self.metrics is not None:
             self._next_metrics = now + METRICS_EVERY_S
@@ -268,6 +269,28 @@ class WorkloadWatch:
         self.last_sample_cpu_s = time.thread_time() - started
         self.cpu_s_total += self.last_sample_cpu_s
         self.samples += 1
+
+    def _read_gpu(self) -> Optional[nvml.GpuReading]:
+        if self._gpu is None:
+            return None
+        try:
+            return self._gpu.read()
+        except nvml.NvmlError as exc:  # a GPU fallen off the bus: say so once, stop asking
+            log.warning("GPU use no longer measured: %s", exc)
+            self.static_missing["nvml"] = f"NVML failed: {exc}"
+            self._gpu = None
+            return None
+
+    def _own_cgroup(self, w, now: float) -> bool:
+        """Whether no process outside w is in w's cgroup (read again every SNAPSHOT_S); the root
+        cgroup is everyone's."""
+        if not w.cgroup or w.cgroup == "/":
+            return False
+        read_at, members = self._cgroup_members.get(w.cgroup, (None, None))
+        if read_at is None or now - read_at >= SNAPSHOT_S or now < read_at:
+            members = cgroups.procs(w.cgroup)
+            self._cgroup_members[w.cgroup] = (now, members)
+        return members is not None and bool(members) and members <= set(w.pids)
 
     def _sample_workload(self, t: _Tracked, w, now: float) -> None:
         # Its own cgroup's CPU time unchanged and the same processes: nothing ran, nothing to read
@@ -337,7 +360,7 @@ class WorkloadWatch:
                 thread.run_ns, thread.wait_ns, thread.blkio_ticks = sched[0], sched[1], task.blkio_ticks
                 thread.comm = task.comm  # a thread names itself after it starts
                 thread.read_at, thread.seen = read_at, True
-                totals = t.counters.threads.setdefault(tid, W.ThreadTotals())
+                totals = t.counters.threads.setdefault(tid, W.ThreadTotals(pid=thread.pid))
                 totals.samples += 1
                 if task.state in SLEEPING:
                     t.counters.sleep_samples += 1
@@ -386,7 +409,7 @@ class WorkloadWatch:
         t.reranked_at = now
         t.counters.threads = {tid: v for tid, v in t.counters.threads.items() if tid in groups}
 
-    def _snapshot(self, t: _Tracked, w, now: float, host_pressure) -> None:
+    def _snapshot(self, t: _Tracked, w, now: float, host_pressure, gpu: Optional[nvml.GpuReading]) -> None:
         readable = False
         for pid in w.pids:
             io = read_process_io(pid)
@@ -398,11 +421,17 @@ class WorkloadWatch:
                 t.counters.io_bytes += max(0, io.storage_bytes - proc.io)
             proc.io = io.storage_bytes
         t.counters.io_readable = readable
-        pressure = psi.cgroup_pressure(w.cgroup) if w.cgroup else {}
-        t.psi_missing = "" if pressure else f"no pressure files for cgroup {w.cgroup or '-'}"
+        own = self._own_cgroup(w, now)
+        # The root cgroup's pressure files are the host's: read once, as host pressure.
+        pressure = psi.cgroup_pressure(w.cgroup) if w.cgroup and w.cgroup != "/" else {}
+        t.psi_missing = ("" if pressure else "in the root cgroup: no pressure of its own" if w.cgroup == "/"
+                         else f"no pressure files for cgroup {w.cgroup or '-'}")
+        t.psi_scope = f"cgroup {w.cgroup or '-'} ({'its own' if own else 'shared with other processes'})"
         energy = rapl.read_energy()[0] if "rapl" not in self.static_missing else None
         memory = cgroups.memory_use(w.cgroup) if w.cgroup else None
-        t.window.add(W.snapshot(now, t.counters, pressure, host_pressure, memory, energy), self.settings.window_s)
+        used = nvml.workload_gpu(gpu, w.pids) if gpu is not None else None
+        t.window.add(W.snapshot(now, t.counters, pressure, host_pressure, memory, energy, own, used),
+                     self.settings.window_s)
 
     # ---- what readers ask -------------------------------------------------------------------------
 
@@ -412,6 +441,12 @@ class WorkloadWatch:
                 "sample_cpu_s_total": round(self.cpu_s_total, 6), "last_sample_cpu_s": round(self.last_sample_cpu_s, 6),
                 "history_file": self.history.path, "history_bytes": self.history_bytes,
                 "history": self.history.loaded_from}
+
+    def _capacity(self, w) -> int:
+        """The CPUs its threads may run on: the host's, or fewer where its cgroup's cpuset says so."""
+        cpuset = cgroups.cpuset_cpus(w.cgroup) if w.cgroup else None
+        count = len(parse_cpulist(cpuset)) if cpuset else 0
+        return count if 0 < count < self.host_cpus else self.host_cpus
 
     def _declared(self, w) -> Declared:
         throttled = cgroups.throttling(w.cgroup) if w.cgroup else None
@@ -442,22 +477,23 @@ class WorkloadWatch:
             out.append((self._labels[key], w))
         return out
 
+    def _classify(self, label: str, w) -> Optional[Classification]:
+        t = self.tracked.get(label)
+        if t is None:
+            return None
+        declared = self._declared(w).cpus
+        missing = dict(self.static_missing)
+        if t.psi_missing:
+            missing["psi"] = t.psi_missing
+        return classify(W.signals(label, t.window, window_goal_s=self.settings.window_s, tier=w.tier,
+                                  capacity_limit=min(declared or self.host_cpus, self.host_cpus),
+                                  hints=self._hints(w), missing=missing, delayacct=self.delayacct,
+                                  gpu_present=self.gpu_present, psi_scope=t.psi_scope, host_cpus=self._capacity(w)),
+                        profile=w.profile_id)
+
     def classifications(self, pid: Optional[int] = None, unit: Optional[str] = None) -> List[Classification]:
         with self.lock:
-            out = []
-            for label, w in self._select(pid, unit):
-                t = self.tracked.get(label)
-                if t is None:
-                    continue
-                declared = self._declared(w).cpus
-                missing = dict(self.static_missing)
-                if t.psi_missing:
-                    missing["psi"] = t.psi_missing
-                out.append(classify(W.signals(label, t.window, window_goal_s=self.settings.window_s, tier=w.tier,
-                                              capacity_limit=min(declared or self.host_cpus, self.host_cpus),
-                                              hints=self._hints(w), missing=missing, delayacct=self.delayacct,
-                                              gpu_present=self.gpu_present)))
-            return out
+            return [c for c in (self._classify(label, w) for label, w in self._select(pid, unit)) if c is not None]
 
     def recommendations(self, pid: Optional[int] = None, unit: Optional[str] = None) -> List[Recommendation]:
         with self.lock:
@@ -465,5 +501,8 @@ class WorkloadWatch:
             for label, w in self._select(pid, unit):
                 if label not in self.history.workloads:
                     continue
-                out.append(rightsize(self.history.workloads[label].summary(), self._declared(w), self.settings.margin))
+                classified = self._classify(label, w) if self.gpu_present else None
+                out.append(rightsize(self.history.workloads[label].summary(), self._declared(w), self.settings.margin,
+                                     profile=w.profile_id,
+                                     input_bound=classified.input_bound if classified is not None else None))
             return out

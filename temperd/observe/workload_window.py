@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Deque, Dict, Mapping, Optional, Tuple
 
 from temperd.decide import classify as C
+from temperd.sources.nvml import WorkloadGpu
 from temperd.sources.psi import PressureTotals
 from temperd.sources.rapl import Energy
 from temperd.sources.task_counters import CLOCK_TICKS
@@ -23,6 +24,7 @@ class ThreadTotals:
     demand_s: float = 0.0  # CPU-seconds wanted (workload_watch.wanted_cpus x interval)
     d_samples: int = 0
     samples: int = 0
+    pid: int = 0  # its process
 
 
 @dataclass
@@ -46,7 +48,7 @@ class Snapshot:
     at: float
     demand_s: float
     used_s: float
-    threads: Mapping[int, Tuple[float, int, int]]  # tid -> (demand_s, d_samples, samples)
+    threads: Mapping[int, Tuple[float, int, int, int]]  # tid -> (demand_s, d_samples, samples, pid)
     sleep_samples: int
     d_samples: int
     blkio_ticks: int
@@ -58,12 +60,16 @@ class Snapshot:
     energy: Optional[Energy]
     io_readable: bool
     sampled: bool
+    psi_own: bool = False  # psi is of a cgroup no other process shares (else: context only)
+    gpu: Optional[WorkloadGpu] = None  # its processes' GPU use since the previous snapshot
 
 
-def snapshot(at: float, c: Counters, psi, host_psi, memory, energy) -> Snapshot:
-    return Snapshot(at, c.demand_s, c.used_s, {tid: (t.demand_s, t.d_samples, t.samples) for tid, t in c.threads.items()},
+def snapshot(at: float, c: Counters, psi, host_psi, memory, energy, psi_own: bool = False,
+             gpu: Optional[WorkloadGpu] = None) -> Snapshot:
+    return Snapshot(at, c.demand_s, c.used_s,
+                    {tid: (t.demand_s, t.d_samples, t.samples, t.pid) for tid, t in c.threads.items()},
                     c.sleep_samples, c.d_samples, c.blkio_ticks, c.io_bytes, c.major_faults, dict(psi), dict(host_psi),
-                    memory, energy, c.io_readable, c.sampled)
+                    memory, energy, c.io_readable, c.sampled, psi_own, gpu)
 
 
 class Window:
@@ -100,14 +106,17 @@ def _pressure_pct(first: Mapping[str, PressureTotals], last: Mapping[str, Pressu
 
 
 def signals(label: str, window: Window, *, window_goal_s: float, tier: str, capacity_limit: float,
-            hints: C.Hints, missing: Mapping[str, str], delayacct: bool, gpu_present: bool) -> C.WorkloadSignals:
+            hints: C.Hints, missing: Mapping[str, str], delayacct: bool, gpu_present: bool,
+            psi_scope: str = "", host_cpus: Optional[float] = None) -> C.WorkloadSignals:
     """The window's WorkloadSignals; measured is empty until two snapshots exist.
 
-    capacity_limit: the declared CPUs where something is declared, else the host's CPUs."""
+    capacity_limit: the declared CPUs where something is declared, else the host's CPUs. The
+    cgroup's pressure is the workload's own (PSI_*) only where no snapshot of the window found its
+    cgroup shared; else it is context (SHARED_PSI_*). psi_scope names that cgroup for the reason."""
     span = window.span(window_goal_s)
     missing = dict(missing)
     if span is None:
-        return C.WorkloadSignals(label, 0.0, window_goal_s, tier, {}, (), missing, hints, gpu_present)
+        return C.WorkloadSignals(label, 0.0, window_goal_s, tier, {}, (), missing, hints, gpu_present, psi_scope)
     first, last = span
     seconds = last.at - first.at
     m: Dict[str, float] = {}
@@ -117,11 +126,13 @@ def signals(label: str, window: Window, *, window_goal_s: float, tier: str, capa
         m[C.CPU_DEMAND] = (last.demand_s - first.demand_s) / seconds
         m[C.CPU_USED] = (last.used_s - first.used_s) / seconds
         averages = {}
-        for tid, (demand_s, d_samples, samples) in last.threads.items():
-            before = first.threads.get(tid, (0.0, 0, 0))
+        by_process: Dict[int, float] = {}
+        for tid, (demand_s, d_samples, samples, pid) in last.threads.items():
+            before = first.threads.get(tid, (0.0, 0, 0, pid))
             n = samples - before[2]
             stalled = (d_samples - before[1]) / n if n else 0.0
             averages[tid] = ((demand_s - before[0]) / seconds, stalled)
+            by_process[pid] = by_process.get(pid, 0.0) + averages[tid][0]
         active = sum(1 for cpus, _ in averages.values() if cpus >= ACTIVE_THREAD_CPUS)
         attributed = sum(cpus for cpus, _ in averages.values())
         if m[C.CPU_DEMAND] - attributed >= ACTIVE_THREAD_CPUS:
@@ -130,16 +141,21 @@ def signals(label: str, window: Window, *, window_goal_s: float, tier: str, capa
         m[C.HOT_THREADS] = float(sum(1 for cpus, stalled in averages.values()
                                      if cpus >= C.HOT_THREAD_CPUS and stalled < STALLED_THREAD_SHARE))
         m[C.BUSIEST_THREAD] = max((cpus for cpus, _ in averages.values()), default=0.0)
+        _gpu_signals(window, first, last, by_process, m, sources)
     else:
         missing["schedstat"] = "no usage samples yet"
-    for resource, name, full in (("cpu", C.PSI_CPU, False), ("memory", C.PSI_MEMORY, False),
-                                 ("memory", C.PSI_MEMORY_FULL, True), ("io", C.PSI_IO, False),
-                                 ("io", C.PSI_IO_FULL, True)):
+    own = first.psi_own and last.psi_own
+    for resource, name, shared, full in (
+            ("cpu", C.PSI_CPU, C.SHARED_PSI_CPU, False), ("memory", C.PSI_MEMORY, C.SHARED_PSI_MEMORY, False),
+            ("memory", C.PSI_MEMORY_FULL, None, True), ("io", C.PSI_IO, C.SHARED_PSI_IO, False),
+            ("io", C.PSI_IO_FULL, None, True)):
         value = _pressure_pct(first.psi, last.psi, resource, seconds, full)
-        if value is not None:
-            m[name] = value
+        if value is not None and (own or shared is not None):
+            m[name if own else shared] = value
     if C.PSI_CPU in m or C.PSI_MEMORY in m:
         sources.append("psi")
+    elif first.psi and last.psi:
+        missing["psi"] = f"{psi_scope or 'its cgroup'}: pressure there is not the workload's own"
     for resource, name in (("cpu", C.HOST_PSI_CPU), ("memory", C.HOST_PSI_MEMORY), ("io", C.HOST_PSI_IO)):
         value = _pressure_pct(first.host_psi, last.host_psi, resource, seconds)
         if value is not None:
@@ -155,6 +171,8 @@ def signals(label: str, window: Window, *, window_goal_s: float, tier: str, capa
     if delayacct:
         sources.append("delayacct")
         m[C.BLKIO_DELAY] = min(100.0, (last.blkio_ticks - first.blkio_ticks) / CLOCK_TICKS / seconds * 100.0)
+    if host_cpus is not None:
+        m[C.HOST_CPUS] = float(host_cpus)
     if last.memory is not None and last.memory[1]:
         m[C.MEMORY_USE] = last.memory[0] / last.memory[1]
     if first.energy is not None and last.energy is not None:
@@ -163,7 +181,24 @@ def signals(label: str, window: Window, *, window_goal_s: float, tier: str, capa
             sources.append("rapl")
             m[C.RAPL_DRAM_RATIO] = _energy_delta(first.energy.dram_uj, last.energy.dram_uj, last.energy.max_uj) / package
     return C.WorkloadSignals(label, seconds, window_goal_s, tier, {k: round(v, 6) for k, v in m.items()},
-                             tuple(sources), {k: v for k, v in missing.items() if k not in sources}, hints, gpu_present)
+                             tuple(sources), {k: v for k, v in missing.items() if k not in sources}, hints, gpu_present,
+                             psi_scope)
+
+
+def _gpu_signals(window: Window, first: Snapshot, last: Snapshot, by_process: Mapping[int, float],
+                 m: Dict[str, float], sources: list) -> None:
+    """Its processes' GPU use, averaged over the window's readings, and the CPUs wanted by its
+    processes that hold no GPU (the input workers that feed the ones that do)."""
+    readings = [s.gpu for s in window.snapshots if first.at < s.at <= last.at and s.gpu is not None]
+    if not readings:
+        return
+    sources.append("nvml")
+    m[C.GPU_UTIL] = sum(g.util_pct for g in readings) / len(readings)
+    m[C.GPU_MEMORY_UTIL] = sum(g.memory_util_pct for g in readings) / len(readings)
+    holders = set().union(*(g.pids for g in readings))
+    workers = [cpus for pid, cpus in by_process.items() if pid not in holders and cpus >= C.INPUT_WORKER_ACTIVE_CPUS]
+    m[C.INPUT_WORKERS] = float(len(workers))
+    m[C.INPUT_WORKER_CPUS] = sum(workers)
 
 
 def _energy_delta(before: int, after: int, wrap: int) -> float:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple
+from typing import FrozenSet, Optional, Tuple
 
 from temperd.files import read_stripped
 
@@ -123,3 +123,15 @@ def cpu_usage_us(cgroup: str, root: str = CGROUP_ROOT) -> Optional[int]:
     if directory is None:
         return None
     return _keyed(read_stripped(os.path.join(directory, "cpu.stat"))).get("usage_usec")
+
+
+def procs(cgroup: str, root: str = CGROUP_ROOT) -> Optional[FrozenSet[int]]:
+    """The processes in a cgroup v2 cgroup itself (cgroup.procs, not its children); None where the
+    cgroup v2 tree has no such cgroup."""
+    directory = v2_dir(cgroup, root)
+    if directory is None:
+        return None
+    text = read_stripped(os.path.join(directory, "cgroup.procs"))
+    if text is None:
+        return None
+    return frozenset(int(line) for line in text.split() if line.isdigit())
