@@ -91,10 +91,10 @@ def test_binding_raises_nothing_for_an_untrusted_process(temperd, tmp_path):
         wait_for(lambda: temperd.temperctl("explain", str(user.pid)).returncode == 0, 10, "the process known")
         out = temperd.temperctl("bind", "--pid", str(user.pid), "--profile", str(profile))
         assert out.returncode == 0, out.stderr
-        time.sleep(1.0)
+        # explain answers from the plan in force: once it says "not granted" the binding was applied
+        wait_for(lambda: "not granted" in temperd.temperctl("explain", str(user.pid)).stdout, 10,
+                 "the binding applied, its raise not granted")
         assert task_stat(user.pid, user.pid)["nice"] == 0  # latency (nice -3) is not granted
-        explain = temperd.temperctl("explain", str(user.pid))
-        assert "not granted" in explain.stdout
     finally:
         user.kill()
         user.wait()

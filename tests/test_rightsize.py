@@ -4,10 +4,12 @@ remainder is shared, the per-container figure stays beside it; the history decay
 and survives a save and load."""
 
 import json
+import subprocess
 import sys
 import time
 
 import cgroup_fixtures as F
+from thread_children import read_json_line
 
 from temperd.config.daemon_config import KnowledgeSettings
 from temperd.decide.matcher import Workload
@@ -123,6 +125,10 @@ def test_the_usage_thread_samples_each_interval_only_while_a_workload_is_tracked
     assert watch._next_wait_s() == settings.sample_interval_s
 
 
+# Says so once its start-up is behind it, then sleeps.
+SLEEPER = "import time; print('{}', flush=True); time.sleep(120)"
+
+
 def _workload_in(cgroup, pids):
     return Workload(key="resting.service", profile_id=None, tier="standard", budget=None, budget_reason="",
                     source="binding", reason="test", unit="resting.service", cgroup=cgroup.path, pids=tuple(pids), threads=())
@@ -135,8 +141,8 @@ def test_a_workload_idle_for_30_s_is_looked_at_every_5_s_and_each_look_counts_th
     settings = KnowledgeSettings(history_file=str(tmp_path / "history.json"))
     with F.cgroup_parent("temperd-test-resting") as make:
         cgroup = make("app")
-        sleeper = cgroup.spawn([sys.executable, "-c", "import time; time.sleep(120)"])
-        time.sleep(0.5)  # its start-up CPU is behind it
+        sleeper = cgroup.spawn([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE)
+        read_json_line(sleeper, 10)  # its start-up CPU is behind it
         workload = _workload_in(cgroup, [sleeper.pid])
         watch = WorkloadWatch(settings, 2, lambda: ((workload,), None, {}))
         history = watch.history.of("resting.service")
@@ -172,8 +178,8 @@ def test_a_workload_that_runs_every_few_seconds_never_rests(tmp_path):
     settings = KnowledgeSettings(history_file=str(tmp_path / "history.json"))
     with F.cgroup_parent("temperd-test-bursty") as make:
         cgroup = make("app")
-        sleeper = cgroup.spawn([sys.executable, "-c", "import time; time.sleep(120)"])
-        time.sleep(0.5)
+        sleeper = cgroup.spawn([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE)
+        read_json_line(sleeper, 10)
         watch = WorkloadWatch(settings, 2, lambda: ((_workload_in(cgroup, [sleeper.pid]),), None, {}))
         now = 1_000.0
         for second in range(int(workload_watch.RESTING_AFTER_S) * 2):

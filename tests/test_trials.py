@@ -98,7 +98,7 @@ def test_foreign_cpu_is_what_processes_outside_ours_used():
     try:
         assert T.wait_until(lambda: (T.read_proc_cpu(orphan) or T.ProcCpu(0, "", 0, False, 0)).comm.startswith("python"), 5)
         before = T.all_proc_cpu()
-        time.sleep(0.5)
+        assert T.wait_until(lambda: T.read_proc_cpu(orphan).cpu_ticks - before[orphan].cpu_ticks >= 10, 5)
         after = T.all_proc_cpu()
     finally:
         ours.kill()

@@ -164,6 +164,17 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
+def ticks_used_until(pids, total: int, timeout: float = 10.0) -> Dict[int, int]:
+    """CPU ticks each process used from now until together they used `total`: a measuring window
+    that ends on what ran, not on the clock, so a crowded host makes it longer, never thinner."""
+    start = {pid: cpu_ticks(pid) for pid in pids}
+
+    def used() -> Dict[int, int]:
+        return {pid: cpu_ticks(pid) - start[pid] for pid in pids}
+    wait_for(lambda: sum(used().values()) >= total, timeout, f"{total} ticks of CPU used by {sorted(pids)}")
+    return used()
+
+
 def wait_until(predicate, timeout_s: float = 5.0, step_s: float = 0.02) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
