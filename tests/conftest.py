@@ -49,9 +49,32 @@ def pytest_addoption(parser):
                           "the seed is printed): finds tests that pass only after another")
 
 
+def _online_cpus():
+    with open("/sys/devices/system/cpu/online") as handle:
+        text = handle.read().strip()
+    cpus = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
 def pytest_configure(config):
+    # Tests compare affinities with "every CPU". A test process started from a shell that a running
+    # temperd confined (its exclusive cores fence other threads out) inherits that confinement:
+    # widen it back, and say so in the header.
+    config._confined = None
+    own, online = os.sched_getaffinity(0), _online_cpus()
+    if own != online:
+        try:
+            os.sched_setaffinity(0, online)
+            config._confined = (f"the test process was confined to CPUs {sorted(own)} (inherited: does a "
+                                f"temperd run on this host?); widened to {sorted(online)}")
+        except OSError as exc:
+            config._confined = f"the test process is confined to CPUs {sorted(own)}: {exc}"
     config._tier_seconds = defaultdict(float)
     config._tier_counts = defaultdict(int)
+    config._leaked = []
 
 
 def _reach_roots(item):
@@ -87,9 +110,12 @@ def _shuffle(config, items):
 
 
 def pytest_report_header(config):
+    lines = []
     if config.getoption("shuffle") is not None:
-        return "tests shuffled: the seed is printed at the end (--shuffle SEED repeats the order)"
-    return None
+        lines.append("tests shuffled: the seed is printed at the end (--shuffle SEED repeats the order)")
+    if config._confined:
+        lines.append(config._confined)
+    return lines
 
 
 def pytest_collection_modifyitems(config, items):
@@ -136,16 +162,43 @@ def _unit_tier_guard(request, monkeypatch):
     yield
 
 
+def _own_scheduling():
+    """This process's main-thread affinity, policy and nice: what every child it starts inherits."""
+    return os.sched_getaffinity(0), os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def _put_back(scheduling):
+    affinity, policy, nice = scheduling
+    for step in (lambda: os.sched_setaffinity(0, affinity),
+                 lambda: os.sched_setscheduler(0, policy, os.sched_param(0)),
+                 lambda: os.setpriority(os.PRIO_PROCESS, 0, nice)):
+        try:
+            step()
+        except OSError:
+            pass  # a user cannot lower nice again; the summary names the test all the same
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
+    config = item.config
+    before = _own_scheduling()
     started = time.monotonic()
     yield
-    config = item.config
     config._tier_seconds[getattr(item, "_tier", "unit")] += time.monotonic() - started
     config._tier_counts[getattr(item, "_tier", "unit")] += 1
+    # A test that leaves the test process treated would hand that to every later test's children:
+    # put it back, and name the test at the end.
+    after = _own_scheduling()
+    if after != before:
+        config._leaked.append(f"{item.nodeid}: {before} -> {after}")
+        _put_back(before)
 
 
 def pytest_terminal_summary(terminalreporter, config):
+    if config._leaked:
+        terminalreporter.write_sep("-", "tests that left the test process's scheduling changed (put back)")
+        for line in config._leaked:
+            terminalreporter.write_line(line)
     if getattr(config, "_shuffle_seed", None) is not None:
         terminalreporter.write_line(f"tests shuffled with --shuffle {config._shuffle_seed}")
     if not config._tier_counts:
