@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # `plan`, `paths` and `files` are the shared base; trace sits beside the backends (both read sources);
 # training sits beside observe (it reads traces and samples, and judges profiles by measuring them).
 STAGES = [
-    ("plan", "paths", "files", "wakeup"),
+    ("plan", "paths", "files", "text", "wakeup"),
     ("config",),
     ("sources",),
     ("decide",),
