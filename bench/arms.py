@@ -6,8 +6,12 @@ spinners. Each is a trials.Arm; `make_arms()` builds them for one server.
                 the server pinned with taskset to the CPUs temperd would give it, the spinners
                 started with `nice -n 19 chrt --idle 0`.
   temperd       `[[binding]] cgroup = <server's> tier = "critical" profile = <builtin> cpus = 1.0`;
-                the spinners untagged (standard tier).
+                the spinners untagged (standard tier). The exclusive group's CPUs are owned:
+                others may run there while the server's threads sleep.
   temperd+bg    the same plus `[[binding]] cgroup = <spinners'> tier = "background"`.
+  temperd+bg-fenced
+                temperd+bg with a file profile overriding the builtin: `ownership = "fenced"` on
+                the exclusive group (no other thread runs on its CPUs, even while it sleeps).
   temperd+pmqos, temperd+bg+pmqos
                 those with a file profile overriding the builtin: idle_resume_us = 0 on the
                 exclusive group (pm_qos_resume_latency_us "n/a" on its CPU).
@@ -39,10 +43,11 @@ from temperd.plan import CONFINED, EXCLUSIVE  # noqa: E402
 from temperd.training.trials import Arm, ScratchCgroup  # noqa: E402
 
 STOCK, BY_HAND, TEMPERD, TEMPERD_BG = "stock", "by-hand", "temperd", "temperd+bg"
+TEMPERD_BG_FENCED = "temperd+bg-fenced"
 PMQOS, PMQOS_BG = "temperd+pmqos", "temperd+bg+pmqos"
 SCX, SCX_BG = "scx", "scx+bg"
 TRAINED = "trained"
-DEFAULT_ARMS = (STOCK, BY_HAND, TEMPERD, TEMPERD_BG)
+DEFAULT_ARMS = (STOCK, BY_HAND, TEMPERD_BG, TEMPERD_BG_FENCED)
 PMQOS_OF = {TEMPERD: PMQOS, TEMPERD_BG: PMQOS_BG}
 SCX_STATE = "/sys/kernel/sched_ext/state"
 SCX_STATS_SOCKET = "/var/run/scx/root/stats"
@@ -84,6 +89,9 @@ class ServerUnderTest:
     trained_profile: Optional[str] = None  # a profile file for the trained arm
     expects_exclusive: bool = True  # false where no thread can match the exclusive group (MariaDB 10.11)
     profile_arms: Dict[str, str] = field(default_factory=dict)  # more arms like it: name -> profile file
+    # The rightsizing history every temperd arm shares, as one long-running temperd keeps it
+    # (None: temperd's default file): exclusive groups are sized from what it measured.
+    history_file: Optional[str] = None
 
 
 def temperd_bindings(server: ServerUnderTest, background: bool, profile_id: str) -> str:
@@ -96,12 +104,22 @@ def temperd_bindings(server: ServerUnderTest, background: bool, profile_id: str)
 
 def pmqos_profile(server: ServerUnderTest, resume_us: int) -> str:
     """The builtin profile with idle_resume_us on its exclusive group (a file profile overrides the builtin)."""
+    return edited_builtin(server, f"idle_resume_us = {resume_us}")
+
+
+def fenced_profile(server: ServerUnderTest) -> str:
+    """The builtin profile with its exclusive group fenced instead of owned."""
+    return edited_builtin(server, 'ownership = "fenced"')
+
+
+def edited_builtin(server: ServerUnderTest, line: str) -> str:
+    """The builtin profile with `line` added to its exclusive group."""
     with open(os.path.join(C.ROOT, "profiles", f"{server.profile_id}.toml")) as handle:
         text = handle.read()
     marker = f'name = "{server.exclusive_group}"\n'
     if marker not in text:
         raise SystemExit(f"profiles/{server.profile_id}.toml has no thread group {server.exclusive_group!r}")
-    return text.replace(marker, marker + f"idle_resume_us = {resume_us}\n", 1)
+    return text.replace(marker, marker + line + "\n", 1)
 
 
 def profile_id_of(text: str) -> str:
@@ -109,6 +127,12 @@ def profile_id_of(text: str) -> str:
     if not match:
         raise SystemExit("the trained profile has no id")
     return match.group(1)
+
+
+def exclusive_group_layer(status: dict, group: str) -> Optional[dict]:
+    """The layer of the profile's exclusive group in temperd's status (None: no such layer)."""
+    found = [layer for layer in status["layers"] if group and layer["name"].endswith("." + group)]
+    return found[0] if found else None
 
 
 def exclusive_cpus(status: dict) -> FrozenSet[int]:
@@ -125,12 +149,15 @@ def temperd_arm(server: ServerUnderTest, background: bool, backend: str = "nativ
     if expects_exclusive is not None:
         server = dataclasses.replace(server, expects_exclusive=expects_exclusive)
     bindings = temperd_bindings(server, background, profile_id or server.profile_id)
-    with C.running_temperd(bindings=bindings, profiles=profiles or {}, backend=backend) as daemon:
+    settings = f'[rightsizing]\nhistory_file = "{server.history_file}"\n' if server.history_file else ""
+    with C.running_temperd(bindings=bindings, profiles=profiles or {}, backend=backend, settings=settings) as daemon:
         status = daemon.status()
         if status["profiles"]["failed"]:
             raise RuntimeError(f"temperd did not load a profile: {status['profiles']['failed']}")
         exclusive = C.wait_until(lambda: exclusive_cpus(daemon.status()), 10.0 if server.expects_exclusive else 2.0)
-        if not exclusive and server.expects_exclusive:
+        group = exclusive_group_layer(daemon.status(), server.exclusive_group)
+        demoted = bool(group) and group["treatment"] != EXCLUSIVE  # sized from use: too big for this host
+        if not exclusive and server.expects_exclusive and not demoted:
             raise RuntimeError(f"temperd made no exclusive layer for {server.name}: {daemon.status()['workloads']}")
         if backend == "scx":
             wait_for_scx(daemon)
@@ -139,6 +166,8 @@ def temperd_arm(server: ServerUnderTest, background: bool, backend: str = "nativ
             raise RuntimeError(f"{server.name} is not on CPUs {C.cpulist(exclusive)} after 10 s")
         try:
             yield {"exclusive": C.cpulist(exclusive) if exclusive else "",
+                   "group": (f"{group['kind']} {group['treatment']}" + (f" ({group['ownership']})" if group.get("ownership") else "")
+                             + f" CPUs {C.cpulist(group['cpus'])}") if group else "-",
                    "pmqos": "/".join(C.read_text(PMQOS_FILE.format(cpu=c), "?") for c in sorted(exclusive))}
         finally:
             if daemon in _scx_daemons:
@@ -173,6 +202,20 @@ def _online() -> FrozenSet[int]:
     return frozenset(sched.online_cpus())
 
 
+def warm_history(workload, server, under: ServerUnderTest, variant: str, seconds: float, timeout_s: float) -> str:
+    """temperd with the server's binding under `variant`'s load for `seconds` (no spinners), so the
+    runs that follow find the history a temperd running for a while has (exclusive groups sized
+    from use); returns what temperd then plans for the exclusive group."""
+    amount = workload.size(server, variant, seconds, timeout_s)
+    with temperd_arm(under, background=False):
+        out = subprocess.run(workload.load_argv(server, variant, amount), capture_output=True, text=True,
+                             timeout=timeout_s)
+        if out.returncode != 0:
+            raise SystemExit(f"warming the history: {workload.tool} exited with {out.returncode}")
+    with temperd_arm(under, background=False) as notes:
+        return str(notes["group"])
+
+
 def planned_cpus(server: ServerUnderTest) -> FrozenSet[int]:
     """The exclusive CPUs temperd gives the server (its builtin profile, critical tier): the CPUs
     the by-hand arm pins it to. Asked of a short temperd run, once."""
@@ -189,18 +232,21 @@ def make_arms(server: ServerUnderTest, by_hand_cpus: FrozenSet[int]) -> Dict[str
     idle = os.SCHED_IDLE
     # Read when a pmqos arm is entered: the builtin's file is in a checkout, not where only bench/ was copied.
     pm = lambda: {f"{server.profile_id}.toml": pmqos_profile(server, 0)} if server.exclusive_group else {}  # noqa: E731
+    fenced = lambda: {f"{server.profile_id}.toml": fenced_profile(server)} if server.exclusive_group else {}  # noqa: E731
     arms = [
         BenchArm(STOCK, "the kernel's scheduler as installed", stock_arm),
         BenchArm(BY_HAND, f"by hand: {BY_HAND_COMMANDS}", lambda: by_hand_arm(server, by_hand_cpus),
                  spinner_wrapper=BY_HAND_SPINNERS, spinner_policy=idle),
-        BenchArm(TEMPERD, "temperd, builtin profile, critical tier; spinners untagged",
-                 lambda: temperd_arm(server, False), spinners_kept_off=True),
-        BenchArm(TEMPERD_BG, "temperd, builtin profile, critical tier; spinners in the background tier",
-                 lambda: temperd_arm(server, True), spinners_kept_off=True, spinner_policy=idle),
+        BenchArm(TEMPERD, "temperd, builtin profile (owned CPUs), critical tier; spinners untagged",
+                 lambda: temperd_arm(server, False)),
+        BenchArm(TEMPERD_BG, "temperd, builtin profile (owned CPUs), critical tier; spinners in the background tier",
+                 lambda: temperd_arm(server, True), spinner_policy=idle),
+        BenchArm(TEMPERD_BG_FENCED, "temperd+bg with the exclusive group fenced (ownership = \"fenced\")",
+                 lambda: temperd_arm(server, True, profiles=fenced()), spinners_kept_off=True, spinner_policy=idle),
         BenchArm(PMQOS, "temperd with idle_resume_us = 0 on the exclusive group",
-                 lambda: temperd_arm(server, False, profiles=pm()), spinners_kept_off=True),
+                 lambda: temperd_arm(server, False, profiles=pm())),
         BenchArm(PMQOS_BG, "temperd+bg with idle_resume_us = 0 on the exclusive group",
-                 lambda: temperd_arm(server, True, profiles=pm()), spinners_kept_off=True, spinner_policy=idle),
+                 lambda: temperd_arm(server, True, profiles=pm()), spinner_policy=idle),
         BenchArm(SCX, "temperd with backend = scx (scx_layered places the threads)",
                  lambda: temperd_arm(server, False, backend="scx"), during=scx_window, spinners_first=True),
         BenchArm(SCX_BG, "temperd+bg with backend = scx",

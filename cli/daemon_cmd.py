@@ -98,7 +98,8 @@ def _print_status(status: dict) -> None:
     if status["layers"]:
         click.echo("")
         print_table(("LAYER", "KIND", "TREATMENT", "CPUS", "MEMBERS"),
-                    [(l["name"], l["kind"], l["treatment"], ",".join(map(str, l["cpus"])) or "-", l["members"])
+                    [(l["name"], l["kind"], l["treatment"] + (f" ({l['ownership']})" if l.get("ownership") else ""),
+                      ",".join(map(str, l["cpus"])) or "-", l["members"])
                      for l in status["layers"]])
 
 

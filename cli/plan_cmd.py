@@ -16,7 +16,7 @@ from temperd.daemon.control import DaemonNotRunning, DaemonUnavailable, request
 from temperd.decide.explain import NoSuchTask, explain
 from temperd.sources.inventory import Inventory
 from temperd.decide.matcher import MatchResult
-from temperd.plan import LayerPlan
+from temperd.plan import CONFINED, EXCLUSIVE, LayerPlan
 from temperd.sources.shape import ShapeError, format_cpulist
 
 from .daemon_cmd import ask, rendered, socket_option
@@ -69,13 +69,20 @@ def print_plan(data: dict) -> None:
     click.echo("")
     plan = data["plan"] or {"layers": [], "decisions": [], "errors": []}
     print_table(("LAYER", "KIND", "TREATMENT", "CPUS", "MEMBERS", "REASON"),
-                [(l["name"], l["kind"], l["treatment"], format_cpulist(l["cpus"]) or "-", len(l["selector"]["tids"]),
+                [(l["name"], l["kind"], treatment_text(l), format_cpulist(l["cpus"]) or "-", len(l["selector"]["tids"]),
                   "; ".join(l["reasons"])) for l in plan["layers"]])
     click.echo("")
     for decision in plan["decisions"]:
         click.echo(f"- {decision}")
     for error in plan["errors"]:
         click.echo(f"error: {error}")
+
+
+def treatment_text(layer: dict) -> str:
+    """"exclusive (owned)", "exclusive (fenced)", "latency": a layer's treatment and, where it
+    holds CPUs of its own, what others may do there."""
+    holds = layer.get("ownership") if layer["kind"] == CONFINED and layer["treatment"] == EXCLUSIVE else None
+    return f"{layer['treatment']} ({holds})" if holds and layer["cpus"] else layer["treatment"]
 
 
 def print_scx_config(view: HostView, layer_plan: LayerPlan) -> None:
@@ -176,5 +183,8 @@ def print_explanation(data: dict) -> None:
     for t in data["threads"]:
         layer = data["layers"].get(t["layer"]) if t["layer"] else None
         rows.append((t["tid"], t["comm"], t["group"] or "-", f"{t['layer']} ({layer['kind']}, CPUs "
-                     f"{format_cpulist(layer['cpus']) or 'shared'})" if layer else "-", t["reason"]))
+                     f"{format_cpulist(layer['cpus']) or 'shared'}"
+                     + (f" {layer['ownership']}" if layer.get("ownership") else "") + ")" if layer else "-", t["reason"]))
     print_table(("TID", "NAME", "GROUP", "LAYER", "WHY"), rows)
+    for name, layer in sorted(data["layers"].items()):
+        click.echo(f"layer {name}: {'; '.join(layer.get('reasons') or [])}")

@@ -67,6 +67,11 @@ class Layer:
     ownership: str = FENCED  # OWNED | FENCED; meaningful for CONFINED/GROUPED exclusive layers
     reasons: Tuple[str, ...] = ()
 
+    @property
+    def holds_cpus(self) -> Optional[str]:
+        """OWNED or FENCED for an exclusive layer on CPUs of its own; None for every other layer."""
+        return self.ownership if self.kind == CONFINED and self.treatment == EXCLUSIVE and self.cpus else None
+
 
 @dataclass(frozen=True)
 class CgroupWeight:

@@ -52,7 +52,7 @@ def plan_for(w, cpus=(1,)):
 def test_describe_layer():
     sel = MemberSelector()
     assert describe_layer(Layer("a", CONFINED, EXCLUSIVE, "critical", "w", "g", sel, cpus=(2, 3, 4, 7))) == \
-        "exclusive, CPUs 2-4,7"
+        "exclusive, CPUs 2-4,7, fenced"
     assert describe_layer(Layer("a", OPEN, LATENCY, "critical", "w", "g", sel, nice=-7, slice_us=500)) == \
         "latency, nice -7, slice 500 us"
     assert describe_layer(Layer("a", OPEN, YIELD, "critical", "w", "g", sel, policy="batch", nice=15)) == \
@@ -72,11 +72,11 @@ def test_matched_treated_changed_left(caplog):
                                Result(restored={"affinity": 4, "nice": 1}), "events")
     assert first[0] == ("workload memcached.service matched: profile memcached, tier critical, by binding "
                         "(unit memcached.service); 1 process, 5 threads")
-    assert first[1] == ("workload memcached.service treated: workers: 4 threads exclusive, CPUs 1; "
+    assert first[1] == ("workload memcached.service treated: workers: 4 threads exclusive, CPUs 1, fenced; "
                         "dispatch: 1 thread latency, nice -7")
     assert len(first) == 2  # the matched and treated lines say which layers came: no plan line
     assert again == []
-    assert moved[0] == ("workload memcached.service treatment changed: workers: 4 threads exclusive, CPUs 1-2; "
+    assert moved[0] == ("workload memcached.service treatment changed: workers: 4 threads exclusive, CPUs 1-2, fenced; "
                         "dispatch: 1 thread latency, nice -7")
     assert "memcached.service.workers CPUs 1 -> 1-2" in moved[1]
     assert left[0] == ("workload memcached.service left (its processes ended or no longer match): "
@@ -103,7 +103,7 @@ def test_threads_arriving_after_their_process_are_said_at_once():
     clock.now += 0.2
     w = workload(threads=4)
     assert journal.applied(MatchResult([w]), plan_for(w), Result())[0] == (
-        "workload memcached.service treatment changed: workers: 4 threads exclusive, CPUs 1; "
+        "workload memcached.service treatment changed: workers: 4 threads exclusive, CPUs 1, fenced; "
         "dispatch: 1 thread latency, nice -7")
     clock.now += 0.2
     w = workload(threads=5)  # one more thread, same shape: rate-limited

@@ -5,7 +5,7 @@ import random
 from fixture_shapes import load_fixture_shape
 
 from temperd.decide.matcher import ThreadMatch, Workload
-from temperd.plan import CONFINED, GROUPED, OPEN
+from temperd.plan import CONFINED, FENCED, GROUPED, LATENCY, OPEN, OWNED
 from temperd.decide.planner import PlannerSettings, exclusive_cores, plan
 from temperd.config.profile import parse_profile
 
@@ -65,14 +65,14 @@ def test_three_hot_threads_get_three_whole_cores_with_idle_siblings_on_c2_standa
     assert only(p, group="rest").policy == "idle"
 
 
-def test_same_demand_is_demoted_to_grouped_on_c2_standard_4():
+def test_same_demand_is_demoted_to_latency_on_shared_cpus_on_c2_standard_4():
     shape = load_fixture_shape("gcp-c2-standard-4")
     w = workload("onnx.service", "hot", [("compute", 3)], budget=3.0)
     p = plan(shape, [w], {"hot": hot_profile(3)})
     layer = only(p, group="compute")
-    assert layer.kind == GROUPED
-    assert len(layer.cpus) == 3
-    assert any("demoted to Grouped" in d and "needs 3 whole core(s)" in d for d in p.decisions)
+    assert (layer.kind, layer.treatment, layer.cpus, layer.nice) == (OPEN, LATENCY, (), -10)
+    assert layer.holds_cpus is None
+    assert any("demoted to latency on shared CPUs" in d and "needs 3 whole core(s)" in d for d in p.decisions)
     assert any("demoted" in r for r in layer.reasons)
 
 
@@ -88,13 +88,16 @@ def test_llama_cpp_cpu_fraction_arithmetic_for_a_2250m_budget():
 
 
 def test_m5_xlarge_two_hot_threads_never_share_a_physical_core():
+    """Two cores asked, one left beside the reserve: demoted to latency rather than two threads
+    on the SMT siblings of one core."""
     shape = load_fixture_shape("aws-m5.xlarge")
     assert shape.core_of(0).cpus == (0, 2)
     w = workload("llama.service", "hot", [("compute", 2)], budget=2.0)
     layer = only(plan(shape, [w], {"hot": hot_profile(2)}), group="compute")
-    assert len(layer.cpus) == 2
-    assert len({shape.core_of(cpu).core_key for cpu in layer.cpus}) == 2
-    assert set(layer.cpus) != {0, 2} and set(layer.cpus) != {1, 3}
+    assert (layer.kind, layer.treatment, layer.cpus) == (OPEN, LATENCY, ())
+    one = only(plan(shape, [workload("llama.service", "hot", [("compute", 1)], budget=1.0)], {"hot": hot_profile(1)}),
+               group="compute")
+    assert one.cpus == (1,) and one.idle_siblings == (3,)
 
 
 def test_one_hot_thread_on_m5_xlarge_gets_a_whole_core_outside_the_reserve():
@@ -128,7 +131,7 @@ def test_critical_tier_is_served_first_and_later_demand_is_demoted():
     p = plan(shape, [standard, critical], profiles)
     assert [l.workload for l in p.layers if l.group == "compute"] == ["z.service", "a.service"]
     z, a = [l for l in p.layers if l.group == "compute"]
-    assert (z.kind, a.kind) == (CONFINED, GROUPED)
+    assert (z.kind, a.kind, a.treatment) == (CONFINED, OPEN, LATENCY)
 
 
 def test_plan_is_deterministic():
@@ -173,3 +176,17 @@ def test_background_workload_without_profile_yields():
     layer = only(p)
     assert (layer.kind, layer.treatment, layer.policy, len(layer.selector.tids)) == (OPEN, "yield", "idle", 3)
     assert p.cgroup_weights[0].weight == 10
+
+
+def test_exclusive_cores_are_owned_by_default_and_fenced_where_the_group_asks():
+    shape = load_fixture_shape("gcp-c2-standard-8")
+    owned = only(plan(shape, [workload("a.service", "hot", [("compute", 1)], budget=1.0)], {"hot": hot_profile(1)}),
+                 group="compute")
+    assert (owned.kind, owned.ownership, owned.holds_cpus) == (CONFINED, OWNED, OWNED)
+    assert any("owned: its threads run there first" in r for r in owned.reasons)
+    fenced_profile = parse_profile(HOT.format(n=1, fraction=1.0).replace(
+        'cpu_fraction = 1.0', 'cpu_fraction = 1.0\nownership = "fenced"'), "hot.toml")
+    fenced = only(plan(shape, [workload("a.service", "hot", [("compute", 1)], budget=1.0)], {"hot": fenced_profile}),
+                  group="compute")
+    assert (fenced.kind, fenced.holds_cpus) == (CONFINED, FENCED)
+    assert any("fenced: no other thread runs there" in r for r in fenced.reasons)

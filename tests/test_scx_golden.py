@@ -17,7 +17,7 @@ from test_scx_render import layer_of
 from temperd.backends.scx.render import render_plan
 from temperd.backends.scx.validate import validate_config
 from temperd.decide.matcher import ThreadMatch, Workload
-from temperd.plan import CONFINED, EXCLUSIVE, GROUPED
+from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN
 from temperd.decide.planner import exclusive_cores, plan
 from temperd.config.profileset import load_builtin_profiles
 
@@ -96,12 +96,12 @@ def test_builtin_profile_on_fixture_shape_renders_the_golden_valid_config(shape_
         assert found == by_group[t.group], f"{t.comm} ({t.group}) matched {found}"
 
 
-def test_exclusive_demand_beyond_the_shape_renders_a_grouped_layer_of_the_planned_size():
+def test_exclusive_demand_beyond_the_shape_renders_the_demoted_group_as_an_open_layer():
     shape, w, layer_plan = planned("aws-m5.xlarge", "onnx-inference", budget=2.0)  # 2 cores asked, 1 free
-    layer = next(l for l in layer_plan.layers if l.treatment == EXCLUSIVE)
-    assert layer.kind == GROUPED
+    assert not [l for l in layer_plan.layers if l.treatment == EXCLUSIVE]
+    layer = next(l for l in layer_plan.layers if any("demoted" in r for r in l.reasons))
+    assert (layer.kind, layer.treatment, layer.cpus) == (OPEN, LATENCY, ())
     config = render_plan(layer_plan, shape.n_cpus).config
     assert validate_config(config, cpu_count=shape.n_cpus) == []
     spec = next(s for s in config if s["name"] == layer.name)
-    assert spec["kind"][GROUPED]["cpus_range"] == [len(layer.cpus), len(layer.cpus)]
-    assert spec["kind"][GROUPED]["preempt"] is True
+    assert OPEN in spec["kind"]

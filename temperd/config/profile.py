@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from temperd.config.errors import ConfigError, ConfigProblem, describe_value
-from temperd.plan import EXCLUSIVE, LATENCY, TREATMENTS, YIELD
+from temperd.plan import EXCLUSIVE, LATENCY, OWNED, OWNERSHIPS, TREATMENTS, YIELD
 from temperd.config.schema import (Spec, TableSpec, Validator, check_cgroup_path, check_comm_glob, check_glob, check_regex, glob_match, json_schema)
 from temperd.config.tomlsource import TomlDocument, parse_toml, read_toml
 
@@ -22,6 +22,7 @@ SELECTORS = ("thread_names", "process_titles", "busiest", "catch_all")
 # Which treatment each optional parameter belongs to.
 PARAM_TREATMENTS = {
     "cpu_fraction": (EXCLUSIVE,),
+    "ownership": (EXCLUSIVE,),
     "slice_us": (EXCLUSIVE, LATENCY),
     "idle_resume_us": (EXCLUSIVE, LATENCY),
     "yield_policy": (YIELD,),
@@ -81,6 +82,7 @@ GROUP_SPEC = TableSpec(
         "catch_all": Spec("bool", "This group takes the workload's threads no other group claims (at most one group)."),
         "treatment": Spec("str", "exclusive: whole cores of its own; latency: fast wakeups; yield: runs when nothing else wants the CPU.", required=True, choices=TREATMENTS),
         "cpu_fraction": Spec("float", "exclusive: cores = ceil(workload CPU budget x cpu_fraction).", minimum=0.0, maximum=1.0, exclusive_minimum=True),
+        "ownership": Spec("str", "exclusive: 'owned' (default) = the group's threads run on its cores first and other work may use them while they sleep; 'fenced' = no other thread runs there, even while the group sleeps.", choices=OWNERSHIPS),
         "weight": Spec("int", "Share under contention (1..10000); default exclusive 1000, latency 500, yield 50.", minimum=1, maximum=10000),
         "nice": Spec("int", "Nice value; default exclusive 0, latency -10, yield 19 (with yield_policy = 'batch').", minimum=-20, maximum=19),
         "slice_us": Spec("int", "exclusive/latency: custom time slice in microseconds (EEVDF kernels >= 6.6).", minimum=100, maximum=100000),
@@ -170,6 +172,7 @@ class ThreadGroup:
     busiest: Optional[int] = None
     catch_all: bool = False
     cpu_fraction: float = 1.0
+    ownership: str = OWNED
     weight: int = 100
     nice: int = 0
     slice_us: Optional[int] = None
@@ -197,7 +200,7 @@ class ThreadGroup:
 
     def describe_treatment(self) -> str:
         if self.treatment == EXCLUSIVE:
-            extra = f"cpu_fraction={self.cpu_fraction:g}"
+            extra = f"cpu_fraction={self.cpu_fraction:g}" + (f" {self.ownership}" if self.ownership != OWNED else "")
         elif self.treatment == LATENCY:
             extra = f"nice={self.nice}"
         else:
@@ -252,6 +255,7 @@ def _group_from(values: dict, raw: dict, index: int, v: Validator) -> Optional[T
         busiest=values.get("busiest"),
         catch_all=bool(values.get("catch_all")),
         cpu_fraction=values["cpu_fraction"] if values.get("cpu_fraction") is not None else 1.0,
+        ownership=values.get("ownership") or OWNED,
         weight=values["weight"] if values.get("weight") is not None else DEFAULT_WEIGHT[treatment],
         nice=values["nice"] if values.get("nice") is not None else DEFAULT_NICE[treatment],
         slice_us=values.get("slice_us"),

@@ -32,6 +32,7 @@ from temperd.daemon import status_report
 from temperd.daemon.control_commands import ControlCommands
 from temperd.daemon.instance_lock import AlreadyRunning, InstanceLock
 from temperd.daemon.main_loop import REPLAN, STOP, RELOAD, MainLoop, Requests
+from temperd.decide.sizing import NO_SIZING, Sizing, held_cores
 from temperd.daemon.notify import Notifier
 from temperd.daemon.reload import ReloadResult, ViewLoader, restart_only_changes, summary_of
 from temperd.daemon.services import Services
@@ -235,7 +236,7 @@ class Daemon:
         assert self.view is not None and self.matcher is not None and self.backend is not None
         snapshot = self.inventory.snapshot()
         self._refresh_busiest()
-        match, layer_plan = decide(self.view, self.matcher, snapshot.processes.values())
+        match, layer_plan = decide(self.view, self.matcher, snapshot.processes.values(), self._sizing())
         unchanged = changes is not None and layer_plan == self.plan
         self.match, self.plan = match, layer_plan
         if unchanged:
@@ -255,6 +256,12 @@ class Daemon:
         for error in layer_plan.errors:
             log.error("plan: %s", error)
         log.debug("replanned (%s): %d workloads, %d layers", trigger, len(match.workloads), len(layer_plan.layers))
+
+    def _sizing(self) -> Sizing:
+        """Exclusive groups sized by what their threads were measured to use ([rightsizing])."""
+        if self.watch is None or not self.watch.settings.rightsizing:
+            return NO_SIZING
+        return Sizing(self.watch.group_demands(), held_cores(self.plan))
 
     def _refresh_busiest(self) -> None:
         """Recent runtimes matter only for processes of profiles with a `busiest` group."""

@@ -19,7 +19,8 @@ def explain(task_id: int, inventory: Inventory, match: MatchResult, layer_plan: 
             matcher: Matcher) -> Dict[str, Any]:
     """{"pid", "tid" (None when task_id is a process), "process", "unit", "cgroup",
     "workload" (None: not treated), "why_not", "threads": the task's threads in its workload, each
-    with its "layer", "layers": those layers' kind and CPUs}. Raises NoSuchTask."""
+    with its "layer", "layers": those layers' kind, treatment, ownership (owned/fenced CPUs, or None), CPUs and the
+    planner's reasons}. Raises NoSuchTask."""
     proc = inventory.process(task_id)
     tid: Optional[int] = None
     if proc is None:
@@ -38,5 +39,7 @@ def explain(task_id: int, inventory: Inventory, match: MatchResult, layer_plan: 
         "why_not": None if workload else matcher.explain_unmatched(proc),
         "threads": [{**dataclasses.asdict(t), "layer": layer_of[t.tid].name if t.tid in layer_of else None}
                     for t in threads],
-        "layers": {name: {"kind": layer.kind, "cpus": list(layer.cpus)} for name, layer in sorted(layers.items())},
+        "layers": {name: {"kind": layer.kind, "treatment": layer.treatment, "ownership": layer.holds_cpus,
+                          "cpus": list(layer.cpus), "reasons": list(layer.reasons)}
+                   for name, layer in sorted(layers.items())},
     }

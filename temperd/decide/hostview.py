@@ -17,6 +17,7 @@ from temperd.decide.trust import trust_policy
 from temperd.decide.matcher import Matcher, MatchResult
 from temperd.plan import LayerPlan
 from temperd.decide.planner import PlannerSettings, plan
+from temperd.decide.sizing import NO_SIZING, Sizing
 from temperd.config.profileset import HostShape, ProfileSet, load_profile_set
 from temperd.sources.shape import MachineShape, read_shape
 
@@ -53,10 +54,11 @@ def planner_settings(config: DaemonConfig) -> PlannerSettings:
                            tier_weights=tuple(sorted(config.tier_weights.items())))
 
 
-def decide(view: HostView, matcher: Matcher, processes: Iterable) -> Tuple[MatchResult, LayerPlan]:
+def decide(view: HostView, matcher: Matcher, processes: Iterable,
+           sizing: Sizing = NO_SIZING) -> Tuple[MatchResult, LayerPlan]:
     match = matcher.match(processes)
     profiles = {**view.profiles.active, **matcher.runtime_profiles()}
-    return match, plan(view.shape, match.workloads, profiles, planner_settings(view.config))
+    return match, plan(view.shape, match.workloads, profiles, planner_settings(view.config), sizing)
 
 
 __all__ = ["ConfigError", "HostView", "decide", "load_host_view", "make_matcher", "planner_settings"]

@@ -1,13 +1,16 @@
 """The planner: (machine shape, tiers, matched workloads, profiles) -> LayerPlan. Pure and deterministic.
 
 Sizing rules (temper-profile(5), "cpu_fraction"):
-- an exclusive group gets ceil(workload CPU budget x cpu_fraction) whole physical cores; its
-  members run on one CPU of each core and the SMT siblings are left idle, so two hot threads
-  never share a core;
+- an exclusive group gets ceil(workload CPU budget x cpu_fraction) whole physical cores, or, once
+  its threads' use is measured (decide/sizing.py), the whole cores that use needs, bounded by
+  that; its members run on one CPU of each core and the SMT siblings are left idle, so two hot
+  threads never share a core;
+- the cores are owned (others may run there while the owners sleep) unless the group asks for a
+  fence (`ownership = "fenced"`: nobody else runs there, even while the owners sleep);
 - whole cores for exclusive groups come from what is left after a reserve for everything else
   (the lowest-numbered cores: CPU 0 carries most housekeeping and interrupts);
-- a group whose whole-core demand exceeds what is left is demoted to Grouped: it gets CPUs
-  spread one per physical core (it may share them), the demotion is reported, never silent;
+- a group whose whole-core demand exceeds what is left is demoted to latency treatment on shared
+  CPUs (an Open layer at the latency nice); the demotion is reported, never silent;
 - critical-tier workloads without a profile get a tier layer.
 """
 
@@ -19,9 +22,10 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from temperd.decide.matcher import Workload
-from temperd.plan import (CONFINED, EXCLUSIVE, GROUPED, LATENCY, OPEN, TIERS, YIELD, CgroupWeight, Layer, LayerPlan, MemberSelector)
+from temperd.plan import (CONFINED, EXCLUSIVE, FENCED, GROUPED, LATENCY, OPEN, OWNED, TIERS, YIELD, CgroupWeight, Layer, LayerPlan, MemberSelector)
 from temperd.config.daemon_config import DEFAULT_TIER_WEIGHTS
-from temperd.config.profile import Profile, ThreadGroup
+from temperd.config.profile import DEFAULT_NICE, Profile, ThreadGroup
+from temperd.decide.sizing import NO_SIZING, Sizing
 
 TIER_RANK = {tier: rank for rank, tier in enumerate(TIERS)}
 LAYER_NAME_MAX = 63
@@ -73,7 +77,9 @@ class _CoreAllocator:
 
 
 def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
-         settings: PlannerSettings = PlannerSettings()) -> LayerPlan:
+         settings: PlannerSettings = PlannerSettings(), sizing: Sizing = NO_SIZING) -> LayerPlan:
+    """sizing: what the exclusive groups' threads were measured to use, and the cores each holds
+    now (decide/sizing.py); without it, exclusive groups are sized from their budgets."""
     alloc = _CoreAllocator(shape, settings.reserve_cpus)
     reserve = tuple(sorted(cpu for core in alloc.cores[: alloc.reserve_cores] for cpu in core))
     decisions = [f"reserve for everything else: CPUs {_cpus(reserve)} ({alloc.reserve_cores} whole core(s) "
@@ -109,7 +115,7 @@ def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
                 layers.append(_background_layer(workload, tier_weight, unique))
             continue
         for group in profile.thread_groups:
-            layer = _group_layer(workload, group, alloc, unique, decisions)
+            layer = _group_layer(workload, group, alloc, unique, decisions, sizing)
             if layer is not None:
                 layers.append(layer)
     return LayerPlan(layers=tuple(layers), reserve_cpus=reserve, decisions=tuple(decisions),
@@ -127,7 +133,8 @@ def _selector(workload: Workload, group: Optional[ThreadGroup], tids: Tuple[int,
     )
 
 
-def _group_layer(workload: Workload, group: ThreadGroup, alloc: _CoreAllocator, unique, decisions: List[str]) -> Optional[Layer]:
+def _group_layer(workload: Workload, group: ThreadGroup, alloc: _CoreAllocator, unique, decisions: List[str],
+                 sizing: Sizing = NO_SIZING) -> Optional[Layer]:
     members = workload.members(group.name)
     name = unique(f"{_slug(workload.key)}.{group.name}")
     where = f"{workload.key} group {group.name}"
@@ -135,30 +142,27 @@ def _group_layer(workload: Workload, group: ThreadGroup, alloc: _CoreAllocator, 
         decisions.append(f"{where}: no member threads now, no layer")
         return None
     reasons = [f"{len(members)} member thread(s): {group.describe_selector()}"]
-    common = dict(name=name, treatment=group.treatment, tier=workload.tier, workload=workload.key,
+    common = dict(name=name, tier=workload.tier, workload=workload.key,
                   group=group.name, selector=_selector(workload, group, members), weight=group.weight)
     if group.treatment == EXCLUSIVE:
-        if workload.budget is not None:
-            want = exclusive_cores(workload.budget, group.cpu_fraction)
-            reasons.append(f"ceil({workload.budget:g} CPUs x cpu_fraction {group.cpu_fraction:g}) = {want} whole core(s) "
-                           f"({workload.budget_reason})")
-        else:
-            want = len(members)
-            reasons.append(f"{want} whole core(s), one per member thread ({workload.budget_reason})")
+        want = _exclusive_size(workload, group, sizing, reasons)
         if want <= alloc.available():
             cores = alloc.take(want)
             cpus = tuple(core[0] for core in cores)
             siblings = tuple(cpu for core in cores for cpu in core[1:])
-            reasons.append(f"Confined on CPUs {_cpus(cpus)}" + (f", SMT siblings {_cpus(siblings)} left idle" if siblings else ""))
-            return Layer(kind=CONFINED, cpus=cpus, idle_siblings=siblings, protected=True, nice=group.nice,
-                         slice_us=group.slice_us, idle_resume_us=group.idle_resume_us, reasons=tuple(reasons), **common)
-        cpus = alloc.spread(want)
-        text = (f"demoted to Grouped: needs {want} whole core(s), only {alloc.available()} left after the reserve "
-                f"and earlier exclusive groups; shares CPUs {_cpus(cpus)}, one per physical core first")
+            reasons.append(f"Confined on CPUs {_cpus(cpus)}, {group.ownership}: " + _OWNERSHIP_TEXT[group.ownership]
+                           + (f"; SMT siblings {_cpus(siblings)} left idle" if siblings else ""))
+            return Layer(kind=CONFINED, treatment=EXCLUSIVE, cpus=cpus, idle_siblings=siblings, protected=True,
+                         nice=group.nice, slice_us=group.slice_us, idle_resume_us=group.idle_resume_us,
+                         ownership=group.ownership, reasons=tuple(reasons), **common)
+        nice = min(group.nice, DEFAULT_NICE[LATENCY])
+        text = (f"demoted to latency on shared CPUs (nice {nice}): needs {want} whole core(s), only "
+                f"{alloc.available()} left after the reserve and earlier exclusive groups")
         reasons.append(text)
         decisions.append(f"{where}: {text}")
-        return Layer(kind=GROUPED, cpus=cpus, nice=group.nice, slice_us=group.slice_us,
+        return Layer(kind=OPEN, treatment=LATENCY, nice=nice, slice_us=group.slice_us,
                      idle_resume_us=group.idle_resume_us, reasons=tuple(reasons), **common)
+    common["treatment"] = group.treatment
     if group.treatment == LATENCY:
         reasons.append(f"latency: nice {group.nice}" + (f", slice {group.slice_us} us" if group.slice_us else ""))
         return Layer(kind=OPEN, nice=group.nice, slice_us=group.slice_us, idle_resume_us=group.idle_resume_us,
@@ -169,6 +173,32 @@ def _group_layer(workload: Workload, group: ThreadGroup, alloc: _CoreAllocator, 
         return Layer(kind=OPEN, policy="idle", reasons=tuple(reasons), **common)
     reasons.append(f"yield: SCHED_BATCH, nice {group.nice}")
     return Layer(kind=OPEN, policy="batch", nice=group.nice, reasons=tuple(reasons), **common)
+
+
+_OWNERSHIP_TEXT = {
+    OWNED: "its threads run there first; other work may use them while they sleep",
+    FENCED: "no other thread runs there, even while its threads sleep",
+}
+
+
+def _exclusive_size(workload: Workload, group: ThreadGroup, sizing: Sizing, reasons: List[str]) -> int:
+    """Whole cores for an exclusive group: its budget's share, or what its measured use needs
+    bounded by that share."""
+    if workload.budget is not None:
+        bound = exclusive_cores(workload.budget, group.cpu_fraction)
+        why = (f"ceil({workload.budget:g} CPUs x cpu_fraction {group.cpu_fraction:g}) = {bound} whole core(s) "
+               f"({workload.budget_reason})")
+    else:
+        bound = len(workload.members(group.name))
+        why = f"{bound} whole core(s), one per member thread ({workload.budget_reason})"
+    measured, measured_why = sizing.cores((workload.key, group.name))
+    if measured is None:
+        reasons.append(why + (f"; not sized by use: {measured_why}" if sizing is not NO_SIZING else ""))
+        return bound
+    want = min(measured, bound)
+    reasons.append(f"{measured_why}: {measured} whole core(s)"
+                   + (f", bounded by {why}" if measured > bound else f" (at most {why})"))
+    return want
 
 
 def _tier_layer(workload: Workload, alloc: _CoreAllocator, weight: int, unique) -> Layer:

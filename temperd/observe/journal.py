@@ -49,6 +49,8 @@ def describe_layer(layer: Layer) -> str:
         parts.append(f"slice {layer.slice_us} us")
     if layer.cpus:
         parts.append(f"{'CPUs' if layer.kind == CONFINED else 'sharing CPUs'} {_cpus(layer.cpus)}")
+        if layer.holds_cpus:
+            parts.append(layer.holds_cpus)
         if layer.kind != CONFINED and layer.treatment == EXCLUSIVE:
             parts.append("demoted: not enough whole cores")
     return ", ".join(parts)

@@ -3,8 +3,9 @@
 - smt_collision: a protected (Confined) member shares a physical core with a busy non-member
   running on its SMT sibling;
 - protected_fallback: a protected member last ran outside its layer's CPUs;
-- open_reserve: a busy thread that is not a member ran on CPUs an exclusive layer owns (or on
-  the idle siblings it keeps), eating into the reserve promised to that layer;
+- open_reserve: a busy thread that is not a member ran on CPUs an exclusive layer fences (or on
+  the idle siblings it keeps), eating into the reserve promised to that layer (owned CPUs may
+  be borrowed while their owners sleep: not a violation);
 - layer_mismatch: a member's treatment (affinity, policy, nice) differs from what its layer implies;
 - runqueue_latency: a protected layer's (exclusive or latency treatment) scheduling-delay p99 over
   the window exceeds the bound of temperd.toml's [lint] runqueue_latency_p99_ms (the delay from
@@ -20,7 +21,7 @@ from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from temperd.backends.native.sched import POLICY_BY_NAME
 from temperd.observe.observer import BUSY_RATIO, Observation
-from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, LayerPlan
+from temperd.plan import CONFINED, EXCLUSIVE, FENCED, LATENCY, LayerPlan
 
 log = logging.getLogger("temperd.lint")
 
@@ -73,7 +74,7 @@ def lint(plan: LayerPlan, observation: Observation, shape, match=None, *, check_
     out: List[Violation] = []
     layers = {layer.name: layer for layer in plan.layers}
     cpus_of: Dict[str, FrozenSet[int]] = {}
-    owned: Dict[int, str] = {}
+    fenced: Dict[int, str] = {}
     for layer in plan.layers:
         if layer.kind != CONFINED:
             continue
@@ -85,8 +86,9 @@ def lint(plan: LayerPlan, observation: Observation, shape, match=None, *, check_
             kept = tuple(c for cpu in cpus_of[layer.name] for c in (cpu,) + _siblings(shape, cpu))  # whole cores
         else:
             continue
-        for cpu in kept:
-            owned[cpu] = layer.name
+        if layer.ownership == FENCED:  # owned CPUs may be borrowed while their owners sleep
+            for cpu in kept:
+                fenced[cpu] = layer.name
     for t in observation.threads:
         layer = layers.get(t.layer) if t.layer else None
         busy = t.util >= BUSY_RATIO
@@ -103,9 +105,9 @@ def lint(plan: LayerPlan, observation: Observation, shape, match=None, *, check_
                     out.append(Violation(SMT_COLLISION, layer.name, t.tid,
                                          f"{t.comm} ({t.tid}) of {layer.name} on CPU {t.cpu} shares core {t.core} with busy "
                                          f"{other.comm} ({other.tid}) on CPU {other.cpu}"))
-        if busy and t.cpu in owned and t.layer != owned[t.cpu]:
-            out.append(Violation(OPEN_RESERVE, owned[t.cpu], t.tid,
-                                 f"{t.comm} ({t.tid}) is not in {owned[t.cpu]} but ran on its CPU {t.cpu}"))
+        if busy and t.cpu in fenced and t.layer != fenced[t.cpu]:
+            out.append(Violation(OPEN_RESERVE, fenced[t.cpu], t.tid,
+                                 f"{t.comm} ({t.tid}) is not in {fenced[t.cpu]} but ran on its fenced CPU {t.cpu}"))
         if check_treatment and layer is not None:
             problem = _treatment_mismatch(layer, t)
             if problem:

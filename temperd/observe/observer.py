@@ -53,6 +53,7 @@ class LayerStats:
     util: float
     wait: float
     tier: str = ""
+    ownership: Optional[str] = None  # owned | fenced: an exclusive layer's CPUs; None: holds none
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,8 @@ class Observer:
         for layer in plan.layers:
             mine = [s for s in samples if s.layer == layer.name]
             layers.append(LayerStats(layer.name, layer.kind, layer.treatment, tuple(layer.cpus), len(layer.selector.tids),
-                                     round(sum(s.util for s in mine), 4), round(sum(s.wait for s in mine), 4), layer.tier))
+                                     round(sum(s.util for s in mine), 4), round(sum(s.wait for s in mine), 4), layer.tier,
+                                     layer.holds_cpus))
         latency = self.telemetry.end_window(plan) if self.telemetry is not None else None
         self._last_at = wall
         sample_cpu = time.thread_time() - cpu_start

@@ -33,6 +33,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from temperd.config.daemon_config import KnowledgeSettings
 from temperd.decide.classify import Classification, Hints, classify
 from temperd.decide.rightsize import Declared, Recommendation, rightsize
+from temperd.decide.sizing import GroupDemand, group_demands
 from temperd.observe import workload_window as W
 from temperd.observe.metrics import KnowledgeMetrics
 from temperd.observe.usage_history import ThreadSample, UsageHistory
@@ -146,6 +147,7 @@ class WorkloadWatch:
         self.cpu_s_total = 0.0  # this thread's CPU for samples since start (its whole cost)
         self.samples = 0
         self.history_bytes = 0
+        self._demands: Tuple[int, Dict[Tuple[str, str], GroupDemand]] = (-1, {})
         self.static_missing = self._static_missing()
         self.delayacct = delayacct_state()[0]
         self.gpu_present = nvml.gpu_state()[0]
@@ -494,6 +496,20 @@ class WorkloadWatch:
     def classifications(self, pid: Optional[int] = None, unit: Optional[str] = None) -> List[Classification]:
         with self.lock:
             return [c for c in (self._classify(label, w) for label, w in self._select(pid, unit)) if c is not None]
+
+    def group_demands(self) -> Dict[Tuple[str, str], GroupDemand]:
+        """(workload key, thread group) -> what the group's threads used, from the history; computed
+        once per sample (a replan on every process event asks for it)."""
+        with self.lock:
+            if self._demands[0] == self.samples:
+                return self._demands[1]
+            out: Dict[Tuple[str, str], GroupDemand] = {}
+            for key, label in self._labels.items():
+                history = self.history.workloads.get(label)
+                if history is not None and key in self._workloads:
+                    out.update(((key, group), demand) for group, demand in group_demands(history.summary()).items())
+            self._demands = (self.samples, out)
+            return out
 
     def recommendations(self, pid: Optional[int] = None, unit: Optional[str] = None) -> List[Recommendation]:
         with self.lock:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -301,13 +302,15 @@ def scratch_name(suffix: str) -> str:
     return f"temperd-trial-{os.getpid()}-{suffix}"
 
 
-def spinner_argv(count: int, limit_s: float) -> List[str]:
+def spinner_argv(count: int, limit_s: float, metrics: Optional[str] = None) -> List[str]:
     """COUNT CPU-bound workers that stop by themselves after limit_s: stress-ng's int64 method where
-    installed (what the published tables used), else Python processes spinning on the clock."""
+    installed (what the published tables used), else Python processes spinning on the clock.
+    metrics: a file where stress-ng writes its metrics (YAML) when it ends (bogo_ops_per_cpu_s)."""
     stress = shutil.which("stress-ng")
     seconds = max(1, int(round(limit_s)))
     if stress:
-        return [stress, "--cpu", str(count), "--cpu-method", "int64", "--timeout", f"{seconds}s", "--quiet"]
+        return [stress, "--cpu", str(count), "--cpu-method", "int64", "--timeout", f"{seconds}s", "--quiet",
+                *(("--metrics-brief", "--yaml", metrics) if metrics else ())]
     loop = ("import os,sys,time\n"
             "n,end=int(sys.argv[1]),time.monotonic()+float(sys.argv[2])\n"
             "kids=[os.fork() for _ in range(n)]\n"
@@ -320,7 +323,7 @@ def spinner_argv(count: int, limit_s: float) -> List[str]:
 
 @contextlib.contextmanager
 def spinners(count: int, limit_s: float, cgroup: Optional[ScratchCgroup] = None,
-             wrapper: Sequence[str] = (), own_session: bool = False) -> Iterator[List[int]]:
+             wrapper: Sequence[str] = (), own_session: bool = False, metrics: Optional[str] = None) -> Iterator[List[int]]:
     """COUNT CPU spinners, bounded by limit_s, in their own process group (for cleanup) and in
     `cgroup`, started through `wrapper` (e.g. nice -n 19 chrt --idle 0); yields the spinning
     pids. They stay in the caller's session (its autogroup), as a batch job started beside it,
@@ -339,7 +342,7 @@ def spinners(count: int, limit_s: float, cgroup: Optional[ScratchCgroup] = None,
             with open(procs, "w") as handle:
                 handle.write("0")
 
-    proc = subprocess.Popen([*wrapper, *spinner_argv(count, limit_s)], stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([*wrapper, *spinner_argv(count, limit_s, metrics)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, preexec_fn=join)
     try:
         workers = wait_until(lambda: _spinning(proc.pid, count), 5.0, 0.02)
@@ -355,6 +358,19 @@ def spinners(count: int, limit_s: float, cgroup: Optional[ScratchCgroup] = None,
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
+
+
+def bogo_ops_per_cpu_s(metrics: str) -> Optional[float]:
+    """stress-ng's bogo-ops per second of its own CPU time (usr + sys), from the YAML it wrote when
+    it ended (None: none written). A run's background work is its spinners' CPU seconds in the
+    window times this."""
+    try:
+        with open(metrics) as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    found = re.search(r"bogo-ops-per-second-usr-sys-time:\s*([0-9.eE+-]+)", text)
+    return float(found.group(1)) if found else None
 
 
 def child_pids(pid: int) -> List[int]:

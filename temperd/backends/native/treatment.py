@@ -1,11 +1,15 @@
 """Per-thread treatment: the affinity, policy, nice and slice each thread should have under the
 plan, carried out, and undone through the restore ledger.
 
-- Confined layers (exclusive groups): members pinned to the layer's CPUs, and every other
-  movable thread of the host kept off them (affinity = its original affinity minus the
-  exclusive CPUs). Per-CPU kernel threads cannot move; they stay and are counted as unmovable.
-  Affinity is the control that holds across autogroups: a thread that may not run on a CPU
-  does not compete there, whatever its session.
+- Confined layers (exclusive groups): members pinned to the layer's CPUs.
+  Owned CPUs (the default) stay open to every other thread: an owner that wakes preempts a
+  borrower at once (the background tier and yield threads borrow at SCHED_IDLE or SCHED_BATCH,
+  which every owner wakeup preempts; a fair thread of equal nice is preempted by the waking
+  owner's lag), and while no owner wants the CPU the host's other work runs there instead of
+  leaving it idle. Fenced CPUs: every other movable thread of the host is kept off them
+  (affinity = its original affinity minus the fenced CPUs). Per-CPU kernel threads cannot move;
+  they stay and are counted as unmovable. Affinity is the control that holds across autogroups:
+  a thread that may not run on a CPU does not compete there, whatever its session.
 - Latency layers: nice from layer.nice and a custom slice from layer.slice_us (sched_setattr
   on EEVDF kernels that honour it).
 - Yield layers: SCHED_IDLE (policy "idle") or SCHED_BATCH + nice (policy "batch").
@@ -30,7 +34,7 @@ from temperd.backends.native.membership import KernelThreads, Membership, Thread
 from temperd.backends.native.restore_ledger import (AFFINITY, NICE, POLICY, SLICE, THREAD_KINDS, Original,
                                                     RestoreLedger, ThreadRecord, thread_values)
 from temperd.backends.native.result import ApplyResult
-from temperd.plan import CONFINED, GROUPED, Layer, LayerPlan
+from temperd.plan import CONFINED, FENCED, GROUPED, Layer, LayerPlan
 from temperd.sources.shape import format_cpulist
 
 log = logging.getLogger(__name__)
@@ -56,11 +60,11 @@ class Wanted:
 
 
 def exclusive_cpus(plan: LayerPlan, online: FrozenSet[int]) -> Tuple[FrozenSet[int], Optional[str]]:
-    """The online CPUs of Confined layers, which every other thread is kept off; none (and why)
-    when they would leave no CPU for the rest."""
-    exclusive = frozenset(c for l in plan.layers if l.kind == CONFINED for c in l.cpus) & online
+    """The online CPUs of fenced layers, which every other thread is kept off; none (and why)
+    when they would leave no CPU for the rest. Owned CPUs are not among them: others may borrow."""
+    exclusive = frozenset(c for l in plan.layers if l.holds_cpus == FENCED for c in l.cpus) & online
     if exclusive and exclusive >= online:
-        return frozenset(), (f"exclusive CPUs {format_cpulist(exclusive)} cover every online CPU: "
+        return frozenset(), (f"fenced CPUs {format_cpulist(exclusive)} cover every online CPU: "
                              "nothing would be left for other threads; not keeping others off them")
     return exclusive, None
 

@@ -1,0 +1,96 @@
+"""How many whole cores an exclusive group gets from what its threads were measured to use.
+
+Pure. The demand of a group is the p95 of what its threads use together, from the rightsizing
+history (observe/usage_history.py), which fills from a workload's first sample on: until
+MIN_SAMPLES samples exist (the first minute's share of them), the group is sized from its
+declared budget alone. The measured size is bounded by that budget and by the host; a group
+whose measured size does not fit is demoted by the planner.
+
+Re-sizing has hysteresis so that a demand near a core boundary does not flap the plan: a group
+grows as soon as its demand needs another core, and shrinks only when one core fewer would be at
+most SHRINK_BUSY busy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Mapping, Optional, Tuple
+
+from temperd.decide.classify import HOT_THREAD_CPUS
+from temperd.plan import CONFINED, EXCLUSIVE
+
+MIN_SAMPLES = 30  # samples (1 s each by default) before a measured demand is trusted
+GROW_TOLERANCE = 0.05  # CPUs over a whole number that do not yet ask for another core
+SHRINK_BUSY = 0.8  # a smaller size must leave this much headroom before a group shrinks to it
+
+GroupKey = Tuple[str, str]  # (workload key, thread group)
+
+
+@dataclass(frozen=True)
+class GroupDemand:
+    """What one thread group used: p95 of its threads' CPUs together, over `samples` samples."""
+
+    cpus: float
+    samples: int
+    history_s: float
+
+    def describe(self) -> str:
+        return f"measured p95 {self.cpus:.2f} CPUs over {self.samples} samples ({self.history_s:.0f} s)"
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The planner's measured input: each group's demand, and the cores each group holds now
+    (from the plan in force), for hysteresis."""
+
+    demand: Mapping[GroupKey, GroupDemand]
+    held: Mapping[GroupKey, int]
+
+    def cores(self, key: GroupKey) -> Tuple[Optional[int], str]:
+        """(whole cores the measurement asks for, why); (None, why) where it does not count yet."""
+        demand = self.demand.get(key)
+        if demand is None:
+            return None, "no usage measured yet"
+        if demand.samples < MIN_SAMPLES:
+            return None, f"{demand.samples} of {MIN_SAMPLES} samples measured so far"
+        return resize(demand.cpus, self.held.get(key)), demand.describe()
+
+
+NO_SIZING = Sizing({}, {})
+
+
+def cores_for(cpus: float) -> int:
+    """Whole cores for a demand: 1.8 -> 2, 2.03 -> 2 (within GROW_TOLERANCE), 2.2 -> 3."""
+    return max(1, math.ceil(round(cpus - GROW_TOLERANCE, 6)))
+
+
+def resize(cpus: float, held: Optional[int]) -> int:
+    """The size for this demand given the size held now (None: none held)."""
+    wanted = cores_for(cpus)
+    if held is None or wanted >= held:
+        return wanted
+    # Shrink one step at a time, and only while the smaller size keeps its headroom.
+    size = held
+    while size > wanted and cpus <= (size - 1) * SHRINK_BUSY:
+        size -= 1
+    return size
+
+
+def held_cores(plan) -> Dict[GroupKey, int]:
+    """The whole cores each exclusive group holds under `plan` (None: no plan yet)."""
+    if plan is None:
+        return {}
+    return {(layer.workload, layer.group): len(layer.cpus) for layer in plan.layers
+            if layer.kind == CONFINED and layer.treatment == EXCLUSIVE and layer.group}
+
+
+def group_demands(summary) -> Dict[str, GroupDemand]:
+    """Per thread group, from a usage_history UsageSummary: its hot threads' p95 (each kept apart
+    in the history) summed with the p95 of the rest of the group (a sum of p95s: at or above the
+    p95 of the sum)."""
+    out: Dict[str, float] = dict(summary.group_rest_p95)
+    for thread in summary.threads:
+        if thread.group is not None and thread.p95 >= HOT_THREAD_CPUS:
+            out[thread.group] = out.get(thread.group, 0.0) + thread.p95
+    return {group: GroupDemand(round(cpus, 3), summary.samples, summary.history_s) for group, cpus in out.items()}

@@ -1,0 +1,148 @@
+"""Exclusive groups sized from what their threads use (decide/sizing.py): the hysteresis rule, and a
+pool of four real busy workers measured the way the usage thread measures them, then planned on
+a 4-core machine shape (two whole cores) and on a 2-core one (demoted to latency, explain says why)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from fixture_shapes import load_fixture_shape
+
+from temperd.config.profile import parse_profile
+from temperd.decide.matcher import ThreadMatch, Workload
+from temperd.decide.planner import plan
+from temperd.decide.sizing import MIN_SAMPLES, NO_SIZING, GroupDemand, Sizing, cores_for, group_demands, held_cores, resize
+from temperd.observe.usage_history import ThreadSample, WorkloadHistory
+from temperd.observe.workload_watch import wanted_cpus
+from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, OWNED
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+POOL = """
+schema_version = 1
+id = "pool"
+[[thread_groups]]
+name = "workers"
+thread_names = ["worker*"]
+treatment = "exclusive"
+[[thread_groups]]
+name = "rest"
+catch_all = true
+treatment = "yield"
+"""
+
+
+def test_cores_for_a_demand_and_the_hysteresis_of_a_resize():
+    assert [cores_for(x) for x in (0.0, 0.3, 1.0, 1.04, 1.2, 1.8, 2.03, 2.2)] == [1, 1, 1, 1, 2, 2, 2, 3]
+    assert resize(1.8, None) == 2
+    assert resize(2.2, 2) == 3, "grows at once"
+    assert resize(0.9, 2) == 2, "one core fewer would be 90 % busy: kept"
+    assert resize(0.75, 2) == 1, "one core fewer is at most 80 % busy: shrinks"
+    assert resize(0.5, 4) == 1
+    for demand in (0.78, 0.8, 0.82, 0.95, 1.0, 1.04):  # near one core, after holding two: never flaps
+        assert resize(demand, resize(demand, 2)) == resize(demand, 2)
+
+
+def test_measured_sizing_counts_only_after_enough_samples_and_is_bounded_by_the_budget():
+    shape = load_fixture_shape("gcp-c2-standard-8")
+    w = pool_workload((101, 102, 103, 104), budget=1.0)
+    profiles = {"pool": parse_profile(POOL, "pool.toml")}
+    few = Sizing({(w.key, "workers"): GroupDemand(1.8, MIN_SAMPLES - 1, 10.0)}, {})
+    layer = workers(plan(shape, [w], profiles, sizing=few))
+    assert len(layer.cpus) == 1 and any(f"{MIN_SAMPLES - 1} of {MIN_SAMPLES} samples" in r for r in layer.reasons)
+    enough = Sizing({(w.key, "workers"): GroupDemand(1.8, MIN_SAMPLES, 30.0)}, {})
+    layer = workers(plan(shape, [w], profiles, sizing=enough))
+    assert len(layer.cpus) == 1, "the budget of 1 CPU bounds what use asks for"
+    assert any("measured p95 1.80 CPUs" in r and "bounded by ceil(1 CPUs" in r for r in layer.reasons)
+    held = held_cores(plan(shape, [pool_workload((101, 102, 103, 104))], profiles, sizing=enough))
+    assert held == {(w.key, "workers"): 2}
+
+
+def test_four_busy_workers_get_two_cores_on_a_4_core_shape_and_are_demoted_on_a_2_core_one():
+    """Four real workers at 40 % each (1.6 CPUs together), sampled from /proc like the usage
+    thread samples them (the share each wanted of the time it was not kept waiting)."""
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, f"worker{i}"], stdout=subprocess.PIPE, text=True)
+             for i in range(4)]
+    try:
+        for proc in procs:
+            assert proc.stdout.readline().strip() == "ready"
+        tids = [proc.pid for proc in procs]
+        history = WorkloadHistory("pool", half_life_s=3600.0)
+        sample_into(history, tids, samples=MIN_SAMPLES, interval_s=0.25)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    demand = group_demands(history.summary())["workers"]
+    assert 1.05 < demand.cpus < 2.05, f"four workers at 40 % measured as {demand.cpus} CPUs"
+    assert demand.samples >= MIN_SAMPLES
+    w = pool_workload(tuple(sorted(tids)))
+    profiles = {"pool": parse_profile(POOL, "pool.toml")}
+    sizing = Sizing({(w.key, "workers"): demand}, {})
+
+    four = load_fixture_shape("gcp-c2-standard-8")
+    assert len(four.cores) == 4
+    layer = workers(plan(four, [w], profiles, sizing=sizing))
+    assert (layer.kind, layer.treatment, layer.ownership, len(layer.cpus)) == (CONFINED, EXCLUSIVE, OWNED, 2)
+    assert len({four.core_of(cpu).core_key for cpu in layer.cpus}) == 2
+    assert any(demand.describe() in r and "2 whole core(s)" in r for r in layer.reasons)
+    without = workers(plan(four, [w], profiles, sizing=NO_SIZING))
+    assert without.kind == OPEN, "sized one core per member, the pool would not fit the 4-core shape either"
+
+    two = load_fixture_shape("this-host")
+    assert len(two.cores) == 2
+    result = plan(two, [w], profiles, sizing=sizing)
+    layer = workers(result)
+    assert (layer.kind, layer.treatment, layer.cpus) == (OPEN, LATENCY, ())
+    assert any("demoted to latency on shared CPUs" in d and "needs 2 whole core(s), only 1 left" in d
+               for d in result.decisions)
+
+
+def pool_workload(tids, budget=None) -> Workload:
+    threads = tuple(ThreadMatch(tid, tids[0], f"worker{i}", "workers", "test") for i, tid in enumerate(tids))
+    return Workload(key="pool.service", profile_id="pool", tier="critical", budget=budget,
+                    budget_reason="test budget" if budget else "no CPU budget", source="binding", reason="test",
+                    unit="pool.service", cgroup="/system.slice/pool.service", pids=(tids[0],), threads=threads)
+
+
+def workers(layer_plan):
+    (layer,) = [l for l in layer_plan.layers if l.group == "workers"]
+    return layer
+
+
+# One worker of the pool: 40 ms of its own CPU time, then 60 ms asleep, for at most a minute.
+WORKER = """
+import ctypes, sys, time
+ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)
+print("ready", flush=True)
+end = time.monotonic() + 60
+while time.monotonic() < end:
+    start = time.process_time()
+    while time.process_time() - start < 0.04:
+        pass
+    time.sleep(0.06)
+"""
+
+
+def sample_into(history: WorkloadHistory, tids, samples: int, interval_s: float) -> None:
+    def read():
+        out = {}
+        for tid in tids:
+            with open(f"/proc/{tid}/schedstat") as handle:
+                ran, waited, _ = (int(x) for x in handle.read().split())
+            out[tid] = (ran, waited)
+        return out, time.monotonic()
+
+    before, at = read()
+    for _ in range(samples):
+        time.sleep(interval_s)
+        now, now_at = read()
+        span = now_at - at
+        history.record(now_at, [ThreadSample(tid, 0, f"worker{i}", "workers",
+                                             wanted_cpus((now[tid][0] - before[tid][0]) / 1e9,
+                                                         (now[tid][1] - before[tid][1]) / 1e9, span))
+                                for i, tid in enumerate(tids)], 0.0, keep=16)
+        before, at = now, now_at
