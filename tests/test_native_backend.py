@@ -20,7 +20,7 @@ from temperd.backends.native import sched
 from temperd.backends.native.autogroup import AUTOGROUP, autogroup_enabled, read_autogroup
 from temperd.backends.native.backend import NativeBackend, scan_threads
 from temperd.backends.native.cgroup_weight import CgroupWeights, WeightSupport
-from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, YIELD, Layer, LayerPlan, MemberSelector
+from temperd.plan import CONFINED, EXCLUSIVE, FENCED, LATENCY, OPEN, OWNED, YIELD, Layer, LayerPlan, MemberSelector
 from temperd.backends.native.pmqos import PmQos
 from temperd.backends.status import BackendStatus
 from temperd.sources import procfs
@@ -260,7 +260,7 @@ def L(name, kind, treatment, tids, **kw):
     return Layer(name=name, kind=kind, treatment=treatment, tier="critical", workload="w", group=name,
                  selector=MemberSelector(tids=tuple(tids)), **kw)
 plan = LayerPlan(layers=(
-    L("hot", CONFINED, EXCLUSIVE, spec["hot"], cpus=(1,)),
+    L("hot", CONFINED, EXCLUSIVE, spec["hot"], cpus=(1,), ownership=spec["ownership"]),
     L("net", OPEN, LATENCY, spec["net"], nice=-5),
     L("bg", OPEN, YIELD, spec["bg"], policy="idle"),
 ), reserve_cpus=(0,))
@@ -272,12 +272,13 @@ time.sleep(60)
 """
 
 
-def test_restore_after_kill_9_of_the_applier(tmp_path, children, backends, server):
+@pytest.mark.parametrize("ownership", [FENCED, OWNED])
+def test_restore_after_kill_9_of_the_applier(tmp_path, children, backends, server, ownership):
     srv, job, batch, other = server
     kids = (srv, job, other)
     before = {k.pid: snapshot(k.pid) for k in kids}
     spec = {"hot": [srv.threads["hot-0"]], "net": [srv.threads["net-io"]], "bg": job.tids(),
-            "pids": [k.pid for k in kids]}
+            "pids": [k.pid for k in kids], "ownership": ownership}
     applier = subprocess.Popen([sys.executable, "-c", APPLIER, str(tmp_path), json.dumps(spec)],
                                stdout=subprocess.PIPE, text=True)
     try:
@@ -293,15 +294,18 @@ def test_restore_after_kill_9_of_the_applier(tmp_path, children, backends, serve
             applier.kill()
             applier.wait(10)
         applier.stdout.close()
-    # kill -9 restores nothing: the changes are still there, and so is the state file.
-    assert cpus_allowed(other.pid, other.threads["other-a"]) == _rest()
+    # kill -9 restores nothing: the changes are still there, and so is the state file. Owned: the
+    # others were never kept off the exclusive CPU.
+    fenced = ownership == FENCED
+    assert cpus_allowed(other.pid, other.threads["other-a"]) == (_rest() if fenced else before[other.pid][
+        other.threads["other-a"]][0])
     state = tmp_path / "native-state.json"
     assert state.exists()
 
     fresh = backends(tmp_path)
     result = fresh.recover()
     assert not result.failed, result.errors
-    assert result.restored["affinity"] >= len(srv.tids()) + len(job.tids()) + len(other.tids())
+    assert result.restored["affinity"] >= (len(srv.tids()) + len(job.tids()) + len(other.tids()) if fenced else 1)
     assert result.restored["nice"] == 1 and result.restored["policy"] == len(job.tids())
     assert {k.pid: snapshot(k.pid) for k in kids} == before
     assert not state.exists()

@@ -1,6 +1,6 @@
 """Owned exclusive CPUs on real threads: the owner runs there first, others borrow the CPU while it
-sleeps and give it up the moment it wakes; a fenced CPU keeps them off. Both restored after stop
-and after kill -9 of the applier.
+sleeps and give it up the moment it wakes; a fenced CPU keeps them off. Both are restored after
+stop (here) and after kill -9 of the applier (test_native_backend.py, for both).
 
 The wakeup test is the mechanism's own check with generous bounds for a noisy host: an owner's
 wakeup-to-run latency (a 1 ms timer sleep, how late it runs) with a borrower spinning on its CPU,
@@ -10,9 +10,7 @@ carries the tight numbers on real servers.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -150,54 +148,3 @@ def test_owned_cpu_stays_open_to_others_and_a_fenced_one_keeps_them_off(tmp_path
     stopped = backend.stop()
     assert not stopped.failed, stopped.errors
     assert {k.pid: snapshot(k.pid) for k in (owner, other)} == before
-
-
-APPLIER = r"""
-import json, sys, time
-from temperd.backends.native.backend import NativeBackend, scan_threads
-from temperd.backends.native.cgroup_weight import CgroupWeights, WeightSupport
-from temperd.backends.native.pmqos import PmQos
-from temperd.plan import CONFINED, EXCLUSIVE, OPEN, YIELD, Layer, LayerPlan, MemberSelector
-state_dir, spec = sys.argv[1], json.loads(sys.argv[2])
-def L(name, kind, treatment, tids, **kw):
-    return Layer(name=name, kind=kind, treatment=treatment, tier="critical", workload="w", group=name,
-                 selector=MemberSelector(tids=tuple(tids)), **kw)
-plan = LayerPlan(layers=(
-    L("owner", CONFINED, EXCLUSIVE, spec["owner"], cpus=(1,), ownership=spec["ownership"]),
-    L("bg", OPEN, YIELD, spec["bg"], policy="idle"),
-), reserve_cpus=(0,))
-backend = NativeBackend(state_dir, pmqos=PmQos(state_dir + "/no-sysfs"),
-                        weights=CgroupWeights(WeightSupport(None, None, "off")))
-result = backend.apply(plan, scan_threads(spec["pids"]))
-print(json.dumps({"failed": result.failed}), flush=True)
-time.sleep(60)
-"""
-
-
-@pytest.mark.parametrize("ownership", [OWNED, FENCED])
-def test_restore_after_kill_9_of_the_applier(tmp_path, backends, children, ownership):
-    owner = children.spawn(["owner"])
-    job = children.spawn(["bg-a"])
-    other = children.spawn(["other-a"])
-    kids = (owner, job, other)
-    before = {k.pid: snapshot(k.pid) for k in kids}
-    spec = {"owner": [owner.threads["owner"]], "bg": job.tids(), "pids": [k.pid for k in kids],
-            "ownership": ownership}
-    applier = subprocess.Popen([sys.executable, "-c", APPLIER, str(tmp_path), json.dumps(spec)],
-                               stdout=subprocess.PIPE, text=True)
-    try:
-        assert not read_json_line(applier, 30)["failed"]
-        assert cpus_allowed(owner.pid, owner.threads["owner"]) == str(EXCL_CPU)
-        assert policy_of(job.pid, job.threads["bg-a"]) == sched.SCHED_IDLE
-        expected_other = before[other.pid] if ownership == OWNED else {
-            t: (_rest(), p, n) for t, (_, p, n) in before[other.pid].items()}
-        assert snapshot(other.pid) == expected_other
-        applier.send_signal(signal.SIGKILL)
-        applier.wait(10)
-    finally:
-        stop(applier)
-    assert (tmp_path / "native-state.json").exists()
-    result = backends(tmp_path).recover()
-    assert not result.failed, result.errors
-    assert {k.pid: snapshot(k.pid) for k in kids} == before
-    assert not (tmp_path / "native-state.json").exists()

@@ -14,7 +14,7 @@ from fixture_shapes import load_fixture_shape
 from temperd.config.profile import parse_profile
 from temperd.decide.matcher import ThreadMatch, Workload
 from temperd.decide.planner import plan
-from temperd.decide.sizing import MIN_SAMPLES, NO_SIZING, GroupDemand, Sizing, cores_for, group_demands, held_cores, resize
+from temperd.decide.sizing import MIN_SAMPLES, NO_SIZING, GroupDemand, Sizing, cores_for, group_demands, resize
 from temperd.observe.usage_history import ThreadSample, WorkloadHistory
 from temperd.observe.workload_watch import wanted_cpus
 from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, OWNED
@@ -57,8 +57,11 @@ def test_measured_sizing_counts_only_after_enough_samples_and_is_bounded_by_the_
     layer = workers(plan(shape, [w], profiles, sizing=enough))
     assert len(layer.cpus) == 1, "the budget of 1 CPU bounds what use asks for"
     assert any("measured p95 1.80 CPUs" in r and "bounded by ceil(1 CPUs" in r for r in layer.reasons)
-    held = held_cores(plan(shape, [pool_workload((101, 102, 103, 104))], profiles, sizing=enough))
-    assert held == {(w.key, "workers"): 2}
+    assert enough.sizes() == {(w.key, "workers"): 2}
+    assert few.sizes() == {}, "too few samples: no size, and no replan asked for"
+    cooled = Sizing({(w.key, "workers"): GroupDemand(0.9, 60, 60.0)}, enough.sizes())
+    assert cooled.sizes() == {(w.key, "workers"): 2}, "0.9 CPUs on one core would be 90 % busy: kept at 2"
+    assert Sizing(cooled.demand, {}).sizes() == {(w.key, "workers"): 1}
 
 
 def test_four_busy_workers_get_two_cores_on_a_4_core_shape_and_are_demoted_on_a_2_core_one():

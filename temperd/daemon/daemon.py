@@ -32,7 +32,7 @@ from temperd.daemon import status_report
 from temperd.daemon.control_commands import ControlCommands
 from temperd.daemon.instance_lock import AlreadyRunning, InstanceLock
 from temperd.daemon.main_loop import REPLAN, STOP, RELOAD, MainLoop, Requests
-from temperd.decide.sizing import NO_SIZING, Sizing, held_cores
+from temperd.decide.sizing import NO_SIZING, GroupKey, Sizing
 from temperd.daemon.notify import Notifier
 from temperd.daemon.reload import ReloadResult, ViewLoader, restart_only_changes, summary_of
 from temperd.daemon.services import Services
@@ -85,6 +85,7 @@ class Daemon:
         self.backend: Optional[Backend] = None
         self.last_apply: Optional[Any] = None
         self.replans = 0
+        self._sizes: Dict[GroupKey, int] = {}  # exclusive groups' measured sizes the plan was made with
         self.sampler: Optional[Sampler] = None
         self.watch: Optional[WorkloadWatch] = None  # classification and rightsizing ([classify], [rightsizing])
         self.journal = Journal()  # what temperd did and why, for the operator's log
@@ -236,7 +237,9 @@ class Daemon:
         assert self.view is not None and self.matcher is not None and self.backend is not None
         snapshot = self.inventory.snapshot()
         self._refresh_busiest()
-        match, layer_plan = decide(self.view, self.matcher, snapshot.processes.values(), self._sizing())
+        sizing = self._sizing()
+        match, layer_plan = decide(self.view, self.matcher, snapshot.processes.values(), sizing)
+        self._sizes = sizing.sizes()
         unchanged = changes is not None and layer_plan == self.plan
         self.match, self.plan = match, layer_plan
         if unchanged:
@@ -261,7 +264,13 @@ class Daemon:
         """Exclusive groups sized by what their threads were measured to use ([rightsizing])."""
         if self.watch is None or not self.watch.settings.rightsizing:
             return NO_SIZING
-        return Sizing(self.watch.group_demands(), held_cores(self.plan))
+        return Sizing(self.watch.group_demands(), self._sizes)
+
+    def resize_if_due(self) -> None:
+        """Replan when an exclusive group's measured use asks for another size than the plan in
+        force was made with (hysteresis in decide/sizing.py keeps this from flapping)."""
+        if self.plan is not None and self._sizing().sizes() != self._sizes:
+            self.replan("resize")
 
     def _refresh_busiest(self) -> None:
         """Recent runtimes matter only for processes of profiles with a `busiest` group."""

@@ -170,6 +170,7 @@ class MainLoop:
                 daemon.replan("reconcile")
         if now >= self.next_observe:
             daemon.observe()
+            daemon.resize_if_due()
             self.next_observe = now + daemon.observe_interval_s
         return now
 

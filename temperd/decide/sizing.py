@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple
 
 from temperd.decide.classify import HOT_THREAD_CPUS
-from temperd.plan import CONFINED, EXCLUSIVE
 
 MIN_SAMPLES = 30  # samples (1 s each by default) before a measured demand is trusted
 GROW_TOLERANCE = 0.05  # CPUs over a whole number that do not yet ask for another core
@@ -41,11 +40,16 @@ class GroupDemand:
 
 @dataclass(frozen=True)
 class Sizing:
-    """The planner's measured input: each group's demand, and the cores each group holds now
-    (from the plan in force), for hysteresis."""
+    """The planner's measured input: each group's demand, and the size each group was given by
+    the previous plan (whether or not it fitted the host), for hysteresis."""
 
     demand: Mapping[GroupKey, GroupDemand]
     held: Mapping[GroupKey, int]
+
+    def sizes(self) -> Dict[GroupKey, int]:
+        """The size of every group whose measurement counts: the next plan's `held`, and what a
+        replan is due for when it changes."""
+        return {key: size for key in self.demand for size in (self.cores(key)[0],) if size is not None}
 
     def cores(self, key: GroupKey) -> Tuple[Optional[int], str]:
         """(whole cores the measurement asks for, why); (None, why) where it does not count yet."""
@@ -75,14 +79,6 @@ def resize(cpus: float, held: Optional[int]) -> int:
     while size > wanted and cpus <= (size - 1) * SHRINK_BUSY:
         size -= 1
     return size
-
-
-def held_cores(plan) -> Dict[GroupKey, int]:
-    """The whole cores each exclusive group holds under `plan` (None: no plan yet)."""
-    if plan is None:
-        return {}
-    return {(layer.workload, layer.group): len(layer.cpus) for layer in plan.layers
-            if layer.kind == CONFINED and layer.treatment == EXCLUSIVE and layer.group}
 
 
 def group_demands(summary) -> Dict[str, GroupDemand]:
