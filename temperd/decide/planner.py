@@ -78,8 +78,9 @@ class _CoreAllocator:
 
 def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
          settings: PlannerSettings = PlannerSettings(), sizing: Sizing = NO_SIZING) -> LayerPlan:
-    """sizing: what the exclusive groups' threads were measured to use, and the cores each holds
-    now (decide/sizing.py); without it, exclusive groups are sized from their budgets."""
+    """sizing: what the exclusive groups' threads were measured to use, and the size each was
+    given by the previous plan (decide/sizing.py); without it, exclusive groups are sized from
+    their budgets."""
     alloc = _CoreAllocator(shape, settings.reserve_cpus)
     reserve = tuple(sorted(cpu for core in alloc.cores[: alloc.reserve_cores] for cpu in core))
     decisions = [f"reserve for everything else: CPUs {_cpus(reserve)} ({alloc.reserve_cores} whole core(s) "
