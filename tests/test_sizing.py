@@ -46,7 +46,7 @@ def test_cores_for_a_demand_and_the_hysteresis_of_a_resize():
         assert resize(demand, resize(demand, 2)) == resize(demand, 2)
 
 
-def test_measured_sizing_counts_only_after_enough_samples_and_is_bounded_by_the_budget():
+def test_measured_sizing_counts_only_after_enough_samples_and_a_pool_over_its_budget_is_demoted():
     shape = load_fixture_shape("gcp-c2-standard-8")
     w = pool_workload((101, 102, 103, 104), budget=1.0)
     profiles = {"pool": parse_profile(POOL, "pool.toml")}
@@ -55,8 +55,11 @@ def test_measured_sizing_counts_only_after_enough_samples_and_is_bounded_by_the_
     assert len(layer.cpus) == 1 and any(f"{MIN_SAMPLES - 1} of {MIN_SAMPLES} samples" in r for r in layer.reasons)
     enough = Sizing({(w.key, "workers"): GroupDemand(1.8, MIN_SAMPLES, 30.0)}, {})
     layer = workers(plan(shape, [w], profiles, sizing=enough))
-    assert len(layer.cpus) == 1, "the budget of 1 CPU bounds what use asks for"
-    assert any("measured p95 1.80 CPUs" in r and "bounded by ceil(1 CPUs" in r for r in layer.reasons)
+    assert (layer.kind, layer.treatment) == (OPEN, LATENCY), "two cores needed, one in the budget: not pinned to one"
+    assert any("measured p95 1.80 CPUs" in r for r in layer.reasons)
+    assert any("needs 2 whole core(s), more than its budget gives (ceil(1 CPUs" in r for r in layer.reasons)
+    within = Sizing({(w.key, "workers"): GroupDemand(0.7, MIN_SAMPLES, 30.0)}, {})
+    assert len(workers(plan(shape, [w], profiles, sizing=within)).cpus) == 1
     assert enough.sizes() == {(w.key, "workers"): 2}
     assert few.sizes() == {}, "too few samples: no size, and no replan asked for"
     cooled = Sizing({(w.key, "workers"): GroupDemand(0.9, 60, 60.0)}, enough.sizes())

@@ -2,15 +2,16 @@
 
 Sizing rules (temper-profile(5), "cpu_fraction"):
 - an exclusive group gets ceil(workload CPU budget x cpu_fraction) whole physical cores, or, once
-  its threads' use is measured (decide/sizing.py), the whole cores that use needs, bounded by
-  that; its members run on one CPU of each core and the SMT siblings are left idle, so two hot
-  threads never share a core;
+  its threads' use is measured (decide/sizing.py), the whole cores that use needs where the
+  budget gives that many; its members run on one CPU of each core and the SMT siblings are left
+  idle, so two hot threads never share a core;
 - the cores are owned (others may run there while the owners sleep) unless the group asks for a
   fence (`ownership = "fenced"`: nobody else runs there, even while the owners sleep);
 - whole cores for exclusive groups come from what is left after a reserve for everything else
   (the lowest-numbered cores: CPU 0 carries most housekeeping and interrupts);
-- a group whose whole-core demand exceeds what is left is demoted to latency treatment on shared
-  CPUs (an Open layer at the latency nice); the demotion is reported, never silent;
+- a group whose whole-core demand exceeds what is left, or whose measured use needs more cores
+  than its budget gives (pinned to fewer, a pool queues on them), is demoted to latency treatment
+  on shared CPUs (an Open layer at the latency nice); the demotion is reported, never silent;
 - critical-tier workloads without a profile get a tier layer.
 """
 
@@ -146,8 +147,8 @@ def _group_layer(workload: Workload, group: ThreadGroup, alloc: _CoreAllocator, 
     common = dict(name=name, tier=workload.tier, workload=workload.key,
                   group=group.name, selector=_selector(workload, group, members), weight=group.weight)
     if group.treatment == EXCLUSIVE:
-        want = _exclusive_size(workload, group, sizing, reasons)
-        if want <= alloc.available():
+        want, over_budget = _exclusive_size(workload, group, sizing, reasons)
+        if want <= alloc.available() and not over_budget:
             cores = alloc.take(want)
             cpus = tuple(core[0] for core in cores)
             siblings = tuple(cpu for core in cores for cpu in core[1:])
@@ -157,8 +158,8 @@ def _group_layer(workload: Workload, group: ThreadGroup, alloc: _CoreAllocator, 
                          nice=group.nice, slice_us=group.slice_us, idle_resume_us=group.idle_resume_us,
                          ownership=group.ownership, reasons=tuple(reasons), **common)
         nice = min(group.nice, DEFAULT_NICE[LATENCY])
-        text = (f"demoted to latency on shared CPUs (nice {nice}): needs {want} whole core(s), only "
-                f"{alloc.available()} left after the reserve and earlier exclusive groups")
+        text = f"demoted to latency on shared CPUs (nice {nice}): needs {want} whole core(s), " + (
+            over_budget or f"only {alloc.available()} left after the reserve and earlier exclusive groups")
         reasons.append(text)
         decisions.append(f"{where}: {text}")
         return Layer(kind=OPEN, treatment=LATENCY, nice=nice, slice_us=group.slice_us,
@@ -182,9 +183,10 @@ _OWNERSHIP_TEXT = {
 }
 
 
-def _exclusive_size(workload: Workload, group: ThreadGroup, sizing: Sizing, reasons: List[str]) -> int:
-    """Whole cores for an exclusive group: its budget's share, or what its measured use needs
-    bounded by that share."""
+def _exclusive_size(workload: Workload, group: ThreadGroup, sizing: Sizing, reasons: List[str]) -> Tuple[int, str]:
+    """Whole cores for an exclusive group: its budget's share, or what its measured use needs;
+    and why that does not fit its budget ("" when it does). Pinning a pool to fewer cores than
+    it uses would make it queue on them: such a group is demoted instead."""
     if workload.budget is not None:
         bound = exclusive_cores(workload.budget, group.cpu_fraction)
         why = (f"ceil({workload.budget:g} CPUs x cpu_fraction {group.cpu_fraction:g}) = {bound} whole core(s) "
@@ -195,11 +197,9 @@ def _exclusive_size(workload: Workload, group: ThreadGroup, sizing: Sizing, reas
     measured, measured_why = sizing.cores((workload.key, group.name))
     if measured is None:
         reasons.append(why + (f"; not sized by use: {measured_why}" if sizing is not NO_SIZING else ""))
-        return bound
-    want = min(measured, bound)
-    reasons.append(f"{measured_why}: {measured} whole core(s)"
-                   + (f", bounded by {why}" if measured > bound else f" (at most {why})"))
-    return want
+        return bound, ""
+    reasons.append(f"{measured_why}: {measured} whole core(s) (at most {why})")
+    return measured, (f"more than its budget gives ({why})" if measured > bound else "")
 
 
 def _tier_layer(workload: Workload, alloc: _CoreAllocator, weight: int, unique) -> Layer:
