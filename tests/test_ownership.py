@@ -46,8 +46,7 @@ for line in sys.stdin:
 """
 
 SPINNER = r"""
-import os, time
-os.sched_setaffinity(0, {%d})
+import time
 end = time.monotonic() + 120
 while time.monotonic() < end:
     pass
@@ -57,6 +56,11 @@ while time.monotonic() < end:
 def start(args, **kw):
     return subprocess.Popen([sys.executable, "-c", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             **kw)
+
+
+def start_borrower():
+    """A spinner allowed only on the owner's CPU from its first instruction on."""
+    return start([SPINNER], preexec_fn=lambda: os.sched_setaffinity(0, {EXCL_CPU}))
 
 
 def stop(proc):
@@ -104,7 +108,7 @@ def test_owner_wakes_on_its_cpu_as_fast_with_a_borrower_spinning_there_as_when_i
         idle, borrowed = [], []
         for _ in range(BLOCKS):
             idle.append(measure(owner)["p99"])
-            spinner = start([SPINNER % EXCL_CPU])
+            spinner = start_borrower()
             apply(True)
             # Owned: the borrower keeps its own affinity (the owner's CPU) and, in the
             # background tier, runs at idle priority.
