@@ -171,7 +171,10 @@ def ask_explain(socket_path: str, task_id: int) -> Optional[dict]:
 
 def print_explanation(data: dict) -> None:
     """An explanation as text, from its JSON form (the daemon's reply or computed here)."""
-    click.echo(f"process {data['pid']} ({data['process']}), unit {data['unit'] or '-'}, cgroup {data['cgroup'] or '-'}")
+    unit = data["unit"] or "-"
+    if data["unit"] and "system_unit" in data:
+        unit += f" ({'a system unit' if data['system_unit'] else 'not a system unit'}, {data['unit_cgroup']})"
+    click.echo(f"process {data['pid']} ({data['process']}), unit {unit}, cgroup {data['cgroup'] or '-'}")
     workload = data["workload"]
     if workload is None:
         click.echo(f"not treated: {data['why_not']}")

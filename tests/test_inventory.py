@@ -18,6 +18,7 @@ import pytest
 
 from driven import spawn_at_pid
 from temperd.sources import procfs
+from temperd.sources.facts import system_unit_of, unit_from_cgroup
 from temperd.sources.inventory import (EXEC, EXIT, NEW_PROCESS, NEW_THREAD, RENAME, REUSED, UPDATE, Change, Inventory)
 from temperd.sources.proc_connector import ConnectorUnavailable, ProcConnector
 from thread_children import wait_until
@@ -489,14 +490,14 @@ def test_stats_count_events_and_reconciles(live, spawn):
 
 
 def test_unit_from_cgroup_path():
-    assert procfs.unit_from_cgroup("/system.slice/memcached.service") == "memcached.service"
-    assert procfs.unit_from_cgroup("/user.slice/user-1000.slice/session-2.scope") == "session-2.scope"
-    assert procfs.unit_from_cgroup("/system.slice/app.service/worker") == "app.service"
-    assert procfs.unit_from_cgroup(
+    assert unit_from_cgroup("/system.slice/memcached.service") == "memcached.service"
+    assert unit_from_cgroup("/user.slice/user-1000.slice/session-2.scope") == "session-2.scope"
+    assert unit_from_cgroup("/system.slice/app.service/worker") == "app.service"
+    assert unit_from_cgroup(
         "/user.slice/user-1000.slice/user@1000.service/app.slice/foo.service") == "foo.service"
-    assert procfs.unit_from_cgroup("/system.slice") is None
-    assert procfs.unit_from_cgroup("/") is None
-    assert procfs.unit_from_cgroup(None) is None
+    assert unit_from_cgroup("/system.slice") is None
+    assert unit_from_cgroup("/") is None
+    assert unit_from_cgroup(None) is None
 
 
 def test_parse_cgroup_on_a_hybrid_host():
@@ -505,8 +506,31 @@ def test_parse_cgroup_on_a_hybrid_host():
             b"0::/\n")
     paths = procfs.parse_cgroup(data)
     assert (paths.unified, paths.systemd) == ("/", "/system.slice/redis-server.service")
-    assert paths.unit == "redis-server.service"  # the name=systemd path is the fallback
+    assert paths.unit == "redis-server.service"  # systemd's own hierarchy names the unit
     assert procfs.parse_cgroup(b"0::/system.slice/memcached.service\n").unit == "memcached.service"
+
+
+def test_a_login_session_on_a_hybrid_host_is_its_scope_in_user_slice():
+    """The unit and whether it is a system unit come from one path: the name=systemd one where
+    there is one (the v2 path of a hybrid host can be "/" for every process)."""
+    paths = procfs.parse_cgroup(b"9:name=systemd:/user.slice/user-1002.slice/session-9.scope\n0::/\n")
+    assert paths.unit == "session-9.scope"
+    assert system_unit_of(procfs.systemd_cgroup(paths.unified, paths.systemd)) is None
+    # a v2 path that disagrees does not lend its unit
+    paths = procfs.parse_cgroup(b"1:name=systemd:/user.slice/user-1002.slice/session-9.scope\n"
+                                b"0::/system.slice/memcached.service\n")
+    assert paths.unit == "session-9.scope"
+
+
+def test_which_units_the_system_manager_runs():
+    assert system_unit_of("/system.slice/memcached.service") == "memcached.service"
+    assert system_unit_of("/system.slice/app.service/worker") == "app.service"
+    assert system_unit_of("/machine.slice/vm.scope") == "vm.scope"
+    assert system_unit_of("/user.slice/user-1000.slice/session-2.scope") is None
+    assert system_unit_of("/user.slice/user-1000.slice/user@1000.service/app.slice/foo.service") is None
+    assert system_unit_of("/user.slice/foo.service") is None
+    assert system_unit_of("/session-3.scope") is None
+    assert system_unit_of("/") is None and system_unit_of(None) is None and system_unit_of("/system.slice") is None
 
 
 def test_normalise_cmdline():

@@ -23,6 +23,7 @@ from temperd.config.daemon_config import DaemonConfig, parse_config
 from temperd.decide.hostview import decide, load_host_view, make_matcher
 from temperd.decide.trust import TrustPolicy, trust_policy
 from temperd.plan import EXCLUSIVE
+from temperd.sources.facts import ProcessFacts
 from temperd.sources.inventory import Inventory
 
 pytestmark = pytest.mark.root
@@ -131,9 +132,9 @@ def match_pid(view, pid):
 def test_trust_policy_of_a_person_a_system_account_root_and_nobody(hostile_user):
     policy = trust_policy(DaemonConfig())
 
-    class P:
-        def __init__(self, uid, unit=None, cgroup=None):
-            self.uid, self.unit, self.cgroup, self.cgroup_systemd = uid, unit, cgroup, None
+    def P(uid, unit=None, cgroup=None):
+        return ProcessFacts(pid=4242, start_time=1, name="p", exe=None, cmdline=(), cgroup=cgroup, cgroup_systemd=None,
+                            unit=unit, is_kernel_thread=False, ppid=1, threads={}, uid=uid)
 
     assert policy.distrust(P(0)) is None
     assert policy.distrust(P(pwd.getpwnam("daemon").pw_uid)) is None
@@ -180,6 +181,73 @@ def test_trust_section_lets_the_user_be_raised(tmp_path, lookalike):
     by_tid = {t.tid: t for t in workload.threads}
     assert by_tid[names["mc-worker"]].group == "workers"
     assert by_tid[names["memcached"]].group == "dispatch"
+
+
+SYSTEMD_HIERARCHY = "/sys/fs/cgroup/systemd"  # name=systemd on legacy and hybrid hosts
+
+
+@pytest.fixture
+def systemd_placed(hostile_user):
+    """place(PATH): the lookalike, run by the unprivileged user, in PATH of the name=systemd
+    hierarchy only: its cgroup v2 path stays the test's own ("/" here), as every process's is on a
+    hybrid host whose systemd keeps its units in the named hierarchy."""
+    if not os.path.exists(os.path.join(SYSTEMD_HIERARCHY, "cgroup.procs")):
+        pytest.skip("no name=systemd hierarchy: not a legacy or hybrid cgroup host")
+    made, started = [], []
+
+    def place(path):
+        directory = SYSTEMD_HIERARCHY
+        for part in path.strip("/").split("/"):
+            directory = os.path.join(directory, part)
+            if not os.path.isdir(directory):
+                os.mkdir(directory)
+                made.append(directory)
+        proc = run_as(hostile_user, [sys.executable, "-c", CHILD], directory,
+                      {"PATH": "/usr/bin:/bin", "TEMPER_WORKLOAD_PROFILE": "memcached"})
+        started.append(proc)
+        assert proc.stdout.readline().strip() == "ready"
+        with open(f"/proc/{proc.pid}/cgroup") as handle:
+            assert f"name=systemd:{path}\n" in handle.read()
+        return proc
+
+    yield place
+    for proc in started:
+        proc.kill()
+        proc.wait()
+    for directory in reversed(made):
+        wait_for(lambda: _try_rmdir(directory), 5, f"{directory} empty")
+
+
+def _try_rmdir(directory):
+    try:
+        os.rmdir(directory)
+        return True
+    except OSError:
+        return False
+
+
+def test_a_login_session_on_a_hybrid_host_is_not_a_system_unit(tmp_path, hostile_user, systemd_placed):
+    """A process in user.slice/user-UID.slice/session-N.scope of the name=systemd hierarchy, with its
+    cgroup v2 path at the root: the unit is the session's scope, and it is not raised."""
+    uid = hostile_user.pw_uid
+    proc = systemd_placed(f"/user.slice/user-{uid}.slice/session-9{os.getpid() % 1000}.scope")
+    names = threads_by_name(proc.pid)
+    workload, plan = match_pid(host_view(tmp_path), proc.pid)
+    assert workload is not None and workload.profile_id == "memcached"
+    assert workload.key == f"session-9{os.getpid() % 1000}.scope/memcached"  # the unit: its session's scope
+    by_tid = {t.tid: t for t in workload.threads}
+    assert by_tid[names["mc-worker"]].group is None and "exclusive not granted" in by_tid[names["mc-worker"]].reason
+    assert by_tid[names["memcached"]].group is None and "latency not granted" in by_tid[names["memcached"]].reason
+    assert not any(layer.treatment == EXCLUSIVE and names["mc-worker"] in layer.selector.tids for layer in plan.layers)
+
+
+def test_a_system_unit_on_a_hybrid_host_is_raised_whatever_its_user(tmp_path, hostile_user, systemd_placed):
+    proc = systemd_placed(f"/system.slice/tmpd-trust-{os.getpid()}.service")
+    names = threads_by_name(proc.pid)
+    workload, _plan = match_pid(host_view(tmp_path), proc.pid)
+    assert workload is not None and workload.key == f"tmpd-trust-{os.getpid()}.service/memcached"
+    by_tid = {t.tid: t for t in workload.threads}
+    assert by_tid[names["mc-worker"]].group == "workers" and by_tid[names["memcached"]].group == "dispatch"
 
 
 def test_the_real_memcached_executable_run_by_a_user_is_not_raised(tmp_path, hostile_user, untrusted_cgroup):

@@ -17,7 +17,8 @@ class NoSuchTask(LookupError):
 
 def explain(task_id: int, inventory: Inventory, match: MatchResult, layer_plan: Optional[LayerPlan],
             matcher: Matcher) -> Dict[str, Any]:
-    """{"pid", "tid" (None when task_id is a process), "process", "unit", "cgroup",
+    """{"pid", "tid" (None when task_id is a process), "process", "unit", "unit_cgroup" (the
+    systemd path the unit is read from), "system_unit" (run by the system manager), "cgroup" (v2),
     "workload" (None: not treated), "why_not", "threads": the task's threads in its workload, each
     with its "layer", "layers": those layers' kind, treatment, ownership (owned/fenced CPUs, or None), CPUs and the
     planner's reasons}. Raises NoSuchTask."""
@@ -34,7 +35,8 @@ def explain(task_id: int, inventory: Inventory, match: MatchResult, layer_plan: 
     layer_of = {m: layer for layer in (layer_plan.layers if layer_plan else ()) for m in layer.selector.tids}
     layers = {layer_of[t.tid].name: layer_of[t.tid] for t in threads if t.tid in layer_of}
     return {
-        "pid": proc.pid, "tid": tid, "process": proc.name, "unit": proc.unit, "cgroup": proc.cgroup,
+        "pid": proc.pid, "tid": tid, "process": proc.name, "unit": proc.unit,
+        "unit_cgroup": proc.unit_cgroup, "system_unit": proc.system_unit is not None, "cgroup": proc.cgroup,
         "workload": dataclasses.asdict(workload) if workload else None,
         "why_not": None if workload else matcher.explain_unmatched(proc),
         "threads": [{**dataclasses.asdict(t), "layer": layer_of[t.tid].name if t.tid in layer_of else None}

@@ -4,7 +4,9 @@ Everything the matcher reads about a process can be chosen by the user who runs 
 its command line, its environment, even the executable (a copy of /usr/bin/memcached runs as
 anyone). So a treatment that raises standing over other processes goes only to processes the
 host trusts: owned by root or a system account, running in a systemd system unit, or owned by a
-user (or a member of a group) that temperd.toml's [trust] names. Anyone else's match may only
+user (or a member of a group) that temperd.toml's [trust] names. Which unit, and whether the
+system manager runs it, is a fact of the inventory (ProcessFacts.system_unit): a login session's
+scope and a user's own services are never system units, on unified, hybrid and legacy hosts alike. Anyone else's match may only
 lower standing: yield groups and the background tier apply, exclusive and latency groups and the
 critical tier do not, and the reason says why.
 """
@@ -40,19 +42,12 @@ class TrustPolicy:
             return None
         if uid < self.uid_min and uid not in self.nobody_uids:
             return None  # a system account: only root creates those
-        if in_system_unit(proc):
+        if proc.system_unit is not None:
             return None  # only root starts system units (whatever User= they run as)
         name = self.name_of(uid)
         who = f"uid {uid} ({name})" if name else f"uid {uid}"
         return (f"owner {who} is not trusted: not root, a system account or a system unit, nor named "
                 "in [trust] of temperd.toml")
-
-
-def in_system_unit(proc) -> bool:
-    """A unit of the system manager: a unit cgroup outside user.slice (a user's own manager runs
-    its units under user.slice/user-UID.slice/user@UID.service)."""
-    path = proc.cgroup or proc.cgroup_systemd or ""
-    return proc.unit is not None and not (path + "/").startswith("/user.slice/")
 
 
 def raises(treatment: str) -> bool:

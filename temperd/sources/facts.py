@@ -9,6 +9,45 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import FrozenSet, Mapping, Optional, Tuple
 
+# Unit suffixes a process can live in (slices only contain units; they hold no processes).
+UNIT_SUFFIXES = (".service", ".scope", ".socket", ".mount", ".swap")
+USER_SLICE = "user.slice"  # logind's sessions and each user's own manager (user@UID.service)
+
+
+def systemd_cgroup(unified: Optional[str], named: Optional[str]) -> Optional[str]:
+    """The path of the hierarchy systemd keeps its units in: the name=systemd one where the host
+    has it (legacy and hybrid layouts, whose v2 path may be "/" whatever the unit), else the v2
+    path. The unit, its slice and whether it is a system unit are all read from this one path."""
+    return named if named is not None else unified
+
+
+def unit_from_cgroup(path: Optional[str]) -> Optional[str]:
+    """The systemd unit a cgroup path belongs to: its deepest component naming a unit.
+
+    /system.slice/memcached.service -> memcached.service; a delegated subtree such as
+    /system.slice/app.service/worker still belongs to app.service.
+    """
+    if not path:
+        return None
+    for part in reversed(path.split("/")):
+        if part.endswith(UNIT_SUFFIXES):
+            return part
+    return None
+
+
+def system_unit_of(path: Optional[str]) -> Optional[str]:
+    """The unit of a systemd cgroup path when the system manager runs it; None for no unit, a
+    login session or a user's own service (everything under user.slice, any user@UID.service)."""
+    unit = unit_from_cgroup(path)
+    if unit is None:
+        return None
+    parts = (path or "").split("/")
+    if USER_SLICE in parts or any(p.startswith("user@") and p.endswith(".service") for p in parts):
+        return None
+    if unit.startswith("session-") and unit.endswith(".scope"):
+        return None
+    return unit
+
 
 @dataclass(frozen=True)
 class ThreadFacts:
@@ -33,7 +72,7 @@ class ProcessFacts:
     cmdline: Tuple[str, ...]  # a rewritten process title comes as one argument
     cgroup: Optional[str]  # cgroup v2 path (the "0::" line)
     cgroup_systemd: Optional[str]  # name=systemd path on hybrid hosts
-    unit: Optional[str]  # the systemd unit of the cgroup: memcached.service, session-2.scope
+    unit: Optional[str]  # the systemd unit (systemd_cgroup's): memcached.service, session-2.scope
     is_kernel_thread: bool
     ppid: int
     threads: Mapping[int, ThreadFacts]
@@ -41,6 +80,16 @@ class ProcessFacts:
     # Execs seen since the inventory first saw this process: with (pid, start_time) it names one
     # program image, so whatever was read from the environment is read again after an exec.
     execs: int = 0
+
+    @property
+    def unit_cgroup(self) -> Optional[str]:
+        """The cgroup path `unit` comes from (systemd_cgroup)."""
+        return systemd_cgroup(self.cgroup, self.cgroup_systemd)
+
+    @property
+    def system_unit(self) -> Optional[str]:
+        """The unit when the system manager runs it (only root starts those); None otherwise."""
+        return system_unit_of(self.unit_cgroup)
 
     @property
     def title(self) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
 from temperd.sources.shape import parse_cpulist
+from temperd.sources.facts import systemd_cgroup, unit_from_cgroup
 
 PROC = "/proc"
 
@@ -23,9 +24,6 @@ _QUIET = frozenset((errno.ENOENT, errno.ESRCH, errno.EACCES, errno.EPERM, errno.
 
 PF_KTHREAD = 0x00200000  # task flag (stat field 9): a kernel thread
 KTHREADD_PID = 2
-
-# Unit suffixes a process can live in (slices only contain units; they hold no processes).
-UNIT_SUFFIXES = (".service", ".scope", ".socket", ".mount", ".swap")
 
 
 class TaskStat(NamedTuple):
@@ -52,7 +50,7 @@ class CgroupPaths:
 
     @property
     def unit(self) -> Optional[str]:
-        return unit_from_cgroup(self.unified) or unit_from_cgroup(self.systemd)
+        return unit_from_cgroup(systemd_cgroup(self.unified, self.systemd))
 
 
 def read_bytes(path: str, size: int = 4096, single: bool = False) -> Optional[bytes]:
@@ -341,20 +339,6 @@ def read_cgroup(pid: int, tid: Optional[int] = None) -> Optional[CgroupPaths]:
     if data is None:
         return None
     return parse_cgroup(data)
-
-
-def unit_from_cgroup(path: Optional[str]) -> Optional[str]:
-    """The systemd unit a cgroup path belongs to: its deepest component naming a unit.
-
-    /system.slice/memcached.service -> memcached.service; a delegated subtree such as
-    /system.slice/app.service/worker still belongs to app.service.
-    """
-    if not path:
-        return None
-    for part in reversed(path.split("/")):
-        if part.endswith(UNIT_SUFFIXES):
-            return part
-    return None
 
 
 def read_environ_var(pid: int, name: str) -> Optional[str]:

@@ -22,7 +22,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from temperd.backends.native.held import HeldSettings, HostSettingResult, Refused, Setting
 from temperd.files import read_stripped
 from temperd.plan import CgroupWeight
-from temperd.sources.procfs import unit_from_cgroup
+from temperd.sources.facts import unit_from_cgroup
 
 CPU_WEIGHT = "cpu_weight"
 SYSTEMD = "systemd"
