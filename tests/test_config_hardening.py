@@ -160,6 +160,12 @@ def test_config_dir_that_is_a_file_or_missing_fails(tmp_path):
     ("(a|aa)*b", "no alternation inside a repeated group"),
     (r"(x+)\1", "no backreference"),
     (".*a.*b.*c", "within 5 ms"),
+    # escapes and classes: the probe builds its subjects from what the pattern matches
+    (r"\x23*\x23*\x23*\x23*\x23*\x23*\x21", "within 5 ms"),
+    (r"\u0023*\u0023*\u0023*\u0023*\u0023*\u0023*!", "within 5 ms"),
+    (r"[#]*[#]*[#]*[#]*[#]*[#]*!", "within 5 ms"),
+    (r"\d*\d*\d*\d*\d*\d*x", "within 5 ms"),
+    ("a*" * 9 + "b", "at most 8 unbounded repeats"),
 ])
 def test_backtracking_patterns_are_refused_at_validation(pattern, expected):
     with pytest.raises(ConfigError) as info:
@@ -195,3 +201,36 @@ def test_the_reported_attack_pattern_would_have_blocked(tmp_path):
     t20 = time.perf_counter() - start
     assert t20 > 2 * t18  # exponential: two more characters, four times the work
     assert regex_problem("(a+)+$") is not None
+
+
+def test_a_slow_pattern_is_disabled_by_the_daemons_match_budget(caplog):
+    """Rule 4: a pattern that slipped past validation (here: not validated at all) costs one slow
+    search; it is disabled from then on, said once, and status lists it."""
+    from temperd.config import safe_regex
+
+    pattern = r"\x23*\x23*\x23*\x23*\x23*\x23*\x21"  # ~n^7: a 40-character title takes about 0.3 s
+    title = "#" * 40
+    with caplog.at_level("WARNING", logger="temperd.regex"):
+        assert safe_regex.search(pattern, title) is False
+        start = time.thread_time()
+        assert safe_regex.search(pattern, title) is False and safe_regex.search(pattern, "#!") is False
+        assert time.thread_time() - start < safe_regex.MATCH_BUDGET_S
+    assert "over the 50 ms budget" in safe_regex.disabled_patterns()[pattern]
+    assert len(caplog.records) == 1 and "disabled" in caplog.records[0].getMessage()
+    assert safe_regex.search(r"^post", "postgres: idle") is True  # others are untouched
+
+
+def test_the_matcher_searches_within_the_budget(caplog):
+    import dataclasses
+
+    from temperd.config import safe_regex
+    from temperd.decide.matcher import fingerprint_reason
+    from temperd.sources.facts import ProcessFacts
+
+    slow = r"\x23*\x23*\x23*\x23*\x23*\x21\x23*\x23*"  # not what validation would let through
+    profile = parse_profile(profile_text(fingerprint="cmdline = ['^never$']"), "p.toml")
+    profile = dataclasses.replace(profile, fingerprint=dataclasses.replace(profile.fingerprint, cmdline=(slow,)))
+    proc = ProcessFacts(pid=4242, start_time=1, name="p", exe=None, cmdline=("#" * 60,), cgroup=None,
+                        cgroup_systemd=None, unit=None, is_kernel_thread=False, ppid=1, threads={}, uid=0)
+    assert fingerprint_reason(profile, proc) is None
+    assert slow in safe_regex.disabled_patterns()

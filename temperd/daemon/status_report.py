@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from temperd import __version__
+from temperd.config import safe_regex
 
 if TYPE_CHECKING:
     from temperd.daemon.daemon import Daemon
@@ -28,7 +29,8 @@ def status_json(daemon: "Daemon") -> Dict[str, Any]:
         "last_reload": daemon.last_reload.as_dict() if daemon.last_reload else None,
         "backend": backend_json(daemon),
         "machine_shape": view.shape.describe(),
-        "profiles": {"loaded": sorted(pset.active), "failed": [p.as_dict() for p in pset.problems]},
+        "profiles": {"loaded": sorted(pset.active), "failed": [p.as_dict() for p in pset.problems],
+                     "disabled_patterns": safe_regex.disabled_patterns()},
         "workloads": [workload_summary(w) for w in daemon.match.workloads],
         "layers": [{"name": l.name, "kind": l.kind, "treatment": l.treatment, "ownership": l.holds_cpus,
                     "cpus": list(l.cpus),

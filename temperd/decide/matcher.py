@@ -19,14 +19,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from temperd.config.daemon_config import Binding, DaemonConfig
 from temperd.config.profile import Profile, ThreadGroup
 from temperd.config.schema import glob_match
-from temperd.config.safe_regex import bounded_subject
+from temperd.config import safe_regex
 from temperd.decide.trust import RAISING_TIERS, UNTRUSTED_TIER_CAP, TrustPolicy, raises, trust_policy
 from temperd.sources.facts import ProcessFacts
 
@@ -145,7 +144,7 @@ def fingerprint_reason(profile: Profile, proc) -> Optional[str]:
             return f"process name {proc.name!r} matches {pattern!r}"
     text = _cmdline_text(proc)
     for pattern in fp.cmdline:
-        if text and re.search(pattern, bounded_subject(text)):
+        if text and safe_regex.search(pattern, text):
             return f"command line matches {pattern!r}"
     return None
 
@@ -438,6 +437,6 @@ def selector_reason(group: ThreadGroup, comm: str, title: str) -> Optional[str]:
         if glob_match(pattern, comm):
             return f"thread name {comm!r} matches {pattern!r} of group {group.name}"
     for pattern in group.process_titles:
-        if title and re.search(pattern, bounded_subject(title)):
+        if title and safe_regex.search(pattern, title):
             return f"process title matches {pattern!r} of group {group.name}"
     return None
