@@ -9,6 +9,7 @@ import click
 
 from temperd.config.daemon_config import DEFAULT_SOCKET
 from temperd.daemon.control import DaemonNotRunning, DaemonUnavailable, request
+from temperd.text import printable, printable_data
 
 from .output import print_json, print_table
 
@@ -24,7 +25,7 @@ TIMEOUT_S = 30.0  # for temperd's reply
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    click.echo(f"temperctl: {message}", err=True)
+    click.echo(f"temperctl: {printable(message)}", err=True)
     sys.exit(code)
 
 
@@ -39,7 +40,7 @@ def ask(socket_path: str, cmd: str, not_running_exit: int = 1, **args) -> dict:
         fail(str(exc))
     if not reply["ok"]:
         fail(reply["error"])
-    return reply
+    return printable_data(reply)  # names and titles shown escaped, in text and JSON alike
 
 
 def rendered(render: Callable[[], Any], what: str) -> Any:
@@ -80,6 +81,8 @@ def _print_status(status: dict) -> None:
     click.echo(f"profiles:    {len(profiles['loaded'])} loaded ({', '.join(profiles['loaded'])}), {len(profiles['failed'])} failed")
     for failed in profiles["failed"]:
         click.echo(f"  error: {failed['file']}:{failed['line'] or ''}: {failed['key']}: {failed['message']}")
+    for pattern, why in sorted(profiles.get("disabled_patterns", {}).items()):
+        click.echo(f"  disabled: regular expression {pattern!r}: {why}")
     lint = status["lint"]
     click.echo(f"lint:        {lint['total']} violation(s)" +
                (" (" + ", ".join(f"{k} {v}" for k, v in sorted(lint["by_invariant"].items())) + ")" if lint["total"] else ""))

@@ -9,6 +9,7 @@ from temperd import __version__
 from .bind_cmd import bind_command, bindings_command, unbind_command
 from .daemon_cmd import reload_command, status_command
 from .knowledge_cmd import classify_command, rightsize_command
+from .output import guard_output
 from .plan_cmd import explain_command, plan_command
 from .profiles_cmd import profiles
 from .scx_cmd import scx
@@ -23,6 +24,7 @@ from .train_cmd import train_command
 @click.version_option(__version__, prog_name="temperctl")
 def main() -> None:
     """Control and inspect temperd, the per-thread-group CPU scheduling daemon."""
+    guard_output()
 
 
 main.add_command(profiles)

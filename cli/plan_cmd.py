@@ -13,6 +13,7 @@ from temperd.config.daemon_config import DEFAULT_CONFIG_DIR
 from temperd.decide.hostview import HostView, decide, load_host_view, make_matcher
 from temperd.config.errors import ConfigError
 from temperd.daemon.control import DaemonNotRunning, DaemonUnavailable, request
+from temperd.text import printable_data
 from temperd.decide.explain import NoSuchTask, explain
 from temperd.sources.inventory import Inventory
 from temperd.decide.matcher import MatchResult
@@ -120,7 +121,7 @@ def plan_command(dry_run: bool, backend: str, config_dir: str, sysfs_root: str, 
         return
     if dry_run:
         view, _, match, layer_plan = compute(config_dir, sysfs_root)
-        data = plan_json(view, match, layer_plan)
+        data = printable_data(plan_json(view, match, layer_plan))
     else:
         data = ask(socket_path, "plan")
     if as_json:
@@ -147,7 +148,7 @@ def explain_command(task_id: int, dry_run: bool, config_dir: str, socket_path: s
     if data is None:
         view, inventory, match, layer_plan = compute(config_dir, "/sys")
         try:
-            data = explain(task_id, inventory, match, layer_plan, make_matcher(view))
+            data = printable_data(explain(task_id, inventory, match, layer_plan, make_matcher(view)))
         except NoSuchTask as exc:
             raise click.ClickException(str(exc))
     if as_json:
@@ -166,7 +167,7 @@ def ask_explain(socket_path: str, task_id: int) -> Optional[dict]:
         raise click.ClickException(str(exc))
     if not reply.get("ok"):
         raise click.ClickException(reply.get("error", "request failed"))
-    return rendered(lambda: dict(reply["explain"]), "explain")
+    return rendered(lambda: dict(printable_data(reply["explain"])), "explain")
 
 
 def print_explanation(data: dict) -> None:

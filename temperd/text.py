@@ -4,12 +4,15 @@ terminal title (OSC), colour or clear the screen, start a new log line or a new 
 
 from __future__ import annotations
 
+import logging
 import re
+from typing import Any
 
 # C0 controls (ESC, newline, carriage return, ...), DEL, C1 controls (CSI, OSC as one byte), the
 # Unicode line and paragraph separators and the bidirectional overrides and isolates (which
 # make text display in an order other than its own).
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_UNSAFE_IN_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")  # keeps \t \n
 
 
 def _escape(match: "re.Match[str]") -> str:
@@ -21,3 +24,28 @@ def printable(text: object) -> str:
     text without one comes back unchanged."""
     text = str(text)
     return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
+
+
+def printable_lines(text: str) -> str:
+    """printable(), but newlines and tabs kept: for whole output whose lines are its own."""
+    return _UNSAFE_IN_LINES.sub(_escape, text) if _UNSAFE_IN_LINES.search(text) else text
+
+
+def printable_data(data: Any) -> Any:
+    """A JSON-like value with every string in it (keys too) made printable()."""
+    if isinstance(data, str):
+        return printable(data)
+    if isinstance(data, dict):
+        return {printable_data(k): printable_data(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [printable_data(v) for v in data]
+    return data
+
+
+class PrintableFormatter(logging.Formatter):
+    """Log lines whose message is printable(): a process name, a title or what a client sent
+    cannot end the line and forge the next one, nor reach a terminal reading the journal."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)

@@ -198,3 +198,70 @@ def test_refine_without_an_output_file_is_a_usage_error(temperd, tmp_path):
     out = temperd.temperctl("train", "evaluate", str(profile), "--pid", str(os.getpid()), "--bench", "true",
                             "--metric", "(x)", "--refine")
     assert out.returncode == 2 and "--refine writes the profile it finds: give -o OUT.toml" in out.stderr
+
+
+def test_temperd_its_ancestors_pid_1_and_kernel_threads_cannot_be_bound(temperd, tmp_path):
+    """A binding covers the process's descendants, and SCHED_IDLE starves a thread beside any busy
+    one: temperd, PID 1 (every process's ancestor), temperd's other ancestors (this test runs
+    it) and kernel threads are refused, in one line each, and nothing is bound."""
+    profile = tmp_path / "yield.toml"
+    profile.write_text(BOUND.replace('nice = -3', 'nice = 0').replace('treatment = "latency"', 'treatment = "yield"\n'
+                                                                      'yield_policy = "idle"'))
+    for pid, why in ((temperd.proc.pid, "temperd itself"), (1, "init process"), (os.getpid(), "an ancestor of temperd"),
+                     (2, "kernel thread")):
+        out = temperd.temperctl("bind", "--pid", str(pid), "--profile", str(profile))
+        assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert why in out.stderr and "refused" in out.stderr
+    assert temperd.status()["state"] == "running"
+    assert temperd.temperctl("bindings").stdout.strip() == "no runtime bindings"
+
+
+@pytest.fixture
+def binders():
+    """A group whose members may use the control socket, as `temper` is on a packaged host."""
+    name = "tmpd-binders"
+    subprocess.run(["groupdel", name], capture_output=True)
+    if subprocess.run(["groupadd", name], capture_output=True).returncode != 0:
+        pytest.skip("cannot create a group (groupadd)")
+    import grp
+
+    yield name, grp.getgrnam(name).gr_gid
+    subprocess.run(["groupdel", name], capture_output=True)
+
+
+def test_a_member_of_the_socket_group_binds_only_its_own_processes(tmp_path, binders):
+    group, gid = binders
+    shared = tmp_path.parent / f"tmpd-bind-{os.getpid()}"  # reachable by the member (tmp_path is root's alone)
+    shared.mkdir(mode=0o755, exist_ok=True)
+    os.chmod(shared, 0o755)
+    profile = shared / "bound.toml"
+    profile.write_text(BOUND)
+    os.chmod(profile, 0o644)
+    daemon = Temperd(tmp_path)
+    daemon.socket = str(shared / "temperd.sock")
+    daemon.write_config(socket=daemon.socket)
+    with open(daemon.config_dir / "temperd.toml", "a") as config:
+        config.write(f'group = "{group}"\n')  # the [control] table is the last one written
+    member = dict(user=54321, group=gid, extra_groups=[])
+    theirs = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # root's
+    mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], **member)
+    daemon.start()
+    try:
+        def bind(pid):
+            return subprocess.run([os.path.join(os.path.dirname(sys.executable), "temperctl"), "bind", "--pid", str(pid),
+                                   "--profile", str(profile), "--socket", daemon.socket],
+                                  capture_output=True, text=True, timeout=60, **member)
+
+        wait_for(lambda: daemon.temperctl("explain", str(mine.pid)).returncode == 0, 10, "the processes known")
+        refused = bind(theirs.pid)
+        assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert "belongs to uid 0, not to you (uid 54321)" in refused.stderr
+        allowed = bind(mine.pid)
+        assert allowed.returncode == 0, allowed.stderr
+        listed = daemon.temperctl("bindings", "--json")
+        assert "uid 54321" in listed.stdout and f'"pid": {mine.pid}' in listed.stdout, listed.stdout
+    finally:
+        daemon.stop()
+        for proc in (theirs, mine):
+            proc.kill()
+            proc.wait()

@@ -4,24 +4,56 @@ evaluate` and for operators. Runtime only: a binding ends with `unbind`, with th
 temperd stops; the threads it moved are put back like any others. It is checked like a profile
 file (the strict loader, the regular-expression bounds), and the trust rules still decide: a
 binding raises only processes the host trusts, whoever asked.
+
+Who may bind what: root any process but these; a member of group temper only processes of its
+own uid (a binding can lower a process, and SCHED_IDLE starves it beside any busy thread). No one
+binds PID 1, temperd or an ancestor of temperd (a binding covers descendants), or a kernel thread.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict
-
 import dataclasses
+import os
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Set
 
 from temperd.config.errors import ConfigError
 from temperd.config.profile import parse_profile
-from temperd.daemon.control import ControlError, Progress, shown, task_id
+from temperd.daemon.control import PEER, ControlError, Peer, Progress, requester, shown, task_id
 from temperd.decide.matcher import RuntimeBinding
 from temperd.plan import TIERS
+from temperd.text import printable
 
 if TYPE_CHECKING:
     from temperd.daemon.daemon import Daemon
 
 MAX_PROFILE_BYTES = 60 * 1024  # what fits in one request line
+
+
+def temperd_and_ancestors(process: Callable[[int], Any]) -> Set[int]:
+    """temperd's pid and those of its ancestors (PID 1 among them), by the inventory's `process`."""
+    pid, chain = os.getpid(), {1}
+    while pid > 0 and pid not in chain:
+        chain.add(pid)
+        proc = process(pid)
+        pid = proc.ppid if proc is not None else 0
+    return chain
+
+
+def bind_refusal(pid: int, proc, peer: Optional[Peer], protected: Set[int]) -> Optional[str]:
+    """Why this peer may not bind this process, or None."""
+    if proc is None:
+        return f"pid {pid}: no such process"
+    if proc.is_kernel_thread:
+        return f"pid {pid} is a kernel thread: refused"
+    if pid == 1:
+        return "pid 1 is the init process: refused (a binding covers every descendant)"
+    if pid in protected:
+        what = "temperd itself" if pid == os.getpid() else "an ancestor of temperd"
+        return f"pid {pid} is {what}: refused (temperd must stay responsive)"
+    if peer is not None and peer.uid != 0 and proc.uid != peer.uid:
+        return (f"pid {pid} belongs to uid {proc.uid}, not to you (uid {peer.uid}): members of group temper bind "
+                "only their own processes; root binds any")
+    return None
 
 
 class BindCommands:
@@ -45,15 +77,16 @@ class BindCommands:
         except ConfigError as exc:
             problems = exc.problems
             raise ControlError(f"{problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")) from None
-        requester = str(request.get("requester") or "control socket")[:200]
         daemon = self.daemon
         with daemon.lock:
             proc = daemon.inventory.process(pid)
-            if proc is None or proc.is_kernel_thread:
-                raise ControlError(f"pid {pid}: no such process" if proc is None else f"pid {pid} is a kernel thread")
-            bound = dataclasses.replace(profile, id=RuntimeBinding.bound_id(profile.id, pid), source=f"bind:{name}")
+            refused = bind_refusal(pid, proc, request.get(PEER), temperd_and_ancestors(daemon.inventory.process))
+            if refused:
+                raise ControlError(refused)
+            bound = dataclasses.replace(profile, id=RuntimeBinding.bound_id(profile.id, pid),
+                                        source=f"bind:{printable(name)}")
             bindings = dict(daemon.runtime_bindings)
-            bindings[pid] = RuntimeBinding(pid, proc.start_time, bound, tier, requester)
+            bindings[pid] = RuntimeBinding(pid, proc.start_time, bound, tier, requester(request))
             daemon.set_runtime_bindings(bindings, f"bind pid {pid} to {profile.id}")
             return {"bound": self._describe(pid)}
 

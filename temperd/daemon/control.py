@@ -20,6 +20,7 @@ import grp
 import json
 import logging
 import os
+import pwd
 import selectors
 import socket
 import socketserver
@@ -27,8 +28,9 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, NamedTuple, Optional
 
+from temperd.text import printable
 from temperd.wakeup import Wakeup
 
 log = logging.getLogger("temperd.control")
@@ -70,17 +72,46 @@ def task_id(value: Any, key: str = "id") -> int:
     return value
 
 
-def _peer_allowed(sock: socket.socket, gid: Optional[int]) -> bool:
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, peer_gid = struct.unpack("3i", creds)
-    if uid == 0 or gid is None:
-        return uid == 0
-    if peer_gid == gid:
+class Peer(NamedTuple):
+    """Who is on the other end of a connection, as the kernel says (SO_PEERCRED); commands get it
+    as request["peer"], which a client cannot set."""
+
+    pid: int
+    uid: int
+    gid: int
+
+    @staticmethod
+    def of(sock: socket.socket) -> "Peer":
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return Peer(*struct.unpack("3i", creds))
+
+    def describe(self) -> str:
+        try:
+            name = f" ({pwd.getpwuid(self.uid).pw_name})"
+        except KeyError:
+            name = ""
+        return f"uid {self.uid}{name} pid {self.pid}"
+
+
+PEER = "peer"  # the request key dispatch() sets to the Peer, whatever the client sent there
+
+
+def requester(request: Dict[str, Any]) -> str:
+    """Who asked, for the log, a binding and a trace's notes: the kernel's word for the peer, then
+    what the client says of itself (escaped, bounded), never the other way round."""
+    peer = request.get(PEER)
+    said = request.get("requester")
+    who = peer.describe() if isinstance(peer, Peer) else "control socket"
+    return f"{who} ({printable(said)[:200]})" if isinstance(said, str) and said else who
+
+
+def _peer_allowed(peer: Peer, gid: Optional[int]) -> bool:
+    if peer.uid == 0 or gid is None:
+        return peer.uid == 0
+    if peer.gid == gid:
         return True
     try:
-        import pwd
-
-        name = pwd.getpwuid(uid).pw_name
+        name = pwd.getpwuid(peer.uid).pw_name
         return name in grp.getgrgid(gid).gr_mem
     except KeyError:
         return False
@@ -257,7 +288,8 @@ class ControlServer:
 
         class _Client(socketserver.BaseRequestHandler):
             def handle(self) -> None:
-                if not _peer_allowed(self.request, outer.gid):
+                peer = Peer.of(self.request)
+                if not _peer_allowed(peer, outer.gid):
                     self._send(error_reply("permission denied: root or group temper only"))
                     return
                 lines = LineReader(self.request, MAX_REQUEST)
@@ -274,7 +306,7 @@ class ControlServer:
                         return
                     if raw is None:
                         return
-                    self._send(outer.dispatch(raw, lambda note: self._send({"progress": True, **note})))
+                    self._send(outer.dispatch(raw, lambda note: self._send({"progress": True, **note}), peer))
 
             def _send(self, reply: Dict[str, Any]) -> None:
                 self.request.settimeout(SEND_TIMEOUT_S)
@@ -282,8 +314,8 @@ class ControlServer:
 
         return _Client
 
-    def dispatch(self, raw: bytes, progress: Progress = lambda note: None) -> Dict[str, Any]:
-        """The reply to one request line; never raises."""
+    def dispatch(self, raw: bytes, progress: Progress = lambda note: None, peer: Optional[Peer] = None) -> Dict[str, Any]:
+        """The reply to one request line; never raises. `peer`: who sent it (None: in-process)."""
         try:
             request = json.loads(raw)
         except (ValueError, RecursionError) as exc:
@@ -292,6 +324,7 @@ class ControlServer:
         if not isinstance(request, dict):
             return error_reply(f'bad request: expected a JSON object such as {{"cmd": "status"}}, '
                                f"found {type(request).__name__} {shown(request)}")
+        request[PEER] = peer
         cmd = request.get("cmd")
         handler = self.handlers.get(cmd) if isinstance(cmd, str) else None
         if handler is None:

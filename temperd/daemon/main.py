@@ -10,6 +10,7 @@ import click
 
 from temperd import __version__
 from temperd.config.daemon_config import DEFAULT_CONFIG_DIR
+from temperd.text import PrintableFormatter
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,9 +27,10 @@ from temperd.config.daemon_config import DEFAULT_CONFIG_DIR
 def main(config_dir, sysfs_root, state_dir, http_port, control_socket, log_level, check) -> None:
     """Per-thread-group CPU scheduling daemon. Runs in the foreground and logs to stderr;
     SIGHUP reloads, SIGTERM stops and restores every thread it changed."""
-    logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s" if os.environ.get("INVOCATION_ID")
-                        else "%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(PrintableFormatter("%(levelname)s %(name)s: %(message)s" if os.environ.get("INVOCATION_ID")
+                                            else "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, log_level.upper()), handlers=[handler])
     logging.getLogger("watchdog").setLevel(logging.WARNING)  # its debug output is per inotify event
     if check:
         sys.exit(_check(config_dir, sysfs_root))

@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional
 
 from temperd import paths
 from temperd.trace import capture as trace_capture
-from temperd.daemon.control import ControlError, Progress, shown, task_id
+from temperd.daemon.control import ControlError, Progress, requester, shown, task_id
 from temperd.trace.capture import CaptureRequest, TraceError, capture, parse_duration, parse_size
 
 TRACE_DIR = paths.TRACE_DIR
@@ -104,9 +104,8 @@ def capture_request(request: Dict[str, Any], prefix: str, default_duration_s: fl
     name = time.strftime(f"{prefix}-%Y%m%d-%H%M%S") + f"-{time.monotonic_ns() % 1_000_000:06d}.txt"
     if request.get("gzip"):
         name += ".gz"
-    requester = str(request.get("requester") or "control socket")[:200]
     return CaptureRequest(output=os.path.join(directory, name), duration_s=duration, max_bytes=max_bytes, pid=pid,
-                          unit=unit, requester=requester)
+                          unit=unit, requester=requester(request))
 
 
 def relayed(progress: Progress, what: str) -> Progress:

@@ -24,6 +24,7 @@ from temperd.decide.classify import (BUSIEST_THREAD, CPU_CAPACITY, CPU_DEMAND, C
                                      HOT_THREADS, Hints, WorkloadSignals, classify, traits_of)
 from temperd.decide.planner import exclusive_cores
 from temperd.plan import EXCLUSIVE, YIELD
+from temperd.text import printable
 from temperd.training.analyze import BUSY_CPU, Analysis, Cluster, wakers_summary
 from temperd.training.features import ThreadFeatures
 from temperd.training.samples import ProcessInfo
@@ -207,7 +208,8 @@ def synthesize(analysis: Analysis, root: Optional[ProcessInfo], shape: ShapeFact
     body: List[str] = []
     for cluster in analysis.clusters:
         body += [""] + _group_toml(cluster, analysis)
-    text = "\n".join(head + body) + "\n"
+    # Comments quote thread names and titles: escaped, so a newline in one cannot start a TOML line.
+    text = "\n".join(printable(line) if line.startswith("#") else line for line in head + body) + "\n"
     check(text, f"{pid}.toml")
     return text
 
