@@ -7,8 +7,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -231,8 +234,7 @@ def binders():
 
 def test_a_member_of_the_socket_group_binds_only_its_own_processes(tmp_path, binders):
     group, gid = binders
-    shared = tmp_path.parent / f"tmpd-bind-{os.getpid()}"  # reachable by the member (tmp_path is root's alone)
-    shared.mkdir(mode=0o755, exist_ok=True)
+    shared = pathlib.Path(tempfile.mkdtemp(prefix="tmpd-bind-", dir="/tmp"))  # the member reaches it; not tmp_path
     os.chmod(shared, 0o755)
     profile = shared / "bound.toml"
     profile.write_text(BOUND)
@@ -265,3 +267,4 @@ def test_a_member_of_the_socket_group_binds_only_its_own_processes(tmp_path, bin
         for proc in (theirs, mine):
             proc.kill()
             proc.wait()
+        shutil.rmtree(shared, ignore_errors=True)
