@@ -46,6 +46,16 @@ def test_cores_for_a_demand_and_the_hysteresis_of_a_resize():
         assert resize(demand, resize(demand, 2)) == resize(demand, 2)
 
 
+def test_a_thread_that_turned_hot_is_not_counted_twice():
+    """The event loop of a lone-client redis: 0.5 of a CPU at first (in the rest of its group),
+    then crowded to 0.95 (hot, kept apart): its group needs one core, not two."""
+    history = WorkloadHistory("svc", half_life_s=3600.0)
+    for i in range(40):
+        history.record(float(i), [ThreadSample(7, 0, "loop", "event-loop", 0.5 if i < 20 else 0.95)], 0.0, keep=16)
+    demand = group_demands(history.summary())["event-loop"]
+    assert 0.9 <= demand.cpus <= 1.0 and cores_for(demand.cpus) == 1
+
+
 def test_measured_sizing_counts_only_after_enough_samples_and_a_pool_over_its_budget_is_demoted():
     shape = load_fixture_shape("gcp-c2-standard-8")
     w = pool_workload((101, 102, 103, 104), budget=1.0)

@@ -17,7 +17,6 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Tuple
 
-from temperd.decide.classify import HOT_THREAD_CPUS
 
 MIN_SAMPLES = 30  # samples (1 s each by default) before a measured demand is trusted
 GROW_TOLERANCE = 0.05  # CPUs over a whole number that do not yet ask for another core
@@ -82,11 +81,14 @@ def resize(cpus: float, held: Optional[int]) -> int:
 
 
 def group_demands(summary) -> Dict[str, GroupDemand]:
-    """Per thread group, from a usage_history UsageSummary: its hot threads' p95 (each kept apart
-    in the history) summed with the p95 of the rest of the group (a sum of p95s: at or above the
-    p95 of the sum)."""
-    out: Dict[str, float] = dict(summary.group_rest_p95)
+    """Per thread group, from a usage_history UsageSummary: the larger of its individually kept
+    threads' p95 summed (a sum of p95s: at or above the p95 of the sum) and the p95 of what its
+    threads that were not hot used together (which covers the threads not kept individually).
+    The two are not added: a thread that turned hot is in both, its cooler samples in the second."""
+    kept: Dict[str, float] = {}
     for thread in summary.threads:
-        if thread.group is not None and thread.p95 >= HOT_THREAD_CPUS:
-            out[thread.group] = out.get(thread.group, 0.0) + thread.p95
-    return {group: GroupDemand(round(cpus, 3), summary.samples, summary.history_s) for group, cpus in out.items()}
+        if thread.group is not None:
+            kept[thread.group] = kept.get(thread.group, 0.0) + thread.p95
+    groups = set(kept) | set(summary.group_rest_p95)
+    return {group: GroupDemand(round(max(kept.get(group, 0.0), summary.group_rest_p95.get(group, 0.0)), 3),
+                               summary.samples, summary.history_s) for group in groups}
