@@ -213,7 +213,8 @@ def test_pid_filter_keeps_only_the_workload(pingpong, tmp_path):
 
 @needs_tracefs
 def test_unit_filter_takes_the_threads_of_the_units_processes(pingpong, tmp_path):
-    root = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
+    # Where systemd keeps its units: the name=systemd hierarchy on legacy and hybrid hosts.
+    root = next(r for r in ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified", "/sys/fs/cgroup") if os.path.isdir(r))
     unit_dir = os.path.join(root, "tmpd-trace-test.service")
     try:
         os.mkdir(unit_dir)

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from temperd import paths
 from temperd.sources import procfs
+from temperd.sources.facts import UNIT_SUFFIXES
 from temperd.trace.format import TraceWriter, output_path
 
 TRACEFS_PATHS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
@@ -364,7 +365,7 @@ def read_lock_holder(path: Optional[str] = None) -> Optional[Dict[str, Any]]:
 
 def unit_pids(unit: str) -> List[int]:
     """Processes whose cgroup belongs to the systemd unit (a bare name means NAME.service)."""
-    if not unit.endswith(procfs.UNIT_SUFFIXES):
+    if not unit.endswith(UNIT_SUFFIXES):
         unit += ".service"
     pids = []
     for pid in procfs.list_pids():
