@@ -164,3 +164,26 @@ def sample_into(history: WorkloadHistory, tids, samples: int, interval_s: float)
                                                          (now[tid][1] - before[tid][1]) / 1e9, span))
                                 for i, tid in enumerate(tids)], 0.0, keep=16)
         before, at = now, now_at
+
+
+def test_a_history_loaded_at_start_sizes_the_first_plan(tmp_path):
+    """temperd plans before its usage thread first samples: the group's demand comes from the
+    history file it loaded, labelled like the matched workload."""
+    from temperd.config.daemon_config import KnowledgeSettings
+    from temperd.observe.workload_watch import WorkloadWatch, workload_labels
+
+    w = pool_workload((101, 102, 103, 104))
+    label = workload_labels([w], lambda _w: False)[w.key]
+    earlier = WorkloadWatch(KnowledgeSettings(history_file=str(tmp_path / "h.json")), 2, lambda: ((), None, {}))
+    history = earlier.history.of(label)
+    for i in range(MIN_SAMPLES):
+        history.record(float(i), [ThreadSample(100 + n, 0, f"worker{n}", "workers", 0.45) for n in range(4)], 0.0,
+                       keep=16)
+    earlier.save()
+    watch = WorkloadWatch(KnowledgeSettings(history_file=str(tmp_path / "h.json")), 2, lambda: ((), None, {}))
+    watch.load()
+    demand = watch.group_demands([w])[(w.key, "workers")]
+    assert demand.samples >= MIN_SAMPLES and 1.7 <= demand.cpus <= 2.0  # histogram buckets: a few % coarse
+    sized = workers(plan(load_fixture_shape("gcp-c2-standard-8"), [w], {"pool": parse_profile(POOL, "pool.toml")},
+                         sizing=Sizing(watch.group_demands([w]), {})))
+    assert len(sized.cpus) == 2

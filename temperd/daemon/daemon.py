@@ -237,9 +237,14 @@ class Daemon:
         assert self.view is not None and self.matcher is not None and self.backend is not None
         snapshot = self.inventory.snapshot()
         self._refresh_busiest()
-        sizing = self._sizing()
+        used: List[Sizing] = []
+
+        def sizing(workloads) -> Sizing:
+            used.append(self._sizing(workloads))
+            return used[-1]
+
         match, layer_plan = decide(self.view, self.matcher, snapshot.processes.values(), sizing)
-        self._sizes = sizing.sizes()
+        self._sizes = used[-1].sizes() if used else {}
         unchanged = changes is not None and layer_plan == self.plan
         self.match, self.plan = match, layer_plan
         if unchanged:
@@ -260,16 +265,17 @@ class Daemon:
             log.error("plan: %s", error)
         log.debug("replanned (%s): %d workloads, %d layers", trigger, len(match.workloads), len(layer_plan.layers))
 
-    def _sizing(self) -> Sizing:
+    def _sizing(self, workloads) -> Sizing:
         """Exclusive groups sized by what their threads were measured to use ([rightsizing])."""
         if self.watch is None or not self.watch.settings.rightsizing:
             return NO_SIZING
-        return Sizing(self.watch.group_demands(), self._sizes)
+        return Sizing(self.watch.group_demands(workloads), self._sizes)
 
     def resize_if_due(self) -> None:
         """Replan when an exclusive group's measured use asks for another size than the plan in
         force was made with (hysteresis in decide/sizing.py keeps this from flapping)."""
-        if self.plan is not None and self._sizing().sizes() != self._sizes:
+        if self.plan is not None and self.match is not None and \
+                self._sizing(self.match.workloads).sizes() != self._sizes:
             self.replan("resize")
 
     def _refresh_busiest(self) -> None:

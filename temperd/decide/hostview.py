@@ -7,14 +7,14 @@ CLI shows is what the daemon would do.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, List, Tuple
+from typing import Callable, Iterable, List, Sequence, Tuple
 
 from temperd.sources import cgroups
 from temperd.sources import procfs
 from temperd.config.daemon_config import (DEFAULT_CONFIG_DIR, DaemonConfig, check_binding_profiles, load_config)
 from temperd.config.errors import ConfigError, ConfigProblem
 from temperd.decide.trust import trust_policy
-from temperd.decide.matcher import Matcher, MatchResult
+from temperd.decide.matcher import Matcher, MatchResult, Workload
 from temperd.plan import LayerPlan
 from temperd.decide.planner import PlannerSettings, plan
 from temperd.decide.sizing import NO_SIZING, Sizing
@@ -55,10 +55,11 @@ def planner_settings(config: DaemonConfig) -> PlannerSettings:
 
 
 def decide(view: HostView, matcher: Matcher, processes: Iterable,
-           sizing: Sizing = NO_SIZING) -> Tuple[MatchResult, LayerPlan]:
+           sizing: Callable[[Sequence[Workload]], Sizing] = lambda workloads: NO_SIZING) -> Tuple[MatchResult, LayerPlan]:
+    """sizing(workloads): what the matched workloads' exclusive groups were measured to use."""
     match = matcher.match(processes)
     profiles = {**view.profiles.active, **matcher.runtime_profiles()}
-    return match, plan(view.shape, match.workloads, profiles, planner_settings(view.config), sizing)
+    return match, plan(view.shape, match.workloads, profiles, planner_settings(view.config), sizing(match.workloads))
 
 
 __all__ = ["ConfigError", "HostView", "decide", "load_host_view", "make_matcher", "planner_settings"]

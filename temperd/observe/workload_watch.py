@@ -147,7 +147,6 @@ class WorkloadWatch:
         self.cpu_s_total = 0.0  # this thread's CPU for samples since start (its whole cost)
         self.samples = 0
         self.history_bytes = 0
-        self._demands: Tuple[int, Dict[Tuple[str, str], GroupDemand]] = (-1, {})
         self.static_missing = self._static_missing()
         self.delayacct = delayacct_state()[0]
         self.gpu_present = nvml.gpu_state()[0]
@@ -497,18 +496,17 @@ class WorkloadWatch:
         with self.lock:
             return [c for c in (self._classify(label, w) for label, w in self._select(pid, unit)) if c is not None]
 
-    def group_demands(self) -> Dict[Tuple[str, str], GroupDemand]:
-        """(workload key, thread group) -> what the group's threads used, from the history; computed
-        once per sample (a replan on every process event asks for it)."""
+    def group_demands(self, workloads: Sequence) -> Dict[Tuple[str, str], GroupDemand]:
+        """(workload key, thread group) -> what the group's threads used, from the history, for
+        these workloads (a match just made: at start, before this thread's first sample, the
+        history loaded from the file is what sizes them)."""
         with self.lock:
-            if self._demands[0] == self.samples:
-                return self._demands[1]
+            labels = workload_labels(workloads, lambda w: self._own_cgroup(w, time.monotonic()))
             out: Dict[Tuple[str, str], GroupDemand] = {}
-            for key, label in self._labels.items():
-                history = self.history.workloads.get(label)
-                if history is not None and key in self._workloads:
-                    out.update(((key, group), demand) for group, demand in group_demands(history.summary()).items())
-            self._demands = (self.samples, out)
+            for w in workloads:
+                history = self.history.workloads.get(labels[w.key])
+                if history is not None:
+                    out.update(((w.key, group), demand) for group, demand in group_demands(history.summary()).items())
             return out
 
     def recommendations(self, pid: Optional[int] = None, unit: Optional[str] = None) -> List[Recommendation]:
