@@ -154,9 +154,15 @@ def temperd_arm(server: ServerUnderTest, background: bool, backend: str = "nativ
         status = daemon.status()
         if status["profiles"]["failed"]:
             raise RuntimeError(f"temperd did not load a profile: {status['profiles']['failed']}")
-        exclusive = C.wait_until(lambda: exclusive_cpus(daemon.status()), 10.0 if server.expects_exclusive else 2.0)
+        def planned():  # exclusive CPUs, or the group demoted (sized from use: too big for them)
+            status = daemon.status()
+            group = exclusive_group_layer(status, server.exclusive_group)
+            return exclusive_cpus(status) or (group is not None and group["treatment"] != EXCLUSIVE)
+
+        C.wait_until(planned, 10.0 if server.expects_exclusive else 2.0)
+        exclusive = exclusive_cpus(daemon.status())
         group = exclusive_group_layer(daemon.status(), server.exclusive_group)
-        demoted = bool(group) and group["treatment"] != EXCLUSIVE  # sized from use: too big for this host
+        demoted = bool(group) and group["treatment"] != EXCLUSIVE
         if not exclusive and server.expects_exclusive and not demoted:
             raise RuntimeError(f"temperd made no exclusive layer for {server.name}: {daemon.status()['workloads']}")
         if backend == "scx":
