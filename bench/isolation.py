@@ -49,6 +49,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -543,10 +544,10 @@ def main() -> int:
     print(f"started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, load average {C.load_average():.2f}")
     print(f"host before the run: {T.wait_for_quiet(60.0, limits).describe()}")
     runs: List[T.Run] = []
+    history_dir = tempfile.mkdtemp(prefix="temperd-bench-history-")  # the temperd arms' shared history
     try:
         with workload.server() as server, T.ScratchCgroup(T.scratch_name("server")) as server_cgroup, \
                 T.ScratchCgroup(T.scratch_name("spinners")) as spinner_cgroup:
-            history_dir = tempfile.mkdtemp(prefix="temperd-bench-history-")
             under = A.ServerUnderTest(workload.name, workload.profile_id, workload.exclusive_group, server_cgroup,
                                       spinner_cgroup, lambda: workload.pids(server),
                                       lambda cpus: workload.treated(server, cpus), args.trained_profile,
@@ -596,6 +597,8 @@ def main() -> int:
     except S.ServerUnavailable as exc:
         print(f"isolation.py: {exc}", file=sys.stderr)
         return 2
+    finally:
+        shutil.rmtree(history_dir, ignore_errors=True)
     if not runs:
         print("no runs completed", file=sys.stderr)
         return 1
