@@ -7,6 +7,7 @@ config must pass the validator, the exclusive layer must get the CPU count the p
 thread name in its group's layer. TEMPERD_UPDATE_GOLDEN=1 rewrites the files (review the diff).
 """
 
+import dataclasses
 import json
 import os
 
@@ -17,7 +18,7 @@ from test_scx_render import layer_of
 from temperd.backends.scx.render import render_plan
 from temperd.backends.scx.validate import validate_config
 from temperd.decide.matcher import ThreadMatch, Workload
-from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN
+from temperd.plan import CONFINED, EXCLUSIVE, FENCED, GROUPED, LATENCY, OPEN, OWNED, YIELD
 from temperd.decide.planner import exclusive_cores, plan
 from temperd.config.profileset import load_builtin_profiles
 
@@ -35,6 +36,7 @@ UNITS = {"mysql-innodb": "mysql.service", "onnx-inference": "onnx-serve.service"
 # CPU budgets that fit the exclusive groups on each shape (reserve_cpus = 1: one whole core kept).
 BUDGETS = {"aws-m5.xlarge": 1.0, "gcp-c2-standard-8": 3.0, "dual-socket-64c": 16.0}
 CASES = [(shape, profile) for shape in BUDGETS for profile in THREADS]
+OWNERSHIP_SUFFIX = {FENCED: "", OWNED: "--owned"}  # the fenced files keep their original names
 
 
 def workload(profile_id, budget, pid=4000):
@@ -49,10 +51,15 @@ def workload(profile_id, budget, pid=4000):
                     threads=tuple(threads))
 
 
-def planned(shape_name, profile_id, budget=None):
+def planned(shape_name, profile_id, budget=None, ownership=None):
+    """The plan; with `ownership`, its exclusive layers set to it (whatever the planner's default)."""
     shape = load_fixture_shape(shape_name)
     w = workload(profile_id, BUDGETS[shape_name] if budget is None else budget)
-    return shape, w, plan(shape, [w], {profile_id: BUILTINS[profile_id]})
+    layer_plan = plan(shape, [w], {profile_id: BUILTINS[profile_id]})
+    if ownership is not None:
+        layer_plan = dataclasses.replace(layer_plan, layers=tuple(
+            dataclasses.replace(l, ownership=ownership) if l.treatment == EXCLUSIVE else l for l in layer_plan.layers))
+    return shape, w, layer_plan
 
 
 def golden(name, config):
@@ -66,16 +73,18 @@ def golden(name, config):
         assert json.loads(handle.read()) == json.loads(text), f"{path} differs from the rendered config"
 
 
+@pytest.mark.parametrize("ownership", [FENCED, OWNED])
 @pytest.mark.parametrize("shape_name,profile_id", CASES)
-def test_builtin_profile_on_fixture_shape_renders_the_golden_valid_config(shape_name, profile_id):
-    shape, w, layer_plan = planned(shape_name, profile_id)
+def test_builtin_profile_on_fixture_shape_renders_the_golden_valid_config(shape_name, profile_id, ownership):
+    shape, w, layer_plan = planned(shape_name, profile_id, ownership=ownership)
     assert not layer_plan.errors
     rendered = render_plan(layer_plan, shape.n_cpus)
     config = rendered.config
     assert validate_config(config, cpu_count=shape.n_cpus) == []
-    golden(f"{shape_name}--{profile_id}", config)
+    golden(f"{shape_name}--{profile_id}{OWNERSHIP_SUFFIX[ownership]}", config)
 
-    # The exclusive group's layer: Confined, with the planner's whole cores as its CPU count.
+    # The exclusive group's layer holds the planner's whole cores: fenced, a protected Confined
+    # layer; owned, a Grouped one others may borrow from, whose owners preempt borrowers.
     exclusive = [l for l in layer_plan.layers if l.treatment == EXCLUSIVE]
     assert len(exclusive) == 1
     layer = exclusive[0]
@@ -85,9 +94,18 @@ def test_builtin_profile_on_fixture_shape_renders_the_golden_valid_config(shape_
     spec = next(s for s in config if s["name"] == layer.name)
     whole_cores = len(layer.cpus) + len(layer.idle_siblings)
     assert whole_cores == cores * shape.threads_per_core
-    assert spec["kind"][CONFINED]["cpus_range"] == [whole_cores, whole_cores]
-    assert spec["kind"][CONFINED]["protected"] is True
-    assert sum(s["kind"].get(CONFINED, {}).get("cpus_range", [0])[0] for s in config) <= shape.n_cpus - 1
+    (kind, body), = spec["kind"].items()
+    assert body["cpus_range"] == [whole_cores, whole_cores]
+    if ownership == FENCED:
+        assert kind == CONFINED and body["protected"] is True
+    else:
+        assert kind == GROUPED and body["protected"] is False and body["preempt"] and body["preempt_first"]
+    held = [s["kind"].get(CONFINED, s["kind"].get(GROUPED, {})).get("cpus_range", [0])[0] for s in config]
+    assert sum(held) <= shape.n_cpus - 1
+    # Yield groups hold no CPUs: they run from the low fallback queue, below the standard tier.
+    for l in layer_plan.layers:
+        if l.treatment == YIELD:
+            assert next(s for s in config if s["name"] == l.name)["kind"][GROUPED]["cpus_range"] == [0, 0]
 
     # Every thread lands in its own group's layer (busiest groups by thread id).
     by_group = {l.group: l.name for l in layer_plan.layers}

@@ -14,6 +14,7 @@ rejects, the validator rejects too, and the upstream examples pass both.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -27,6 +28,7 @@ from temperd.backends.scx.validate import errors_of, validate_config, validate_f
 from temperd.config.profileset import load_builtin_profiles
 from temperd.decide.matcher import ThreadMatch, Workload
 from temperd.decide.planner import plan
+from temperd.plan import OWNERSHIPS
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 GOLDEN = sorted(glob.glob(os.path.join(FIXTURES, "scx_golden", "*.json")))
@@ -58,8 +60,9 @@ def builtin_workload(profile, budget: float, pid: int = 5000) -> Workload:
                     pids=(pid,), threads=tuple(threads))
 
 
-def rendered_config(shape_name: str, profile_id: str):
-    """The profile planned on the shape with the largest budget that plans without errors."""
+def rendered_config(shape_name: str, profile_id: str, ownership: str):
+    """The profile planned on the shape with the largest budget that plans without errors, its
+    exclusive layers owned or fenced."""
     shape = load_fixture_shape(shape_name)
     profile = PROFILES[profile_id]
     for budget in sorted({max(1.0, float(b)) for b in (shape.n_cores // 2, shape.n_cores // 4, 2, 1)},
@@ -67,6 +70,8 @@ def rendered_config(shape_name: str, profile_id: str):
         layer_plan = plan(shape, [builtin_workload(profile, budget)], {profile_id: profile})
         if layer_plan.errors:
             continue
+        layer_plan = dataclasses.replace(layer_plan, layers=tuple(
+            dataclasses.replace(l, ownership=ownership) for l in layer_plan.layers))
         try:
             return render_plan(layer_plan, shape.n_cpus).config, shape.n_cpus
         except RenderError:
@@ -95,7 +100,7 @@ def test_the_real_binary_runs_where_required():
 
 
 def test_goldens_are_there():
-    assert len(GOLDEN) >= 6 and len(SHAPES) >= 5 and len(PROFILES) >= 8
+    assert len(GOLDEN) >= 12 and len(SHAPES) >= 5 and len(PROFILES) >= 8
 
 
 @needs_binary
@@ -105,12 +110,14 @@ def test_golden_config_is_accepted_by_the_real_scx_layered(path):
 
 
 @needs_binary
+@pytest.mark.parametrize("ownership", OWNERSHIPS)
 @pytest.mark.parametrize("profile_id", sorted(PROFILES))
 @pytest.mark.parametrize("shape_name", SHAPES)
-def test_builtin_profile_rendered_on_fixture_shape_is_accepted_by_the_real_scx_layered(shape_name, profile_id, tmp_path):
-    config, cpus = rendered_config(shape_name, profile_id)
+def test_builtin_profile_rendered_on_fixture_shape_is_accepted_by_the_real_scx_layered(shape_name, profile_id, ownership,
+                                                                                        tmp_path):
+    config, cpus = rendered_config(shape_name, profile_id, ownership)
     assert validate_config(config, cpu_count=cpus) == []
-    path = tmp_path / f"{shape_name}--{profile_id}.json"
+    path = tmp_path / f"{shape_name}--{profile_id}--{ownership}.json"
     path.write_text(json.dumps(config, indent=2) + "\n")
     assert_accepted(str(path))
 

@@ -1,12 +1,14 @@
 """LayerPlan → scx_layered config, with hand-built plans (golden tests on fixture shapes come with the planner)."""
 
+import dataclasses
 import json
 
 import pytest
 
 from temperd.backends.scx.render import (CATCH_ALL_NAME, RenderError, comm_prefix, cgroup_prefix, render, render_plan)
 from temperd.backends.scx.validate import validate_config
-from temperd.plan import (CONFINED, EXCLUSIVE, GROUPED, LATENCY, OPEN, YIELD, Layer, LayerPlan, MemberSelector)
+from temperd.backends.scx.kinds import LOW_FALLBACK, YIELD_SLICE_US, level_of
+from temperd.plan import (CONFINED, EXCLUSIVE, GROUPED, LATENCY, OPEN, OWNED, YIELD, Layer, LayerPlan, MemberSelector)
 
 MYSQL_CGROUP = "/system.slice/mysql.service"
 
@@ -72,7 +74,7 @@ def test_mysql_plan_renders_valid_config_with_threads_in_the_right_layers():
     assert any("thread name 'connection' matches as a prefix" in n.message for n in rendered.notes if n.layer == "mysql.connections")
 
 
-def test_exclusive_layer_is_confined_on_whole_cores():
+def test_fenced_exclusive_layer_is_confined_protected_on_whole_cores():
     smt = render(mysql_plan(smt=True), 8)[0]["kind"]
     assert smt == {"Confined": {"util_range": [0.0, 1.0], "cpus_range": [4, 4], "protected": True, "exclusive": True,
                                 "weight": 1000}}
@@ -80,11 +82,62 @@ def test_exclusive_layer_is_confined_on_whole_cores():
     assert flat["cpus_range"] == [2, 2]
 
 
-def test_latency_and_yield_layers():
+def owned(plan):
+    return dataclasses.replace(plan, layers=tuple(dataclasses.replace(l, ownership=OWNED) for l in plan.layers))
+
+
+def test_owned_exclusive_layer_is_grouped_unprotected_and_takes_its_cpus_back_first():
+    """OWNED: others borrow the layer's CPUs while its queue is empty (not protected), and a waking
+    owner preempts a non-preempting borrower on its previous CPU first (preempt + preempt_first)."""
+    rendered = render_plan(owned(mysql_plan(smt=True)), 8)
+    assert rendered.config[0]["kind"] == {"Grouped": {
+        "util_range": [0.0, 1.0], "cpus_range": [4, 4], "protected": False, "preempt": True, "preempt_first": True,
+        "exclusive": True, "weight": 1000}}
+    assert validate_config(rendered.config, cpu_count=8) == []
+    flat = render(owned(mysql_plan(smt=False)), 4)[0]["kind"]["Grouped"]
+    assert flat["cpus_range"] == [2, 2] and "exclusive" not in flat
+    # Only the exclusive group changes with ownership.
+    assert render(owned(mysql_plan()), 8)[1:] == render(mysql_plan(), 8)[1:]
+
+
+def test_owned_layers_count_against_the_host_like_fenced_ones():
+    plan = owned(mysql_plan(smt=True))
+    with pytest.raises(RenderError, match="Grouped on 4 CPUs but the host has 2"):
+        render(plan, 2)
+
+
+def test_latency_layer_preempts_and_open_layers_carry_no_weight():
+    """scx_layered's dispatch ignores `weight` (it only divides CPUs among Confined/Grouped layers)."""
     config = render(mysql_plan(), 8)
-    assert config[1]["kind"] == {"Open": {"preempt": True, "weight": 500, "slice_us": 1000}}
-    assert config[2]["kind"] == {"Open": {"weight": 50}}
-    assert config[3]["kind"] == {"Open": {"weight": 1}}  # SCHED_IDLE group: the lowest weight
+    assert config[1]["kind"] == {"Open": {"preempt": True, "slice_us": 1000}}
+    assert all("weight" not in body for spec in config for kind, body in spec["kind"].items() if kind == "Open")
+
+
+def test_yield_layers_hold_no_cpus_so_they_run_from_the_low_fallback_queue():
+    rendered = render_plan(mysql_plan(), 8)
+    config = rendered.config
+    for spec in config[2:4]:  # SCHED_BATCH and SCHED_IDLE groups alike
+        assert spec["kind"] == {"Grouped": {"util_range": [0.0, 1.0], "cpus_range": [0, 0], "slice_us": YIELD_SLICE_US}}
+    assert any("SCHED_BATCH" in n.message for n in rendered.notes if n.layer == "mysql.background")
+    assert config[-1]["kind"] == {"Open": {}}  # the standard tier: above the yield layers, below latency
+
+
+def test_background_tier_layer_yields_whatever_its_treatment():
+    sel = MemberSelector(cgroup="/system.slice/batch.service", pids=(20,), catch_all=True, tids=(20,))
+    plan = LayerPlan((layer("batch.tier", OPEN, YIELD, sel, tier="background", workload="batch", weight=10,
+                            policy="idle"),), reserve_cpus=(0,))
+    spec = render(plan, 4)[0]
+    assert spec["kind"]["Grouped"]["cpus_range"] == [0, 0]
+    assert level_of(plan.layers[0]) == LOW_FALLBACK
+    assert level_of(dataclasses.replace(plan.layers[0], treatment=LATENCY)) == LOW_FALLBACK
+
+
+def test_a_yield_slice_longer_than_the_bound_is_cut():
+    sel = MemberSelector(cgroup="/system.slice/x.service", pids=(20,), comm_patterns=("gc*",), tids=(21,))
+    plan = LayerPlan((layer("x.gc", OPEN, YIELD, sel, policy="idle", slice_us=20000),
+                      layer("x.y", OPEN, YIELD, sel, policy="idle", slice_us=500)), reserve_cpus=(0,))
+    config = render(plan, 4)
+    assert [s["kind"]["Grouped"]["slice_us"] for s in config[:2]] == [YIELD_SLICE_US, 500]
 
 
 def test_demoted_exclusive_layer_is_grouped_with_preempt():

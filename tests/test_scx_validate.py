@@ -92,6 +92,8 @@ WARNING_CASES = {
     "xnuma-threshold": with_kind("Open", xnuma_threshold=[0.9, 0.5]),
     "preempt-overrides": with_kind("Open", preempt=True, disallow_open_after_us=1000),
     "membw": with_kind("Grouped", membw_gb=2.5),
+    "open-weight": with_kind("Open", weight=1),
+    "preempt-first-alone": with_kind("Open", preempt_first=True),
     "template-startup": [dict(base()[0], template={"CgroupSuffix": "app.scope/"}), base()[1]],
 }
 

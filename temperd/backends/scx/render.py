@@ -18,18 +18,13 @@ How each planned layer is expressed:
   member thread ids.
 - Order. scx_layered puts a task in the first layer that matches, so catch-all layers
   (a workload's remaining threads, tier layers) come after every specific layer; otherwise
-  the plan's order is kept. A final `[[]]` Open layer takes everything else.
-- Kinds. exclusive → Confined with cpus_range [n, n], n = the layer's CPUs plus the SMT
-  siblings kept idle, because scx_layered counts logical CPUs and allocates whole cores;
-  `exclusive` keeps the sibling idle and `protected` keeps other layers off the cores.
-  util_range [0.0, 1.0] is only the required field: with min = max the CPU count never moves,
-  and a low bound of 0 means "never shrink". Grouped layers get the same fixed count, not
-  protected unless the plan says so, and `preempt` when they serve a latency or exclusive
-  group. Open latency layers: the plan's weight and `preempt`. Open yield layers: the plan's
-  (low) weight, and weight 1 for SCHED_IDLE groups, the nearest thing scx_layered has to an
-  idle class. slice_us and idle_resume_us are passed through.
+  the plan's order is kept. A final `[[]]` Open layer takes everything else. The order ranks
+  nothing beyond matching.
+- Kinds: backends/scx/kinds.py (treatments and tiers as scx_layered's three strict levels:
+  preempting, standard, the low fallback queue; exclusive groups owned or fenced).
 - What is not expressed: which CPUs a layer gets (scx_layered chooses cores itself; the plan's
-  CPU numbers are a count here), and per-thread nice / SCHED_BATCH / SCHED_IDLE.
+  CPU numbers are a count here), and per-thread nice / SCHED_BATCH / SCHED_IDLE (the levels
+  stand in for them).
 
 The result is checked with the validator; a plan that cannot be expressed (more than 16
 layers with the catch-all, more than 32 OR blocks, more exclusive CPUs than the host has, ...)
@@ -42,13 +37,12 @@ import json
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from temperd.plan import CONFINED, EXCLUSIVE, GROUPED, LATENCY, OPEN, YIELD, Layer, LayerPlan
-from temperd.backends.scx.validate import (MAX_COMM_BYTES, MAX_LAYERS, MAX_ORS, MAX_WEIGHT, errors_of, validate_config)
+from temperd.plan import OPEN, Layer, LayerPlan
+from temperd.backends.scx.kinds import exclusive_count, render_kind
+from temperd.backends.scx.validate import MAX_COMM_BYTES, MAX_LAYERS, MAX_ORS, errors_of, validate_config
 
 CATCH_ALL_NAME = "rest"
 GLOB_CHARS = "*?["
-EXCLUSIVE_UTIL_RANGE = [0.0, 1.0]
-IDLE_POLICY_WEIGHT = 1
 
 
 @dataclass(frozen=True)
@@ -200,41 +194,7 @@ class _LayerRender:
         return [[{"TGIDEquals": t}] for t in leaders] + [[{"PIDEquals": t}] for t in threads]
 
     def kind(self, cpu_count: int) -> dict:
-        layer = self.layer
-        weight = max(1, min(MAX_WEIGHT, int(layer.weight)))
-        body: Dict[str, object] = {}
-        if layer.kind == CONFINED:
-            n = len(layer.cpus) + len(layer.idle_siblings)
-            if n < 1:
-                self.errors.append("a Confined layer without CPUs")
-            elif n > cpu_count:
-                self.errors.append(f"Confined on {n} CPUs but the host has {cpu_count}")
-            body.update(util_range=list(EXCLUSIVE_UTIL_RANGE), cpus_range=[n, n], protected=True, exclusive=True)
-            if layer.idle_siblings:
-                self.notes.append(f"cpus_range [{n}, {n}]: {len(layer.cpus)} core(s) with their "
-                                  f"{len(layer.idle_siblings)} SMT sibling(s) kept idle (exclusive)")
-        elif layer.kind == GROUPED and layer.cpus:
-            k = len(layer.cpus)
-            if k > cpu_count:
-                self.errors.append(f"Grouped on {k} CPUs but the host has {cpu_count}")
-            body.update(util_range=list(EXCLUSIVE_UTIL_RANGE), cpus_range=[k, k], protected=bool(layer.protected))
-            if layer.treatment in (LATENCY, EXCLUSIVE):
-                body["preempt"] = True
-        else:
-            if layer.kind == GROUPED:
-                self.notes.append("a Grouped layer without CPUs is rendered as Open")
-            if layer.treatment in (LATENCY, EXCLUSIVE):
-                body["preempt"] = True
-            elif layer.treatment == YIELD and layer.policy == "idle":
-                weight = IDLE_POLICY_WEIGHT
-                self.notes.append(f"SCHED_IDLE has no scx_layered equivalent: weight {IDLE_POLICY_WEIGHT}, the lowest")
-        body["weight"] = weight
-        if layer.slice_us:
-            body["slice_us"] = int(layer.slice_us)
-        if layer.idle_resume_us is not None:
-            body["idle_resume_us"] = int(layer.idle_resume_us)
-        kind = CONFINED if layer.kind == CONFINED else (GROUPED if layer.kind == GROUPED and layer.cpus else OPEN)
-        return {kind: body}
+        return render_kind(self.layer, cpu_count, self.notes, self.errors)
 
 
 def _comment(layer: Layer) -> str:
@@ -269,20 +229,21 @@ def render_plan(plan: LayerPlan, shape_cpu_count: int, *, gpu_support: bool = Fa
         if len(matches) > MAX_ORS:
             part.errors.append(f"needs {len(matches)} OR blocks, scx_layered takes at most {MAX_ORS} "
                                "(too many processes or thread-name globs for one layer)")
-        if CONFINED in kind:
-            exclusive_cpus += kind[CONFINED]["cpus_range"][0]
+        exclusive_cpus += exclusive_count(kind) or 0
         errors.extend(f"layer {layer.name}: {e}" for e in part.errors)
         notes.extend(RenderNote(layer.name, n) for n in part.notes)
         config.append({"name": layer.name, "comment": _comment(layer), "matches": matches, "kind": kind})
     config.append({"name": rest, "comment": "temperd: every task no layer above matches",
                    "matches": [[]], "kind": {OPEN: {}}})
     if exclusive_cpus > shape_cpu_count:
-        errors.append(f"Confined layers need {exclusive_cpus} CPUs together, the host has {shape_cpu_count}")
+        errors.append(f"exclusive layers need {exclusive_cpus} CPUs together, the host has {shape_cpu_count}")
     if any(l.cpus for l in ordered):
         notes.append(RenderNote("", "scx_layered picks which cores a layer owns: the plan's CPU numbers become CPU counts"))
     if any(l.nice is not None or l.policy != "other" for l in ordered):
         notes.append(RenderNote("", "per-thread nice and SCHED_BATCH/SCHED_IDLE are not part of a scx_layered config; "
-                                    "layer weights stand in for them"))
+                                    "levels stand in for them: latency and exclusive groups preempt, the standard "
+                                    "tier does not, yield groups and the background tier run from the low fallback "
+                                    "queue (only where nothing else wants the CPU)"))
     if not errors:
         errors.extend(f"{p.path}: {p.message} [{p.rule}]"
                       for p in errors_of(validate_config(config, cpu_count=shape_cpu_count, gpu_support=gpu_support)))

@@ -95,6 +95,8 @@ RULES: Dict[str, str] = {
     "node-ids": "nodes / llcs list each ID once",
     "xnuma-threshold": "xnuma_threshold(_delta) pairs have lo <= hi (warning)",
     "preempt-overrides": "disallow_*_after_us is ignored when preempt is true (warning)",
+    "open-weight": "weight on an Open layer does nothing: it only divides CPUs among Confined/Grouped layers (warning)",
+    "preempt-first-alone": "preempt_first does nothing without preempt (warning)",
     "membw": "membw_gb panics scx_layered on CPU models it does not know (warning)",
     "template-type": "template is one CgroupSuffix or CgroupRegex match object",
     "template-startup": "templates are expanded once at startup; later cgroups get no layer (warning)",
@@ -627,6 +629,14 @@ class _Checker:
             if good(key) and body[key][0] > body[key][1]:
                 self.add(f"{path}.{key}", "xnuma-threshold", f"expected [lo, hi] with lo <= hi, found {_show(body[key])}",
                          WARNING)
+        if kind == "Open" and good("weight"):
+            # main.rs passes weights to the CPU allocator only (alloc.rs water_fill); dispatch and
+            # preemption never read them, and an Open layer is allocated no CPUs.
+            self.add(f"{path}.weight", "open-weight", "an Open layer's weight has no effect: scx_layered uses weights only "
+                     "to divide CPUs among Confined and Grouped layers (use preempt, or a Grouped layer)", WARNING)
+        if body.get("preempt_first") is True and body.get("preempt") is not True:
+            self.add(f"{path}.preempt_first", "preempt-first-alone", "preempt_first has no effect without preempt: true",
+                     WARNING)
         if body.get("preempt") is True:
             for key in ("disallow_open_after_us", "disallow_preempt_after_us"):
                 if body.get(key) is not None:
