@@ -30,7 +30,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence
 
 import common as C
 
+from temperd.backends.scx.stats import StatsClient, SysStats  # noqa: E402
 from temperd.config.profile import parse_profile  # noqa: E402
 from temperd.plan import CONFINED, EXCLUSIVE  # noqa: E402
 from temperd.training.trials import Arm, ScratchCgroup  # noqa: E402
@@ -361,35 +361,15 @@ def wait_for_scx(daemon: C.TemperdProcess) -> None:
                            f"backend {last.get('active')}, {last.get('reason') or last.get('safe_mode_reason')}")
 
 
-class ScxStats:
-    """scx_layered's stats socket on one connection of our own: each reply holds the deltas since
-    the previous request on it, so a request before the run and one after give the run's stats."""
-
-    def __init__(self, path: str = SCX_STATS_SOCKET, timeout_s: float = 10.0):
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.settimeout(timeout_s)
-        self.sock.connect(path)
-        self.reader = self.sock.makefile("r")
-
-    def read(self) -> dict:
-        self.sock.sendall(b'{"req":"stats","args":{"target":"top"}}\n')
-        reply = json.loads(self.reader.readline())
-        if reply.get("errno"):
-            raise RuntimeError(f"scx_layered stats: errno {reply['errno']}")
-        return reply["args"]["resp"]
-
-    def close(self) -> None:
-        self.reader.close()
-        self.sock.close()
-
-
-def scx_summary(stats: dict) -> Dict[str, dict]:
+def scx_summary(stats: SysStats) -> Dict[str, dict]:
     """What scx_layered said about each layer over a run: tasks, CPUs it held, CPU use (100 = one
-    CPU), the share of it on protected CPUs, and its own affinity violations; "" = the whole system."""
-    out = {"": {k: stats.get(k) for k in ("busy", "util", "affn_viol", "lo_fb", "antistall")}}
-    for name, layer in (stats.get("layers") or {}).items():
-        out[name] = {k: layer.get(k) for k in ("tasks", "cur_nr_cpus", "util", "util_protected_frac", "affn_viol")}
-        out[name]["cpus"] = C.cpulist({64 * i + b for i, w in enumerate(layer.get("cpus") or []) for b in range(64) if w >> b & 1})
+    CPU), the share of it on protected CPUs, and its own affinity violations; "" = the whole system
+    (lo_fb_util: CPU use from the low fallback queue, where the yield layers run)."""
+    out: Dict[str, dict] = {"": {k: getattr(stats, k) for k in ("busy", "util", "affn_viol", "lo_fb", "lo_fb_util",
+                                                               "antistall")}}
+    for name, layer in stats.layers.items():
+        out[name] = {k: getattr(layer, k) for k in ("tasks", "cur_nr_cpus", "util", "util_protected_frac", "affn_viol")}
+        out[name]["cpus"] = C.cpulist(layer.cpus or set())
     return out
 
 
@@ -397,12 +377,12 @@ def scx_summary(stats: dict) -> Dict[str, dict]:
 def scx_window() -> Iterator[Dict[str, object]]:
     """Around the measured window: scx_layered's per-layer stats over it, kept as notes["scx"]."""
     notes: Dict[str, object] = {}
-    stats = ScxStats()
+    stats = StatsClient(SCX_STATS_SOCKET, 10.0)  # one connection of our own: its replies are deltas since its last
     try:
-        stats.read()
+        stats.stats()
         yield notes
         try:
-            notes["scx"] = scx_summary(stats.read())
+            notes["scx"] = scx_summary(stats.stats())
         except OSError as exc:  # the socket went with the scx_layered that served it
             raise RuntimeError(f"scx_layered's stats connection broke during the run ({exc.strerror or exc}; "
                                f"sched_ext now {scx_state()}): scx_layered exited or was restarted, "

@@ -448,7 +448,8 @@ def print_scx(runs: Sequence[T.Run]) -> None:
         stats = [r.notes["scx"] for r in group]
         system = [s.get("", {}) for s in stats]
         print(f"{step:<14} {arm:<7} {'(system: busy % of all CPUs / util)':<44} {'':>5} {'':>4} "
-              f"{_med(system, 'util'):6.0f} {'':>5} {_med(system, 'affn_viol'):9.0f}  busy {_med(system, 'busy'):.0f} %")
+              f"{_med(system, 'util'):6.0f} {'':>5} {_med(system, 'affn_viol'):9.0f}  busy {_med(system, 'busy'):.0f} %, "
+              f"low fallback {_med(system, 'lo_fb_util'):.0f} % of a CPU")
         for name in sorted({n for s in stats for n in s if n}):
             rows = [s[name] for s in stats if name in s]
             print(f"{'':<14} {'':<7} {name[:44]:<44} {_med(rows, 'tasks'):5.0f} {_med(rows, 'cur_nr_cpus'):4.0f} "

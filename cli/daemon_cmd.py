@@ -100,10 +100,14 @@ def _print_status(status: dict) -> None:
                  for w in status["workloads"]])
     if status["layers"]:
         click.echo("")
-        print_table(("LAYER", "KIND", "TREATMENT", "CPUS", "MEMBERS"),
-                    [(l["name"], l["kind"], l["treatment"] + (f" ({l['ownership']})" if l.get("ownership") else ""),
-                      ",".join(map(str, l["cpus"])) or "-", l["members"])
-                     for l in status["layers"]])
+        layers = status["layers"]
+        columns = ("LAYER", "KIND", "TREATMENT", "CPUS", "MEMBERS")
+        rows = [(l["name"], l["kind"], l["treatment"] + (f" ({l['ownership']})" if l.get("ownership") else ""),
+                 ",".join(map(str, l["cpus"])) or "-", "-" if l.get("members") is None else l["members"]) for l in layers]
+        if any(l.get("scx") for l in layers):  # scx_layered carries the plan: what it reports of each layer
+            columns += ("SCX_LAYERED NOW",)
+            rows = [row + ((l.get("scx") or {}).get("text", "-"),) for row, l in zip(rows, layers)]
+        print_table(columns, rows)
 
 
 def scx_lines(backend: dict) -> List[str]:

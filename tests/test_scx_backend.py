@@ -28,8 +28,11 @@ from test_scx_supervisor import STANDIN, alive, fake_sysfs
 from thread_children import nice_of, wait_for
 
 from temperd.backends.native.backend import scan_threads
-from temperd.backends.scx.backend import NATIVE, SCX, ScxBackend, ScxStatus, layer_cpus_from_stats
-from temperd.backends.scx.supervisor import RestartPolicy, ScxSupervisor
+from temperd.backends.scx.backend import NATIVE, SCX, ScxBackend
+from temperd.backends.scx.restarts import RestartPolicy
+from temperd.backends.scx.stats import SysStats, layer_cpus
+from temperd.backends.scx.status import ScxStatus
+from temperd.backends.scx.supervisor import ScxSupervisor
 from temperd.backends.select import make_backend
 from temperd.config.daemon_config import DaemonConfig, ScxSettings
 from temperd.daemon.daemon import Daemon
@@ -179,9 +182,10 @@ def test_make_backend_chooses_scx_only_where_it_can_run(standin, tmp_path):
 
 
 def test_layer_cpus_from_stats_decodes_mask_words():
-    stats = {"layers": {"a": {"cpus": [0b1010, 1]}, "b": {"cpus": "junk"}, "c": {}}}
-    assert layer_cpus_from_stats(stats) == {"a": frozenset({1, 3, 64})}
-    assert layer_cpus_from_stats(None) == {}
+    stats = SysStats.from_json({"layers": {"a": {"cpus": [0b1010, 1]}, "b": {"cpus": "junk"}, "c": {},
+                                           "d": {"cpus": [0, 0]}}})
+    assert layer_cpus(stats) == {"a": frozenset({1, 3, 64}), "d": frozenset()}
+    assert layer_cpus(None) == {}
 
 
 def test_linter_checks_placement_against_the_cpus_scx_layered_chose():
@@ -268,6 +272,20 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
         assert nice_of(app.pid, app.pid) == 0 and os.sched_getaffinity(hot) == {0, 1}  # scx_layered's job now
         text = temperctl("status", "--socket", socket_path).stdout
         assert "backend:     scx" in text and "scx_layered running" in text
+
+        # What scx_layered reports of each layer, beside the plan: JSON, text and /observe.
+        def rows():
+            data = json.loads(temperctl("status", "--json", "--socket", socket_path).stdout)
+            return {l["name"]: l for l in data["layers"]}
+        wait_for(lambda: any((l["scx"] or {}).get("cpus") for l in rows().values()), WAIT_S, "layer stats beside the plan")
+        layers = rows()
+        (hot_row,) = [r for n, r in layers.items() if n.endswith(".hot")]
+        assert hot_row["plan"] is True and hot_row["scx"]["cpus"] == [1] and hot_row["scx"]["cpus_held"] == 1
+        assert hot_row["scx"]["text"] == f"{hot_row['scx']['util_pct']:.0f}% of a CPU on 1"
+        assert layers["rest"]["plan"] is False and layers["rest"]["treatment"] == "catch-all"  # not in the plan
+        text = temperctl("status", "--socket", socket_path).stdout
+        assert "SCX_LAYERED NOW" in text and hot_row["scx"]["text"] in text
+        assert {l["name"] for l in daemon.observe_json()["layers"]} == set(layers)
 
         # A second hot thread: 2 cores wanted, 1 free -> a Grouped layer -> one restart.
         app.command("thread scxb-hot1")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
 
 if TYPE_CHECKING:
-    from temperd.backends.scx.backend import ScxStatus
+    from temperd.backends.scx.status import ScxStatus
 
 NATIVE = "native"
 SCX = "scx"

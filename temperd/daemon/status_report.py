@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from temperd import __version__
 from temperd.config import safe_regex
@@ -32,9 +32,7 @@ def status_json(daemon: "Daemon") -> Dict[str, Any]:
         "profiles": {"loaded": sorted(pset.active), "failed": [p.as_dict() for p in pset.problems],
                      "disabled_patterns": safe_regex.disabled_patterns()},
         "workloads": [workload_summary(w) for w in daemon.match.workloads],
-        "layers": [{"name": l.name, "kind": l.kind, "treatment": l.treatment, "ownership": l.holds_cpus,
-                    "cpus": list(l.cpus),
-                    "members": len(l.selector.tids)} for l in (daemon.plan.layers if daemon.plan else ())],
+        "layers": layer_rows(daemon),
         "last_apply": _as_dict(daemon.last_apply),
         "lint": sampler.lint.summary(),
         "telemetry": sampler.telemetry.describe(),
@@ -53,11 +51,29 @@ def observe_json(daemon: "Daemon") -> Dict[str, Any]:
     data = sampler.observation.to_json() if sampler.observation is not None else {}
     data["lint"] = [dataclasses.asdict(v) for v in sampler.lint.violations]
     data["backend"] = backend_json(daemon) if daemon.backend_choice else None
+    data["layers"] = layer_rows(daemon)  # the plan's layers beside scx_layered's stats of them
     watch = daemon.watch
     if watch is not None:  # what temperd learned of each workload ([classify], [rightsizing])
         data["classification"] = [c.as_json() for c in watch.classifications()] if watch.settings.classify else None
         data["rightsizing"] = [r.as_json() for r in watch.recommendations()] if watch.settings.rightsizing else None
     return data
+
+
+def layer_rows(daemon: "Daemon") -> List[Dict[str, Any]]:
+    """The plan's layers, each with what scx_layered reports of it (`scx`: its CPU use, the CPUs
+    it holds) while scx_layered carries the plan; then the layers scx_layered has beyond the plan
+    (the catch-all for every other task), marked `plan: false`."""
+    scx = daemon.backend_status().scx
+    carried = scx if scx is not None and scx.fallback_reason is None else None
+    rows = [{"name": l.name, "kind": l.kind, "treatment": l.treatment, "ownership": l.holds_cpus, "cpus": list(l.cpus),
+             "members": len(l.selector.tids), "plan": True, "scx": carried.layer_view(l.name) if carried else None}
+            for l in (daemon.plan.layers if daemon.plan else ())]
+    planned = {row["name"] for row in rows}
+    if carried is not None:
+        rows.extend({"name": name, "kind": "Open", "treatment": "catch-all", "ownership": None, "cpus": [], "members": None,
+                     "plan": False, "scx": carried.layer_view(name)}
+                    for name in sorted(carried.layer_stats) if name not in planned)
+    return rows
 
 
 def backend_json(daemon: "Daemon") -> Dict[str, Any]:

@@ -20,7 +20,7 @@ from temperd.sources.runqlat import BOUNDS_S, LatencyReport, metric_layer_name
 
 if TYPE_CHECKING:
     from temperd.backends.native.backend import ApplyResult
-    from temperd.backends.scx.backend import ScxStatus
+    from temperd.backends.scx.status import ScxStatus
     from temperd.backends.status import BackendStatus
     from temperd.decide.matcher import Workload
     from temperd.sources.inventory import InventoryStats

@@ -375,19 +375,21 @@ d = json.load(open(sys.argv[1]))
 stats = d["backend"]["scx_stats"]["layers"]
 for l in d["layers"]:
     s = stats.get(l["name"], {})
-    print(f"{l['name']:34} {l['kind']:8} members {l['members']:3} planned cpus {l['cpus']} | scx_layered: "
-          f"tasks {s.get('tasks')}, cur_nr_cpus {s.get('cur_nr_cpus')}, util {s.get('util')}")
+    print(f"{l['name']:34} {l['kind']:8} members {str(l['members']):>4} planned cpus {l['cpus']} | scx_layered: "
+          f"tasks {s.get('tasks')}, cur_nr_cpus {s.get('cur_nr_cpus')}, util {s.get('util')}, {(l.get('scx') or {}).get('text')}")
 PY
 }
-# scx_confined_sized: every Confined layer of the running config runs on the CPU count it was rendered with
+# scx_confined_sized: every layer of the running config that holds CPUs of its own (Confined, or a Grouped
+# exclusive group: fenced or owned) runs on the CPU count it was rendered with
 scx_confined_sized() {
   status_json >"$W/st.json" && python3 - "$W/st.json" /run/temper/scx_layered.json <<'PY'
 import json, sys
 st, cfg = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 stats = st["backend"]["scx_stats"]["layers"]
-confined = [(l["name"], l["kind"]["Confined"]["cpus_range"]) for l in cfg if "Confined" in l["kind"]]
+confined = [(l["name"], body["cpus_range"]) for l in cfg for kind, body in l["kind"].items()
+            if kind in ("Confined", "Grouped") and body.get("cpus_range", [0])[0] > 0]
 bad = [(n, r, stats.get(n, {}).get("cur_nr_cpus")) for n, r in confined if stats.get(n, {}).get("cur_nr_cpus") != r[0]]
-print("Confined layers (name, cpus_range):", confined, "| not at that size (name, range, cur_nr_cpus):", bad)
+print("layers holding CPUs (name, cpus_range):", confined, "| not at that size (name, range, cur_nr_cpus):", bad)
 sys.exit(1 if bad or not confined else 0)
 PY
 }

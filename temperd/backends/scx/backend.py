@@ -19,43 +19,18 @@ again, so the two never stack.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, Optional, Tuple
 
 from temperd.plan import LayerPlan
 from temperd.backends.native.backend import ApplyResult, NativeBackend
 from temperd.backends.scx.render import Rendered, RenderError, render_plan
-from temperd.backends.scx.supervisor import (RestartPolicy, ScxConfigError, ScxSupervisor, SupervisorStatus,
-                                             summarize_stats)
+from temperd.backends.scx.restarts import RestartPolicy
+from temperd.backends.scx.stats import describe, layer_cpus, summarize_stats
+from temperd.backends.scx.status import ScxStatus
+from temperd.backends.scx.supervisor import ScxConfigError, ScxSupervisor
 from temperd.backends.status import NATIVE, SCX, BackendStatus
 
 log = logging.getLogger("temperd.backend")
-
-
-@dataclass(frozen=True)
-class ScxStatus:
-    """The scx backend's own state, inside its BackendStatus."""
-
-    fallback_reason: Optional[str]  # why the native backend carries the plan; None while scx_layered does
-    safe_mode: bool
-    safe_mode_reason: Optional[str]
-    render_notes: Tuple[str, ...]
-    render_problems: Tuple[str, ...]
-    supervisor: SupervisorStatus
-    # scx_layered's latest stats, its numeric fields only (summarize_stats): host-wide and per layer
-    system_stats: Mapping[str, float]
-    layer_stats: Mapping[str, Mapping[str, float]]
-
-    def as_dict(self) -> Dict[str, Any]:
-        return {
-            "fallback_reason": self.fallback_reason,
-            "safe_mode": self.safe_mode,
-            "safe_mode_reason": self.safe_mode_reason,
-            "render_notes": list(self.render_notes),
-            "render_problems": list(self.render_problems),
-            "scx_layered": self.supervisor.as_dict(),
-            "scx_stats": {"system": dict(self.system_stats), "layers": {k: dict(v) for k, v in self.layer_stats.items()}},
-        }
 
 
 def restart_policy(settings) -> RestartPolicy:
@@ -142,10 +117,11 @@ class ScxBackend:
         None while the native fallback carries the plan: then the plan's CPU numbers are real."""
         if self.carried_by == NATIVE:
             return None
-        return layer_cpus_from_stats(self.supervisor.stats())
+        return layer_cpus(self.supervisor.stats())
 
     def status(self) -> BackendStatus:
-        stats = summarize_stats(self.supervisor.stats())
+        latest = self.supervisor.stats()
+        stats = summarize_stats(latest)
         scx = ScxStatus(
             fallback_reason=self.fallback_reason,
             safe_mode=self.supervisor.safe_mode,
@@ -155,6 +131,8 @@ class ScxBackend:
             supervisor=self.supervisor.status(),
             system_stats=stats["system"],
             layer_stats=stats["layers"],
+            layer_cpus={name: tuple(sorted(cpus)) for name, cpus in layer_cpus(latest).items()},
+            layer_text={name: describe(layer) for name, layer in (latest.layers if latest else {}).items()},
         )
         return BackendStatus(carried_by=self.carried_by, drift=self.native.drift_counts, scx=scx)
 
@@ -173,17 +151,3 @@ class ScxBackend:
         """From the supervisor's thread: safe mode or a refusal. The main loop switches over."""
         if self.on_fallback is not None:
             self.on_fallback(reason)
-
-
-def layer_cpus_from_stats(stats: Optional[Mapping[str, Any]]) -> Dict[str, FrozenSet[int]]:
-    """Layer name -> CPUs from LayerStats `cpus`: a CPU mask as 64-bit words, word 0 = CPUs 0..63.
-
-    Layers whose stats carry no mask are left out (their placement is unknown)."""
-    out: Dict[str, FrozenSet[int]] = {}
-    layers = stats.get("layers") if isinstance(stats, Mapping) else None
-    for name, values in (layers or {}).items():
-        words = values.get("cpus") if isinstance(values, Mapping) else None
-        if not isinstance(words, list) or not all(isinstance(w, int) and w >= 0 for w in words):
-            continue
-        out[name] = frozenset(64 * i + bit for i, word in enumerate(words) for bit in range(64) if word >> bit & 1)
-    return out

@@ -131,3 +131,19 @@ def detect_sched_ext(sysfs_root: str = "/sys", binary: Optional[str] = None,
     if lacking:
         return ScxAvailability(True, state, ops, binary, lacking, privilege_problem=lacking)
     return ScxAvailability(True, state, ops, binary, f"sched_ext available and {binary} installed")
+
+
+def start_blocker(sysfs_root: str, ours_just_exited: bool) -> Tuple[Optional[str], bool]:
+    """Why scx_layered cannot be started now, and whether that may pass by itself.
+
+    (None, _): sched_ext is free. (reason, True): our own scx_layered is still unloading (the
+    kernel disables sched_ext asynchronously after the process is gone): wait a little.
+    (reason, False): another scheduler holds the kernel, or it has no sched_ext: refuse."""
+    state, ops = read_state(sysfs_root)
+    if state == "disabled":
+        return None, False
+    ours_leaving = state in ("disabling", "enabling") or (
+        ours_just_exited and (state is None or (state == "enabled" and (ops or "").startswith(LAYERED_OPS_PREFIX))))
+    if state is None and not os.path.isdir(sched_ext_dir(sysfs_root)):
+        return f"no {sched_ext_dir(sysfs_root)}: kernel without CONFIG_SCHED_CLASS_EXT", ours_leaving
+    return describe_loaded(state, ops, sysfs_root), ours_leaving
