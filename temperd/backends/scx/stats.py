@@ -107,11 +107,13 @@ def layer_cpus(stats: Optional[SysStats]) -> Dict[str, FrozenSet[int]]:
 
 
 def describe(layer: Optional[LayerStats]) -> str:
-    """One layer's stats as `temperctl status` shows them beside the plan: `42% of a CPU on 2-3`."""
+    """One layer's stats as `temperctl status` shows them beside the plan: `42% of a CPU on 2-3`, or
+    `180% of a CPU, no CPUs of its own` for a layer that runs where others leave room."""
     if layer is None or layer.util is None:
         return "-"
-    where = _cpu_list(layer.cpus) if layer.cpus else ("no CPUs of its own" if layer.cur_nr_cpus == 0 else "-")
-    return f"{layer.util:.0f}% of a CPU on {where}"
+    if layer.cpus:
+        return f"{layer.util:.0f}% of a CPU on {_cpu_list(layer.cpus)}"
+    return f"{layer.util:.0f}% of a CPU" + (", no CPUs of its own" if layer.cur_nr_cpus == 0 else "")
 
 
 def _cpu_list(cpus: FrozenSet[int]) -> str:
