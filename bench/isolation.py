@@ -643,6 +643,20 @@ def _progress(done: int, planned: int, run: T.Run, started: float) -> None:
     else:
         what = f"ERROR {run.error}"
     print(f"[{done:>3}/{planned} {time.monotonic() - started:5.0f}s] {run.step:<12} {run.arm:<12} {what}", flush=True)
+    scx = run.notes.get("scx")
+    if scx:  # scx_layered's view of this run as it comes (the table at the end has the medians)
+        print("      scx_layered: " + "; ".join(
+            f"{name or 'system'} {_util(values)}" for name, values in sorted(scx.items())), flush=True)
+
+
+def _util(values: dict) -> str:
+    util = values.get("util")
+    text = f"{util:.0f}%" if isinstance(util, (int, float)) else "-"
+    if values.get("lo_fb_util") is not None:
+        text += f" (low fallback {values['lo_fb_util']:.0f}%)"
+    if values.get("cpus"):
+        text += f" on {values['cpus']}"
+    return text
 
 
 if __name__ == "__main__":
