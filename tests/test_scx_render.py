@@ -7,7 +7,7 @@ import pytest
 
 from temperd.backends.scx.render import (CATCH_ALL_NAME, RenderError, comm_prefix, cgroup_prefix, render, render_plan)
 from temperd.backends.scx.validate import validate_config
-from temperd.backends.scx.kinds import LOW_FALLBACK, YIELD_SLICE_US, level_of
+from temperd.backends.scx.kinds import LOW_FALLBACK, PREEMPTING, YIELD_SLICE_US, level_of
 from temperd.plan import (CONFINED, EXCLUSIVE, GROUPED, LATENCY, OPEN, OWNED, YIELD, Layer, LayerPlan, MemberSelector)
 
 MYSQL_CGROUP = "/system.slice/mysql.service"
@@ -122,14 +122,14 @@ def test_yield_layers_hold_no_cpus_so_they_run_from_the_low_fallback_queue():
     assert config[-1]["kind"] == {"Open": {}}  # the standard tier: above the yield layers, below latency
 
 
-def test_background_tier_layer_yields_whatever_its_treatment():
+def test_background_tier_layer_runs_from_the_low_fallback_queue():
     sel = MemberSelector(cgroup="/system.slice/batch.service", pids=(20,), catch_all=True, tids=(20,))
     plan = LayerPlan((layer("batch.tier", OPEN, YIELD, sel, tier="background", workload="batch", weight=10,
                             policy="idle"),), reserve_cpus=(0,))
     spec = render(plan, 4)[0]
-    assert spec["kind"]["Grouped"]["cpus_range"] == [0, 0]
+    assert spec["kind"] == {"Grouped": {"util_range": [0.0, 1.0], "cpus_range": [0, 0], "slice_us": YIELD_SLICE_US}}
     assert level_of(plan.layers[0]) == LOW_FALLBACK
-    assert level_of(dataclasses.replace(plan.layers[0], treatment=LATENCY)) == LOW_FALLBACK
+    assert level_of(dataclasses.replace(plan.layers[0], treatment=LATENCY)) == PREEMPTING
 
 
 def test_a_yield_slice_longer_than_the_bound_is_cut():

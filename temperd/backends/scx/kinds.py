@@ -54,7 +54,7 @@ LOW_FALLBACK = "low fallback"
 
 def level_of(layer: Layer) -> str:
     """Which of scx_layered's three levels the layer is put on."""
-    if layer.treatment == YIELD or layer.tier == "background":
+    if layer.treatment == YIELD:  # yield groups, and the background tier's own layers (the planner's yield)
         return LOW_FALLBACK
     if layer.treatment in (LATENCY, EXCLUSIVE):
         return PREEMPTING
