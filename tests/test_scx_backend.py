@@ -285,7 +285,10 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
         assert layers["rest"]["plan"] is False and layers["rest"]["treatment"] == "catch-all"  # not in the plan
         text = temperctl("status", "--socket", socket_path).stdout
         assert "SCX_LAYERED NOW" in text and hot_row["scx"]["text"] in text
-        assert {l["name"] for l in daemon.observe_json()["layers"]} == set(layers)
+        observed = daemon.observe_json()
+        (hot_observed,) = [l for l in observed["layers"] if l["name"].endswith(".hot")]
+        assert hot_observed["scx"]["cpus"] == [1] and "util" in hot_observed  # beside what temperd observed
+        assert [l["name"] for l in observed["scx_layers_beyond_plan"]] == ["rest"]
 
         # A second hot thread: 2 cores wanted, 1 free -> a Grouped layer -> one restart.
         app.command("thread scxb-hot1")

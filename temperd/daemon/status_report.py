@@ -51,7 +51,13 @@ def observe_json(daemon: "Daemon") -> Dict[str, Any]:
     data = sampler.observation.to_json() if sampler.observation is not None else {}
     data["lint"] = [dataclasses.asdict(v) for v in sampler.lint.violations]
     data["backend"] = backend_json(daemon) if daemon.backend_choice else None
-    data["layers"] = layer_rows(daemon)  # the plan's layers beside scx_layered's stats of them
+    # What scx_layered reports of each layer, beside what temperd observed of it; its layers
+    # beyond the plan (the catch-all) apart, as the observed ones have fields those lack.
+    rows = {row["name"]: row for row in layer_rows(daemon)}
+    for layer in data.get("layers") or []:
+        layer["scx"] = rows.pop(layer["name"], {}).get("scx")
+    data["scx_layers_beyond_plan"] = [{"name": row["name"], "scx": row["scx"]} for row in rows.values()
+                                      if not row["plan"]]
     watch = daemon.watch
     if watch is not None:  # what temperd learned of each workload ([classify], [rightsizing])
         data["classification"] = [c.as_json() for c in watch.classifications()] if watch.settings.classify else None
