@@ -654,7 +654,7 @@ def _util(values: dict) -> str:
     text = f"{util:.0f}%" if isinstance(util, (int, float)) else "-"
     if values.get("lo_fb_util") is not None:
         text += f" (low fallback {values['lo_fb_util']:.0f}%)"
-    if values.get("cpus"):
+    if values.get("cpus") not in (None, "", "-"):
         text += f" on {values['cpus']}"
     return text
 
