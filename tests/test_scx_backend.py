@@ -234,6 +234,7 @@ process_names = ["scxb-app"]
 name = "hot"
 thread_names = ["scxb-hot*"]
 treatment = "exclusive"
+ownership = "fenced"
 [[thread_groups]]
 name = "rest"
 catch_all = true
