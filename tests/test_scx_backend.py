@@ -296,7 +296,8 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
         app.command("thread scxb-hot1")
         wait_for(lambda: len(standin.attaches()) == 2, WAIT_S, "the restart for the changed plan")
         second = standin.attaches()[1]["specs"]
-        assert [s["kind"] for s in second if s["name"].endswith(".hot")] == [{"Open": {"preempt": True}}]
+        (hot_kind,) = [s["kind"] for s in second if s["name"].endswith(".hot")]
+        assert list(hot_kind) == ["Open"] and hot_kind["Open"]["preempt"] is True
         wait_for(lambda: "temperd_scx_restarts_total 1.0" in daemon.metrics_text().decode(), WAIT_S, "the restart metric")
 
         # Crash loop: the running scx_layered is killed, the next one crashes right after attaching.
