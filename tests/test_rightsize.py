@@ -198,3 +198,49 @@ def test_a_look_covering_several_intervals_weighs_as_many_samples():
     summary = w.summary()
     assert w.samples == 8 and summary.samples == 8
     assert summary.threads[0].p50 > 0.9, "5 of 8 samples at a whole core: the median is hot"
+
+
+def test_demand_reads_a_thread_as_cpu_bound_only_where_cpu_was_to_be_had():
+    """On a saturated host (no idle CPU), a thread that never slept and waited is starved: its
+    demand is unknown (what it got is returned, marked); one that slept got what it wanted."""
+    demand = workload_watch.demand
+    assert demand(0.5, 0.5, 1.0, host_idle_cpus=1.0) == (1.0, False)  # a spinner waiting while CPUs idled
+    assert demand(0.15, 0.85, 1.0, host_idle_cpus=0.0) == (0.15, True)  # behind on fixed work, or a spinner: unknown
+    assert demand(0.15, 0.6, 1.0, host_idle_cpus=0.0) == (0.15, False)  # it slept 25 %: it got what it wanted
+    assert demand(0.95, 0.05, 1.0, host_idle_cpus=0.0) == (0.95, False)  # hardly waited: it ran all along
+    assert demand(0.1, 0.3, 1.0, host_idle_cpus=None)[0] == 0.1 / 0.7  # no host reading yet: as before
+
+
+def _crowded(history, label, threads, seconds=300):
+    """threads: (comm, sample function of i) -> ThreadSample."""
+    w = history.of(label)
+    for i in range(seconds):
+        w.record(float(i), [make(k, i) for k, make in enumerate(threads)], 0.0, 16)
+    return w
+
+
+def test_on_a_crowded_host_a_starved_spinner_gets_a_core_and_eight_starved_periodic_threads_do_not(tmp_path):
+    """2 CPUs and 2 spinners beside: a spinner never sleeps (starved in every interval) while seven
+    light threads sleep between their work: one core for it. Eight threads with 15 ms of work per
+    100 ms, all behind: none is told hot, needed lies between what they got and the host's 2 CPUs,
+    and the reason says starved."""
+    history = UsageHistory(str(tmp_path / "h.json"), DAY, 16)
+    spinner = [lambda k, i: ThreadSample(100, 1, "hot", None, 0.45, starved=True)]
+    light = [lambda k, i: ThreadSample(100 + k, 1, f"light{k}", None, 0.1)] * 7
+    r = rightsize(_crowded(history, "one-hot", spinner + light).summary(), Declared(None, "nothing", 2), 0.15)
+    assert r.exclusive_cores == 1 and r.hot_threads[0]["comm"] == "hot" and r.hot_threads[0]["starved_got_cpus"] == 0.45
+    assert r.needed_cpus <= 2 and r.starved_s > 200 and "starved" in r.reason
+
+    even = [lambda k, i: ThreadSample(k, 1, f"even{k}", None, 0.11, starved=True)] * 8
+    r = rightsize(_crowded(history, "eight", even).summary(), Declared(None, "nothing", 2), 0.15)
+    got = 8 * 0.11
+    assert r.exclusive_cores == 0 and r.hot_threads == ()
+    assert got <= r.needed_cpus <= 2.0 and r.starved_got_cpus >= got - 0.05
+    assert "starved 29" in r.reason and "do not fit the 2 CPUs" in r.reason
+
+
+def test_no_recommendation_exceeds_the_cpus_it_may_run_on(tmp_path):
+    history = UsageHistory(str(tmp_path / "h.json"), DAY, 16)
+    busy = [lambda k, i: ThreadSample(k, 1, f"w{k}", None, 0.7)] * 8
+    r = rightsize(_crowded(history, "busy", busy).summary(), Declared(None, "nothing", 2), 0.15)
+    assert r.needed_cpus == 2.0 and r.per_container_cpus <= 2.0 and "capped at the 2 CPUs" in r.reason

@@ -3,7 +3,11 @@ per-thread usage history (observe/usage_history.py) and what is declared for the
 
 needed = exclusive cores (one per thread whose p95 is >= HOT_THREAD_CPUS of a core: throttling it
 is a latency incident, so it gets a core of its own) + the shared remainder (p95 of the sum of
-every other thread, x (1 + margin)). Beside it the per-container figure a container-average
+every other thread, x (1 + margin)), never more than the CPUs it may run on (the host's, or its
+cpuset's). A thread's p95 counts only intervals in which it was not starved (observe/
+workload_watch.demand): a thread seen only starved wanted at least what it got and at most a
+whole CPU; it gets a core where such threads fit beside the rest, else what they got counts as
+shared and the recommendation says it was starved, for how long, and what it got. Beside it the per-container figure a container-average
 rightsizer gives (p90 of the whole workload x (1 + margin), as the Kubernetes VPA recommender),
 which cannot see a hot thread.
 """
@@ -27,8 +31,11 @@ class ThreadUsage:
     tid: int
     comm: str
     group: Optional[str]
-    p50: float  # CPUs (1.0 = a whole core)
+    p50: float  # CPUs (1.0 = a whole core), over the intervals in which it was not starved
     p95: float
+    measured: bool = True  # p50 and p95 rest on intervals in which it was not starved (else they are 0)
+    starved_samples: int = 0  # intervals in which it was starved
+    starved_got: float = 0.0  # CPUs it got in them, on average
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,8 @@ class UsageSummary:
     history_s: float  # first to last sample
     samples: int
     group_rest_p95: Mapping[str, float] = field(default_factory=dict)  # the same per thread group
+    starved_samples: int = 0  # intervals in which one of its kept threads was starved
+    starved_got_p95: float = 0.0  # what the whole workload got in those intervals
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,7 @@ class Declared:
 
     cpus: Optional[float]  # None: nothing declared (it may use the whole host)
     source: str  # "cgroup cpu.max (CPUQuota=)", "binding[0] cpus", "cpuset 0-1 (AllowedCPUs=)", ...
-    host_cpus: int
+    host_cpus: int  # the CPUs it may run on: the host's, or its cgroup's cpuset's
     throttled: Optional[Tuple[int, int, float]] = None  # (periods, nr_throttled, seconds), since the cgroup began
     granted_exclusive_cores: int = 0
 
@@ -74,6 +83,8 @@ class Recommendation:
     groups: Tuple[Dict[str, object], ...] = ()
     profile: Optional[str] = None  # the profile it matched, named beside its label
     input_bound: Optional[Dict[str, object]] = None  # its GPU waits for its input workers (classify.InputBound)
+    starved_s: Optional[float] = None  # how long it was starved (None: never), and what it got then
+    starved_got_cpus: Optional[float] = None
 
     def as_json(self) -> Dict[str, object]:
         return asdict(self)
@@ -97,11 +108,20 @@ def rightsize(usage: UsageSummary, declared: Declared, margin: float, profile: O
     """The recommendation for one workload (module docstring). Savings: declared - needed where
     something is declared; risk where declared < needed, with the throttling counted so far.
     input_bound: its GPU waits for its input workers (from its classification): said first."""
-    hot = sorted((t for t in usage.threads if t.p95 >= HOT_THREAD_CPUS), key=lambda t: (-t.p95, t.tid))
-    exclusive = len(hot)
-    shared = _cpus(usage.rest_p95 * (1 + margin))
-    needed = _cpus(exclusive + shared)
-    per_container = _cpus(usage.total_p90 * (1 + margin))
+    capacity = float(declared.host_cpus)  # no recommendation names more CPUs than it may run on
+    hot = sorted((t for t in usage.threads if t.measured and t.p95 >= HOT_THREAD_CPUS), key=lambda t: (-t.p95, t.tid))
+    # Threads seen only starved want at least what they got and at most a whole CPU (a spinner on
+    # a crowded host, or a thread behind on fixed work): a core each where they fit beside the
+    # rest, else the starvation is the whole workload's and no thread can be told hot.
+    hungry = sorted((t for t in usage.threads if not t.measured and t.starved_samples), key=lambda t: t.tid)
+    fits = bool(hungry) and len(hot) + len(hungry) <= capacity - (1 if usage.rest_p95 > 0 else 0)
+    cored = hot + (hungry if fits else [])
+    exclusive = len(cored)
+    got = sum(t.starved_got for t in hungry) if not fits else 0.0  # their CPUs, shared, as a lower bound
+    shared = _cpus((usage.rest_p95 + got) * (1 + margin))
+    needed = _cpus(min(capacity, exclusive + shared))
+    per_container = _cpus(min(capacity, usage.total_p90 * (1 + margin)))
+    starved_s = usage.starved_samples * usage.history_s / max(1, usage.samples)
     savings = _cpus(declared.cpus - needed) if declared.cpus is not None else None
     risk = None
     if declared.cpus is not None and declared.cpus < needed:
@@ -112,12 +132,22 @@ def rightsize(usage: UsageSummary, declared: Declared, margin: float, profile: O
         if exclusive:
             risk += f"; its {exclusive} hot thread(s) stall while the quota is spent"
     parts: List[str] = [input_bound.text] if input_bound is not None else []
+    if usage.starved_samples:
+        parts.append(f"starved {starved_s:.0f} s of {usage.history_s:.0f} s (runnable and kept waiting while the "
+                     f"host had no CPU to spare): got p95 {usage.starved_got_p95:.2f} CPUs then; what it wanted is "
+                     f"estimated from the other intervals and bounded by the {capacity:g} CPUs it may use")
     for t in hot:
         parts.append(f"thread {t.comm!r} (tid {t.tid}{', group ' + t.group if t.group else ''}) p95 {t.p95:.2f} CPU "
                      f">= {HOT_THREAD_CPUS}: a core of its own")
+    for t in hungry:
+        verdict = ("a core of its own (at least what it got, at most a whole CPU, and it fits)" if fits else
+                   f"no core of its own: {len(hot) + len(hungry)} such threads do not fit the {capacity:g} CPUs")
+        parts.append(f"thread {t.comm!r} (tid {t.tid}) starved in every interval, got {t.starved_got:.2f} CPU: {verdict}")
     others = len(usage.threads) - exclusive
-    parts.append(f"the other threads ({others} kept individually, the rest aggregated) p95 {usage.rest_p95:.2f} CPU "
-                 f"x (1 + {margin:g}) = {shared:g} shared")
+    parts.append(f"the other threads ({others} kept individually, the rest aggregated) p95 {usage.rest_p95:.2f} CPU"
+                 + (f" + {got:.2f} CPU the starved ones got" if got else "") + f" x (1 + {margin:g}) = {shared:g} shared")
+    if exclusive + shared > capacity:
+        parts.append(f"needed {exclusive + shared:.2f} capped at the {capacity:g} CPUs it may use")
     if declared.cpus is not None:
         parts.append(f"declared {declared.cpus:g} CPUs ({declared.source})")
     else:
@@ -127,14 +157,18 @@ def rightsize(usage: UsageSummary, declared: Declared, margin: float, profile: O
     parts.append(f"per-container view p90 {usage.total_p90:.2f} x (1 + {margin:g}) = {per_container:g} shared CPUs"
                  + (", hot thread without a core of its own" if exclusive else ""))
     parts.append(f"history {usage.history_s:.0f} s, {usage.samples} samples")
-    groups = tuple({"group": group, "exclusive_cores": sum(1 for t in hot if (t.group or "-") == group),
+    groups = tuple({"group": group, "exclusive_cores": sum(1 for t in cored if (t.group or "-") == group),
                     "shared_cpus": _cpus(p95 * (1 + margin))}
                    for group, p95 in sorted(usage.group_rest_p95.items()))
     return Recommendation(
         workload=usage.workload, declared_cpus=declared.cpus, needed_cpus=needed, exclusive_cores=exclusive,
         shared_cpus=shared,
-        hot_threads=tuple({"tid": t.tid, "comm": t.comm, "group": t.group, "p95_cpus": _cpus(t.p95),
-                           "p50_cpus": _cpus(t.p50)} for t in hot),
+        hot_threads=tuple({"tid": t.tid, "comm": t.comm, "group": t.group,
+                           "p95_cpus": _cpus(t.p95) if t.measured else None,
+                           "p50_cpus": _cpus(t.p50) if t.measured else None,
+                           "starved_got_cpus": _cpus(t.starved_got) if not t.measured else None} for t in cored),
         savings_cpus=savings, risk=risk, confidence=history_confidence(usage.history_s), reason="; ".join(parts),
         per_container_cpus=per_container, groups=groups, profile=profile,
-        input_bound=input_bound.as_json() if input_bound is not None else None)
+        input_bound=input_bound.as_json() if input_bound is not None else None,
+        starved_s=round(starved_s, 1) if usage.starved_samples else None,
+        starved_got_cpus=_cpus(usage.starved_got_p95) if usage.starved_samples else None)

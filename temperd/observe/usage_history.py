@@ -6,8 +6,10 @@ container-average view). Kept across restarts in one JSON file (state directory,
 Bounded: at most keep_threads threads per workload individually (the usage sampler picks the
 busiest), the rest aggregated; a thread known only from the file (the workload restarted while
 temperd was down: new thread ids) hands its history to the first thread of the same name and group; the least busy entries go
-first when there are more than keep_threads. Workloads are keyed by their label (unit, binding
-or profile: no pid), so the history outlives processes and temperd's restarts."""
+first when there are more than keep_threads. Workloads are keyed by their label
+(observe/workload_labels.py: no pid), so the history outlives processes and temperd's restarts.
+An interval in which a thread was starved (workload_watch.starved) stays out of its histogram:
+its demand is unknown then; the intervals and what it got in them are counted beside."""
 
 from __future__ import annotations
 
@@ -67,7 +69,8 @@ class ThreadSample:
     start_time: int
     comm: str
     group: Optional[str]
-    cpus: float  # the share of a CPU it wanted (workload_watch.wanted_cpus), at most 1
+    cpus: float  # the share of a CPU it wanted (workload_watch.demand), at most 1; what it got where starved
+    starved: bool = False  # runnable all along, kept waiting while the host had no CPU to spare
 
 
 class ThreadHistory:
@@ -75,6 +78,8 @@ class ThreadHistory:
         self.tid, self.start_time, self.comm, self.group, self.hist = tid, start_time, comm, group, hist
         self.hot = False
         self.from_file = False  # loaded and not sampled since: its thread may be gone (new ids)
+        self.starved_samples = 0  # intervals it was starved: not in hist (its demand is unknown then)
+        self.starved_got_s = 0.0  # CPU-seconds it got in them
 
     @property
     def key(self) -> str:
@@ -82,7 +87,8 @@ class ThreadHistory:
 
     def to_json(self) -> dict:
         return {"tid": self.tid, "start_time": self.start_time, "comm": self.comm, "group": self.group,
-                "hist": self.hist.to_json()}
+                "hist": self.hist.to_json(), "starved_samples": self.starved_samples,
+                "starved_got_s": self.starved_got_s}
 
 
 class WorkloadHistory:
@@ -97,6 +103,8 @@ class WorkloadHistory:
         self.last_at: Optional[float] = None
         self.samples = 0
         self.idle_at: List[Tuple[float, int]] = []  # idle looks not yet added (record_idle): (at, intervals)
+        self.starved_samples = 0  # intervals in which one of its kept threads was starved
+        self.starved_got = DecayingHistogram(half_life_s)  # what the workload got in those intervals
 
     def record_idle(self, at: float, intervals: int = 1) -> None:
         """A look that found none of its processes ran for `intervals` sampling intervals: counted
@@ -123,18 +131,27 @@ class WorkloadHistory:
         rest = max(0.0, unattributed_cpus)
         total = rest
         group_rest: Dict[str, float] = {OTHER_THREADS: rest}
+        hungry = False
         for sample in threads:
             entry = self._entry(sample)
-            entry.hist.add(sample.cpus, at, intervals)
+            if sample.starved:  # its demand is unknown: counted apart, what it got is in the sums below
+                hungry = True
+                entry.starved_samples += intervals
+                entry.starved_got_s += sample.cpus * intervals
+            else:
+                entry.hist.add(sample.cpus, at, intervals)
             if entry.hot or sample.cpus >= HOT_THREAD_CPUS:  # only a busy sample can make it hot, a hot one cool
                 entry.hot = entry.hist.percentile(0.95) >= HOT_THREAD_CPUS
             total += sample.cpus
-            if not entry.hot:
+            if not entry.hot and not sample.starved:  # a starved thread's demand is bounded apart (rightsize)
                 rest += sample.cpus
                 group = sample.group or "-"
                 group_rest[group] = group_rest.get(group, 0.0) + sample.cpus
         self.rest.add(rest, at, intervals)
         self.total.add(total, at, intervals)
+        if hungry:
+            self.starved_samples += intervals
+            self.starved_got.add(total, at, intervals)
         for group, cpus in group_rest.items():
             self.group_rest.setdefault(group, DecayingHistogram(self.half_life_s)).add(cpus, at, intervals)
         self.first_at = at if self.first_at is None else self.first_at
@@ -174,16 +191,19 @@ class WorkloadHistory:
     def summary(self) -> UsageSummary:
         self._flush_idle()
         threads = tuple(ThreadUsage(e.tid, e.comm, e.group, min(1.0, e.hist.percentile(0.5)),
-                                    min(1.0, e.hist.percentile(0.95)))
+                                    min(1.0, e.hist.percentile(0.95)), e.hist.total > 0, e.starved_samples,
+                                    e.starved_got_s / e.starved_samples if e.starved_samples else 0.0)
                         for e in sorted(self.threads.values(), key=lambda e: e.tid))
         span = (self.last_at - self.first_at) if self.first_at is not None and self.last_at is not None else 0.0
         return UsageSummary(self.label, threads, self.rest.percentile(0.95), self.total.percentile(0.5),
                             self.total.percentile(0.9), self.total.percentile(0.95), span, self.samples,
-                            {g: h.percentile(0.95) for g, h in self.group_rest.items() if h.total > 0})
+                            {g: h.percentile(0.95) for g, h in self.group_rest.items() if h.total > 0},
+                            self.starved_samples, self.starved_got.percentile(0.95) if self.starved_samples else 0.0)
 
     def to_json(self) -> dict:
         self._flush_idle()
         return {"first_at": self.first_at, "last_at": self.last_at, "samples": self.samples,
+                "starved_samples": self.starved_samples, "starved_got": self.starved_got.to_json(),
                 "threads": [e.to_json() for e in self.threads.values()], "rest": self.rest.to_json(),
                 "total": self.total.to_json(), "group_rest": {g: h.to_json() for g, h in self.group_rest.items()}}
 
@@ -192,6 +212,8 @@ class WorkloadHistory:
         history = cls(label, half_life_s)
         history.first_at, history.last_at = _number(data.get("first_at"), "first_at"), _number(data.get("last_at"), "last_at")
         history.samples = int(_number(data.get("samples", 0), "samples"))
+        history.starved_samples = int(_number(data.get("starved_samples", 0), "starved_samples"))
+        history.starved_got = DecayingHistogram.from_json(data.get("starved_got", {}), half_life_s)
         for item in data.get("threads", []):
             group = item.get("group")
             if group is not None and not isinstance(group, str):
@@ -199,6 +221,8 @@ class WorkloadHistory:
             entry = ThreadHistory(int(item["tid"]), int(item["start_time"]), str(item["comm"]), group,
                                   DecayingHistogram.from_json(item["hist"], half_life_s))
             entry.from_file = True
+            entry.starved_samples = int(_number(item.get("starved_samples", 0), "starved_samples"))
+            entry.starved_got_s = float(_number(item.get("starved_got_s", 0.0), "starved_got_s"))
             history.threads[entry.key] = entry
         history.rest = DecayingHistogram.from_json(data.get("rest", {}), half_life_s)
         history.total = DecayingHistogram.from_json(data.get("total", {}), half_life_s)

@@ -13,7 +13,10 @@ sleeping workload of thousands of threads costs one small read every 5 s, and a 
 every 10 s is still sampled every second.
 Which threads are kept is decided anew every RERANK_S from every thread's runtime, read only for
 processes that ran meanwhile. A thread's usage is what it wants (wanted_cpus): its on-CPU time as
-a share of the time it was not kept waiting on a runqueue or by its quota, at most one CPU.
+a share of the time it was not kept waiting on a runqueue or by its quota, at most one CPU, while
+the host had idle CPUs; on a saturated host, what it got where it slept, and where it hardly slept
+and waited it was starved (demand()): that interval counts what it got and is marked, so
+rightsizing never reads a thread behind on fixed work as a spinner.
 
 Workloads are named by observe/workload_labels.py (unit, binding, own cgroup, else profile and
 instance: no pid, so labels stay bounded and histories outlive processes). Whether a workload's
@@ -39,7 +42,7 @@ from temperd.observe.metrics import KnowledgeMetrics
 from temperd.observe.usage_history import ThreadSample, UsageHistory
 from temperd.observe.workload_labels import workload_labels
 from temperd.plan import EXCLUSIVE
-from temperd.sources import cgroups, perf, psi, rapl
+from temperd.sources import cgroups, host_cpu, perf, psi, rapl
 from temperd.sources.delayacct import delayacct_state
 from temperd.sources import nvml
 from temperd.sources.proc_io import read_process_io
@@ -62,6 +65,11 @@ RESTING_AFTER_S = 30.0
 SHORT_WARN_EVERY_S = 60.0
 _NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 SLEEPING = ("S", "D")
+# On a host whose CPUs were idle less than HOST_ROOM_CPUS together over an interval, a thread that
+# slept less than STARVED_SLEEP_SHARE of it and waited at least STARVED_WAIT_SHARE on a runqueue was starved.
+STARVED_SLEEP_SHARE = 0.05
+STARVED_WAIT_SHARE = 0.10
+HOST_ROOM_CPUS = 0.25
 
 
 @dataclass
@@ -112,11 +120,28 @@ class _Tracked:
 
 
 def wanted_cpus(ran_s: float, waited_s: float, interval_s: float) -> float:
-    """The share of a CPU a thread wants: of the time it was not kept waiting on a runqueue (or by
-    its quota), the part it ran. A spinning thread wants 1.0 however crowded its CPUs are; one
+    """The share of a CPU a thread wants while CPU is to be had: of the time it was not kept
+    waiting on a runqueue (or by its quota), the part it ran. A spinning thread wants 1.0; one
     doing 10 ms of work in every 100 ms wants about 0.1 even when each wakeup waits."""
     free = max(ran_s, interval_s - min(waited_s, interval_s))
     return min(1.0, ran_s / free) if free > 0 else 0.0
+
+
+def demand(ran_s: float, waited_s: float, interval_s: float, host_idle_cpus: Optional[float]) -> Tuple[float, bool]:
+    """(the CPUs a thread wanted over an interval, whether it was starved).
+
+    With idle CPUs on the host (at least HOST_ROOM_CPUS on average), its waits were not for want
+    of CPU: wanted_cpus. On a saturated host, a thread that slept got what it wanted (its run
+    share); one that hardly slept and waited at least STARVED_WAIT_SHARE of the interval was
+    starved: a spinner and a thread behind on fixed work look alike then, so its demand is unknown,
+    at least its run share (returned, marked starved)."""
+    if interval_s <= 0:
+        return 0.0, False
+    if host_idle_cpus is None or host_idle_cpus >= HOST_ROOM_CPUS:
+        return wanted_cpus(ran_s, waited_s, interval_s), False
+    got = min(1.0, ran_s / interval_s)
+    slept = interval_s - ran_s - waited_s
+    return got, slept < STARVED_SLEEP_SHARE * interval_s and waited_s >= STARVED_WAIT_SHARE * interval_s
 
 
 class WorkloadWatch:
@@ -143,6 +168,7 @@ class WorkloadWatch:
         self._next_metrics = 0.0
         self._saved_at = time.monotonic()
         self._short_warned_at = -SHORT_WARN_EVERY_S
+        self._idle_mark: Optional[Tuple[float, float]] = None  # (host idle seconds, monotonic time) at the last sample
         self.last_sample_cpu_s = 0.0
         self.cpu_s_total = 0.0  # this thread's CPU for samples since start (its whole cost)
         self.samples = 0
@@ -235,8 +261,17 @@ class WorkloadWatch:
 
     # ---- one sample -----------------------------------------------------------------------------
 
+    def _host_idle_cpus(self) -> Optional[float]:
+        """The host's idle CPUs on average since the previous sample (None at the first)."""
+        idle, at = host_cpu.idle_seconds(), time.monotonic()
+        before, self._idle_mark = self._idle_mark, (idle, at)
+        if before is None or at <= before[1]:
+            return None
+        return max(0.0, (idle - before[0]) / (at - before[1]))
+
     def sample_once(self, now: float) -> None:
         started = time.thread_time()
+        host_idle = self._host_idle_cpus()
         workloads, plan, profiles = self.current()
         with self.lock:
             self._labels = workload_labels(workloads, lambda w: self._own_cgroup(w, now))
@@ -249,7 +284,7 @@ class WorkloadWatch:
                 tracked = self.tracked.get(label)
                 if tracked is None or tracked.key != w.key:
                     tracked = self.tracked[label] = _Tracked(label, w.key)
-                self._sample_workload(tracked, w, now)
+                self._sample_workload(tracked, w, now, host_idle)
             for label in list(self.tracked):
                 if label not in live:
                     del self.tracked[label]
@@ -293,7 +328,7 @@ class WorkloadWatch:
             self._cgroup_members[w.cgroup] = (now, members)
         return members is not None and bool(members) and members <= set(w.pids)
 
-    def _sample_workload(self, t: _Tracked, w, now: float) -> None:
+    def _sample_workload(self, t: _Tracked, w, now: float, host_idle: Optional[float] = None) -> None:
         # Its own cgroup's CPU time unchanged and the same processes: nothing ran, nothing to read
         # (/proc/PID/stat of a process with thousands of threads costs the kernel a walk over them).
         usage = cgroups.cpu_usage_us(w.cgroup) if w.cgroup and w.cgroup != "/" else None
@@ -345,6 +380,7 @@ class WorkloadWatch:
         moved_set = set(moved)
         for tid, thread in t.kept.items():
             cpus = run_cpus = 0.0
+            hungry = False
             if thread.pid in moved_set:
                 sched = read_schedstat3(thread.pid, tid)
                 task = read_task_counters(thread.pid, tid)
@@ -356,7 +392,7 @@ class WorkloadWatch:
                     ran = max(0, sched[0] - thread.run_ns) / 1e9
                     waited = max(0, sched[1] - thread.wait_ns) / 1e9
                     run_cpus = min(1.0, ran / interval)
-                    cpus = wanted_cpus(ran, waited, interval)
+                    cpus, hungry = demand(ran, waited, interval, host_idle)
                     t.counters.blkio_ticks += max(0, task.blkio_ticks - thread.blkio_ticks)
                 thread.run_ns, thread.wait_ns, thread.blkio_ticks = sched[0], sched[1], task.blkio_ticks
                 thread.comm = task.comm  # a thread names itself after it starts
@@ -370,7 +406,7 @@ class WorkloadWatch:
                         totals.d_samples += 1
                 totals.demand_s += cpus * dt
             on_cpu += run_cpus
-            samples.append(ThreadSample(tid, thread.start_time, thread.comm, thread.group, cpus))
+            samples.append(ThreadSample(tid, thread.start_time, thread.comm, thread.group, cpus, hungry))
         residual = max(0.0, residual - on_cpu)  # what the threads not kept used
         t.counters.demand_s += (sum(s.cpus for s in samples) + residual) * dt
         t.counters.used_s += (on_cpu + residual) * dt
@@ -455,12 +491,12 @@ class WorkloadWatch:
         if self._plan is not None:
             granted = sum(len(l.cpus) for l in self._plan.layers if l.workload == w.key and l.treatment == EXCLUSIVE)
         if w.budget is not None:
-            return Declared(w.budget, w.budget_reason, self.host_cpus, throttled, granted)
+            return Declared(w.budget, w.budget_reason, self._capacity(w), throttled, granted)
         cpuset = cgroups.cpuset_cpus(w.cgroup) if w.cgroup else None
         if cpuset:
             count = len(parse_cpulist(cpuset))
             if 0 < count < self.host_cpus:
-                return Declared(float(count), f"cpuset {cpuset} of cgroup {w.cgroup} (AllowedCPUs=)", self.host_cpus,
+                return Declared(float(count), f"cpuset {cpuset} of cgroup {w.cgroup} (AllowedCPUs=)", count,
                                 throttled, granted)
         return Declared(None, "no quota, cpuset or binding cpus", self.host_cpus, throttled, granted)
 
