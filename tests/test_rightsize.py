@@ -15,7 +15,7 @@ from temperd.config.daemon_config import KnowledgeSettings
 from temperd.decide.matcher import Workload
 from temperd.decide.rightsize import Declared, history_confidence, rightsize
 from temperd.observe.histogram import DecayingHistogram
-from temperd.observe import workload_watch
+from temperd.observe import usage_tracker, workload_watch
 from temperd.observe.usage_history import ThreadSample, UsageHistory
 from temperd.observe.workload_watch import WorkloadWatch
 
@@ -148,7 +148,7 @@ def test_a_workload_idle_for_30_s_is_looked_at_every_5_s_and_each_look_counts_th
         history = watch.history.of("resting.service")
         now = 1_000.0
         watch.sample_once(now)
-        for _ in range(int(workload_watch.RESTING_AFTER_S) - 1):
+        for _ in range(int(usage_tracker.RESTING_AFTER_S) - 1):
             now += 1.0
             watch.sample_once(now)
             assert watch._next_wait_s() == settings.sample_interval_s
@@ -182,7 +182,7 @@ def test_a_workload_that_runs_every_few_seconds_never_rests(tmp_path):
         read_json_line(sleeper, 10)
         watch = WorkloadWatch(settings, 2, lambda: ((_workload_in(cgroup, [sleeper.pid]),), None, {}))
         now = 1_000.0
-        for second in range(int(workload_watch.RESTING_AFTER_S) * 2):
+        for second in range(int(usage_tracker.RESTING_AFTER_S) * 2):
             if second % 10 == 9:  # a short burst every 10 s
                 cgroup.spawn([sys.executable, "-c", "sum(range(100000))"]).wait(timeout=30)
             watch.sample_once(now)
@@ -203,7 +203,7 @@ def test_a_look_covering_several_intervals_weighs_as_many_samples():
 def test_demand_reads_a_thread_as_cpu_bound_only_where_cpu_was_to_be_had():
     """On a saturated host (no idle CPU), a thread that never slept and waited is starved: its
     demand is unknown (what it got is returned, marked); one that slept got what it wanted."""
-    demand = workload_watch.demand
+    demand = usage_tracker.demand
     assert demand(0.5, 0.5, 1.0, host_idle_cpus=1.0) == (1.0, False)  # a spinner waiting while CPUs idled
     assert demand(0.15, 0.85, 1.0, host_idle_cpus=0.0) == (0.15, True)  # behind on fixed work, or a spinner: unknown
     assert demand(0.15, 0.6, 1.0, host_idle_cpus=0.0) == (0.15, False)  # it slept 25 %: it got what it wanted

@@ -5,11 +5,12 @@ needed = exclusive cores (one per thread whose p95 is >= HOT_THREAD_CPUS of a co
 is a latency incident, so it gets a core of its own) + the shared remainder (p95 of the sum of
 every other thread, x (1 + margin)), never more than the CPUs it may run on (the host's, or its
 cpuset's). A thread's p95 counts only intervals in which it was not starved (observe/
-workload_watch.demand): a thread seen only starved wanted at least what it got and at most a
+usage_tracker.demand): a thread seen only starved wanted at least what it got and at most a
 whole CPU; it gets a core where such threads fit beside the rest, else what they got counts as
-shared and the recommendation says it was starved, for how long, and what it got. Beside it the per-container figure a container-average
-rightsizer gives (p90 of the whole workload x (1 + margin), as the Kubernetes VPA recommender),
-which cannot see a hot thread.
+shared and the recommendation says it was starved, for how long, and what it got.
+
+Beside it the per-container figure a container-average rightsizer gives (p90 of the whole
+workload x (1 + margin), as the Kubernetes VPA recommender), which cannot see a hot thread.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ busiest), the rest aggregated; a thread known only from the file (the workload r
 temperd was down: new thread ids) hands its history to the first thread of the same name and group; the least busy entries go
 first when there are more than keep_threads. Workloads are keyed by their label
 (observe/workload_labels.py: no pid), so the history outlives processes and temperd's restarts.
-An interval in which a thread was starved (workload_watch.starved) stays out of its histogram:
+An interval in which a thread was starved (usage_tracker.demand) stays out of its histogram:
 its demand is unknown then; the intervals and what it got in them are counted beside."""
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class ThreadSample:
     start_time: int
     comm: str
     group: Optional[str]
-    cpus: float  # the share of a CPU it wanted (workload_watch.demand), at most 1; what it got where starved
+    cpus: float  # the share of a CPU it wanted (usage_tracker.demand), at most 1; what it got where starved
     starved: bool = False  # runnable all along, kept waiting while the host had no CPU to spare
 
 

@@ -21,7 +21,7 @@ MIN_STATE_SAMPLES = 5
 
 @dataclass
 class ThreadTotals:
-    demand_s: float = 0.0  # CPU-seconds wanted (workload_watch.wanted_cpus x interval)
+    demand_s: float = 0.0  # CPU-seconds wanted (usage_tracker.demand x interval)
     d_samples: int = 0
     samples: int = 0
     pid: int = 0  # its process
