@@ -204,11 +204,11 @@ def test_demand_reads_a_thread_as_cpu_bound_only_where_cpu_was_to_be_had():
     """On a saturated host (no idle CPU), a thread that never slept and waited is starved: its
     demand is unknown (what it got is returned, marked); one that slept got what it wanted."""
     demand = usage_tracker.demand
-    assert demand(0.5, 0.5, 1.0, host_idle_cpus=1.0) == (1.0, False)  # a spinner waiting while CPUs idled
-    assert demand(0.15, 0.85, 1.0, host_idle_cpus=0.0) == (0.15, True)  # behind on fixed work, or a spinner: unknown
-    assert demand(0.15, 0.6, 1.0, host_idle_cpus=0.0) == (0.15, False)  # it slept 25 %: it got what it wanted
-    assert demand(0.95, 0.05, 1.0, host_idle_cpus=0.0) == (0.95, False)  # hardly waited: it ran all along
-    assert demand(0.1, 0.3, 1.0, host_idle_cpus=None)[0] == 0.1 / 0.7  # no host reading yet: as before
+    assert demand(0.5, 0.5, 1.0, room_cpus=1.0) == (1.0, False)  # a spinner waiting while its CPUs idled
+    assert demand(0.15, 0.85, 1.0, room_cpus=0.0) == (0.15, True)  # behind on fixed work, or a spinner: unknown
+    assert demand(0.15, 0.6, 1.0, room_cpus=0.0) == (0.15, False)  # it slept 25 %: it got what it wanted
+    assert demand(0.95, 0.05, 1.0, room_cpus=0.0) == (0.95, False)  # hardly waited: it ran all along
+    assert demand(0.1, 0.3, 1.0, room_cpus=None)[0] == 0.1 / 0.7  # no host reading yet: as before
 
 
 def _crowded(history, label, threads, seconds=300):

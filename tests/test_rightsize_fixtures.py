@@ -145,15 +145,14 @@ def test_on_a_crowded_host_starved_threads_are_not_read_as_spinners(tmp_path, fi
         daemon.start()
         got = {}
         try:
-            spinners = make("spinners").spawn(["stress-ng", "--cpu", "2", "--timeout", f"{2 * PHASE_S + 20:g}",
-                                               "--quiet"])
+            crowd = make("spinners")
+            crowd.spawn(["stress-ng", "--cpu", "2", "--timeout", f"{2 * PHASE_S + 20:g}", "--quiet"])
             for cgroup, threads in ((crowded_hot, ["hot=100/100"] + [f"light{i}=10/100" for i in range(7)]),
                                     (crowded_even, [f"even{i}=15/100" for i in range(8)]), (None, None),
                                     (quiet_hot, ["hot=100/100"] + [f"light{i}=10/100" for i in range(7)]),
                                     (quiet_even, [f"even{i}=15/100" for i in range(8)])):
-                if cgroup is None:  # the crowd leaves
-                    spinners.kill()
-                    spinners.wait()
+                if cgroup is None:  # the crowd leaves: stress-ng and its workers
+                    crowd.close()
                     continue
                 proc = fixed(cgroup, fixed_work, *threads)
                 time.sleep(PHASE_S)

@@ -11,23 +11,24 @@ intervals it covers). Which threads are kept is decided anew every RERANK_S from
 runtime, read only for processes that ran meanwhile.
 
 A thread's usage is what it wants (wanted_cpus): its on-CPU time as a share of the time it was not
-kept waiting on a runqueue or by its quota, at most one CPU, while the host had idle CPUs; on a
-saturated host, what it got where it slept, and where it hardly slept and waited it was starved
-(demand()): that interval counts what it got and is marked, so rightsizing never reads a thread
-behind on fixed work as a spinner.
+kept waiting on a runqueue or by its quota, at most one CPU, while the CPUs it may run on had idle
+time; where they had none, what it got where it slept, and where it hardly slept and waited it was
+starved (demand()): that interval counts what it got and is marked, so rightsizing never reads a
+thread behind on fixed work as a spinner.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from temperd.config.daemon_config import KnowledgeSettings
 from temperd.observe import workload_window as W
 from temperd.observe.usage_history import ThreadSample, UsageHistory
 from temperd.sources import cgroups, nvml, psi, rapl
 from temperd.sources.proc_io import read_process_io
+from temperd.sources.procfs import read_affinity
 from temperd.sources.runqlat import read_schedstat3
 from temperd.sources.task_counters import CLOCK_TICKS, read_process_counters, read_task_counters
 
@@ -36,8 +37,8 @@ RERANK_S = 60.0
 # gaps of the duty cycles per-second samples exist to see.
 RESTING_AFTER_S = 30.0
 SLEEPING = ("S", "D")
-# On a host whose CPUs were idle less than HOST_ROOM_CPUS together over an interval, a thread that
-# slept less than STARVED_SLEEP_SHARE of it and waited at least STARVED_WAIT_SHARE on a runqueue was starved.
+# A thread whose CPUs (its affinity) were idle less than HOST_ROOM_CPUS together over an interval, and
+# that slept less than STARVED_SLEEP_SHARE of it and waited at least STARVED_WAIT_SHARE on a runqueue, was starved.
 STARVED_SLEEP_SHARE = 0.05
 STARVED_WAIT_SHARE = 0.10
 HOST_ROOM_CPUS = 0.25
@@ -98,21 +99,32 @@ def wanted_cpus(ran_s: float, waited_s: float, interval_s: float) -> float:
     return min(1.0, ran_s / free) if free > 0 else 0.0
 
 
-def demand(ran_s: float, waited_s: float, interval_s: float, host_idle_cpus: Optional[float]) -> Tuple[float, bool]:
+def demand(ran_s: float, waited_s: float, interval_s: float, room_cpus: Optional[float]) -> Tuple[float, bool]:
     """(the CPUs a thread wanted over an interval, whether it was starved).
 
-    With idle CPUs on the host (at least HOST_ROOM_CPUS on average), its waits were not for want
-    of CPU: wanted_cpus. On a saturated host, a thread that slept got what it wanted (its run
-    share); one that hardly slept and waited at least STARVED_WAIT_SHARE of the interval was
-    starved: a spinner and a thread behind on fixed work look alike then, so its demand is unknown,
-    at least its run share (returned, marked starved)."""
+    room_cpus: how idle the CPUs it may run on were (its affinity, which its cpuset and temperd's
+    plan narrow), on average over the interval; None where unknown. With room (at least
+    HOST_ROOM_CPUS), its waits were not for want of CPU: wanted_cpus. Without, a thread that slept
+    got what it wanted (its run share); one that hardly slept and waited at least
+    STARVED_WAIT_SHARE of the interval was starved: a spinner and a thread behind on fixed work
+    look alike then, so its demand is unknown, at least its run share (returned, marked starved)."""
     if interval_s <= 0:
         return 0.0, False
-    if host_idle_cpus is None or host_idle_cpus >= HOST_ROOM_CPUS:
+    if room_cpus is None or room_cpus >= HOST_ROOM_CPUS:
         return wanted_cpus(ran_s, waited_s, interval_s), False
     got = min(1.0, ran_s / interval_s)
     slept = interval_s - ran_s - waited_s
     return got, slept < STARVED_SLEEP_SHARE * interval_s and waited_s >= STARVED_WAIT_SHARE * interval_s
+
+
+def _room(idle_by_cpu: Optional[Sequence[float]], thread: "_Thread", tid: int) -> Optional[float]:
+    """How idle the CPUs the thread may run on were; None where unknown."""
+    if idle_by_cpu is None:
+        return None
+    allowed = read_affinity(tid, thread.pid)
+    if allowed is None:
+        return None
+    return sum(idle_by_cpu[cpu] for cpu in allowed if cpu < len(idle_by_cpu))
 
 
 class UsageTracker:
@@ -132,7 +144,9 @@ class UsageTracker:
             return 1
         return max(1, int(round((now - t.sampled_at) / self.settings.sample_interval_s)))
 
-    def sample(self, t: Tracked, w, now: float, host_idle: Optional[float] = None) -> None:
+    def sample(self, t: Tracked, w, now: float, idle_by_cpu: Optional[Sequence[float]] = None) -> None:
+        """One sample of w into t and the history; idle_by_cpu: each CPU's idle share since the last
+        sample (what decides whether a thread that waited was starved)."""
         # Its own cgroup's CPU time unchanged and the same processes: nothing ran, nothing to read
         # (/proc/PID/stat of a process with thousands of threads costs the kernel a walk over them).
         usage = cgroups.cpu_usage_us(w.cgroup) if w.cgroup and w.cgroup != "/" else None
@@ -196,7 +210,8 @@ class UsageTracker:
                     ran = max(0, sched[0] - thread.run_ns) / 1e9
                     waited = max(0, sched[1] - thread.wait_ns) / 1e9
                     run_cpus = min(1.0, ran / interval)
-                    cpus, hungry = demand(ran, waited, interval, host_idle)
+                    room = _room(idle_by_cpu, thread, tid) if waited >= STARVED_WAIT_SHARE * interval else None
+                    cpus, hungry = demand(ran, waited, interval, room)
                     t.counters.blkio_ticks += max(0, task.blkio_ticks - thread.blkio_ticks)
                 thread.run_ns, thread.wait_ns, thread.blkio_ticks = sched[0], sched[1], task.blkio_ticks
                 thread.comm = task.comm  # a thread names itself after it starts

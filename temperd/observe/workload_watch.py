@@ -70,7 +70,7 @@ class WorkloadWatch:
         self._next_metrics = 0.0
         self._saved_at = time.monotonic()
         self._short_warned_at = -SHORT_WARN_EVERY_S
-        self._idle_mark: Optional[Tuple[float, float]] = None  # (host idle seconds, monotonic time) at the last sample
+        self._idle_mark: Optional[Tuple[List[float], float]] = None  # (idle seconds per CPU, monotonic time) at the last sample
         self.last_sample_cpu_s = 0.0
         self.cpu_s_total = 0.0  # this thread's CPU for samples since start (its whole cost)
         self.samples = 0
@@ -158,17 +158,17 @@ class WorkloadWatch:
 
     # ---- one sample -----------------------------------------------------------------------------
 
-    def _host_idle_cpus(self) -> Optional[float]:
-        """The host's idle CPUs on average since the previous sample (None at the first)."""
+    def _idle_by_cpu(self) -> Optional[List[float]]:
+        """Each CPU's idle share since the previous sample (None at the first)."""
         idle, at = host_cpu.idle_seconds(), time.monotonic()
         before, self._idle_mark = self._idle_mark, (idle, at)
-        if before is None or at <= before[1]:
+        if before is None or at <= before[1] or len(before[0]) != len(idle):
             return None
-        return max(0.0, (idle - before[0]) / (at - before[1]))
+        return [max(0.0, min(1.0, (now - then) / (at - before[1]))) for now, then in zip(idle, before[0])]
 
     def sample_once(self, now: float) -> None:
         started = time.thread_time()
-        host_idle = self._host_idle_cpus()
+        idle_by_cpu = self._idle_by_cpu()
         workloads, plan, profiles = self.current()
         with self.lock:
             self._labels = workload_labels(workloads, lambda w: self._own_cgroup(w, now))
@@ -181,7 +181,7 @@ class WorkloadWatch:
                 tracked = self.tracked.get(label)
                 if tracked is None or tracked.key != w.key:
                     tracked = self.tracked[label] = Tracked(label, w.key)
-                self.tracker.sample(tracked, w, now, host_idle)
+                self.tracker.sample(tracked, w, now, idle_by_cpu)
             for label in list(self.tracked):
                 if label not in live:
                     del self.tracked[label]

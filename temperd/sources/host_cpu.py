@@ -1,12 +1,13 @@
-"""The host's idle CPU time (idle + iowait of every CPU, /proc/stat through psutil): whether CPU
-was to be had while a thread waited for one."""
+"""Each CPU's idle time (idle + iowait, /proc/stat through psutil): whether CPU was to be had,
+where a thread may run, while it waited for one."""
 
 from __future__ import annotations
+
+from typing import List
 
 import psutil
 
 
-def idle_seconds() -> float:
-    """Seconds every online CPU together spent idle (or idle waiting on I/O) since boot."""
-    times = psutil.cpu_times()
-    return times.idle + getattr(times, "iowait", 0.0)
+def idle_seconds() -> List[float]:
+    """Per CPU (by number), the seconds it spent idle (or idle waiting on I/O) since boot."""
+    return [t.idle + getattr(t, "iowait", 0.0) for t in psutil.cpu_times(percpu=True)]
