@@ -244,3 +244,13 @@ def test_no_recommendation_exceeds_the_cpus_it_may_run_on(tmp_path):
     busy = [lambda k, i: ThreadSample(k, 1, f"w{k}", None, 0.7)] * 8
     r = rightsize(_crowded(history, "busy", busy).summary(), Declared(None, "nothing", 2), 0.15)
     assert r.needed_cpus == 2.0 and r.per_container_cpus <= 2.0 and "capped at the 2 CPUs" in r.reason
+
+
+def test_a_burst_that_finds_its_cpus_busy_is_still_hot_where_it_fits(tmp_path):
+    """Busy 2 s in every 10 s, each burst starved (its CPUs busy): its p95 is unknown, not its idle
+    seconds' zero; it fits beside the rest of a 2-CPU host, so it gets its core."""
+    history = UsageHistory(str(tmp_path / "h.json"), DAY, 16)
+    burst = [lambda k, i: ThreadSample(1, 1, "burst", None, 0.6 if i % 10 < 2 else 0.0, starved=i % 10 < 2)]
+    r = rightsize(_crowded(history, "bursty", burst).summary(), Declared(None, "nothing", 2), 0.15)
+    assert r.exclusive_cores == 1 and r.hot_threads[0]["comm"] == "burst" and r.hot_threads[0]["p95_cpus"] < 0.05
+    assert "starved in 60 of 300 intervals" in r.reason

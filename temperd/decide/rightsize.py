@@ -5,9 +5,10 @@ needed = exclusive cores (one per thread whose p95 is >= HOT_THREAD_CPUS of a co
 is a latency incident, so it gets a core of its own) + the shared remainder (p95 of the sum of
 every other thread, x (1 + margin)), never more than the CPUs it may run on (the host's, or its
 cpuset's). A thread's p95 counts only intervals in which it was not starved (observe/
-usage_tracker.demand): a thread seen only starved wanted at least what it got and at most a
-whole CPU; it gets a core where such threads fit beside the rest, else what they got counts as
-shared and the recommendation says it was starved, for how long, and what it got.
+usage_tracker.demand): a thread starved in more than 5 % of its intervals (its p95 then unknown)
+wanted at least what it got and at most a whole CPU then; it gets a core where such threads fit
+beside the rest, else what they got counts as shared and the recommendation says it was starved,
+for how long, and what it got.
 
 Beside it the per-container figure a container-average rightsizer gives (p90 of the whole
 workload x (1 + margin), as the Kubernetes VPA recommender), which cannot see a hot thread.
@@ -21,7 +22,8 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 from temperd.decide.classify import HOT_THREAD_CPUS, InputBound
 
-CONFIDENT_HISTORY_S = 24 * 3600.0  # a day of history: full confidence
+CONFIDENT_HISTORY_S = 24 * 3600.0
+STARVED_SHARE_MAY_BE_HOT = 0.05  # starved in more of its intervals than this, its p95 is unknown  # a day of history: full confidence
 CONFIDENCE_UNIT_S = 60.0
 
 
@@ -111,10 +113,12 @@ def rightsize(usage: UsageSummary, declared: Declared, margin: float, profile: O
     input_bound: its GPU waits for its input workers (from its classification): said first."""
     capacity = float(declared.host_cpus)  # no recommendation names more CPUs than it may run on
     hot = sorted((t for t in usage.threads if t.measured and t.p95 >= HOT_THREAD_CPUS), key=lambda t: (-t.p95, t.tid))
-    # Threads seen only starved want at least what they got and at most a whole CPU (a spinner on
-    # a crowded host, or a thread behind on fixed work): a core each where they fit beside the
-    # rest, else the starvation is the whole workload's and no thread can be told hot.
-    hungry = sorted((t for t in usage.threads if not t.measured and t.starved_samples), key=lambda t: t.tid)
+    # Threads starved in more than the p95's 5 % of the intervals may be hot: in those intervals
+    # they wanted at least what they got and at most a whole CPU (a spinner on a crowded host, a
+    # burst that found its CPUs busy, or a thread behind on fixed work). A core each where they fit
+    # beside the rest; else the starvation is the whole workload's and no thread can be told hot.
+    hungry = sorted((t for t in usage.threads if t not in hot
+                     and t.starved_samples > STARVED_SHARE_MAY_BE_HOT * max(1, usage.samples)), key=lambda t: t.tid)
     fits = bool(hungry) and len(hot) + len(hungry) <= capacity - (1 if usage.rest_p95 > 0 else 0)
     cored = hot + (hungry if fits else [])
     exclusive = len(cored)
@@ -143,7 +147,8 @@ def rightsize(usage: UsageSummary, declared: Declared, margin: float, profile: O
     for t in hungry:
         verdict = ("a core of its own (at least what it got, at most a whole CPU, and it fits)" if fits else
                    f"no core of its own: {len(hot) + len(hungry)} such threads do not fit the {capacity:g} CPUs")
-        parts.append(f"thread {t.comm!r} (tid {t.tid}) starved in every interval, got {t.starved_got:.2f} CPU: {verdict}")
+        parts.append(f"thread {t.comm!r} (tid {t.tid}) starved in {t.starved_samples} of {usage.samples} intervals, "
+                     f"got {t.starved_got:.2f} CPU then: {verdict}")
     others = len(usage.threads) - exclusive
     parts.append(f"the other threads ({others} kept individually, the rest aggregated) p95 {usage.rest_p95:.2f} CPU"
                  + (f" + {got:.2f} CPU the starved ones got" if got else "") + f" x (1 + {margin:g}) = {shared:g} shared")
@@ -167,7 +172,7 @@ def rightsize(usage: UsageSummary, declared: Declared, margin: float, profile: O
         hot_threads=tuple({"tid": t.tid, "comm": t.comm, "group": t.group,
                            "p95_cpus": _cpus(t.p95) if t.measured else None,
                            "p50_cpus": _cpus(t.p50) if t.measured else None,
-                           "starved_got_cpus": _cpus(t.starved_got) if not t.measured else None} for t in cored),
+                           "starved_got_cpus": _cpus(t.starved_got) if t.starved_samples else None} for t in cored),
         savings_cpus=savings, risk=risk, confidence=history_confidence(usage.history_s), reason="; ".join(parts),
         per_container_cpus=per_container, groups=groups, profile=profile,
         input_bound=input_bound.as_json() if input_bound is not None else None,
