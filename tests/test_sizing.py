@@ -16,7 +16,7 @@ from temperd.decide.matcher import ThreadMatch, Workload
 from temperd.decide.planner import plan
 from temperd.decide.sizing import MIN_SAMPLES, NO_SIZING, GroupDemand, Sizing, cores_for, group_demands, resize
 from temperd.observe.usage_history import ThreadSample, WorkloadHistory
-from temperd.observe.workload_watch import wanted_cpus
+from temperd.observe.usage_tracker import wanted_cpus
 from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, OWNED
 
 HERE = os.path.dirname(os.path.abspath(__file__))
