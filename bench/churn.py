@@ -27,7 +27,8 @@ import urllib.request
 from typing import Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import HostMonitor, host_description, read_text, running_temperd  # noqa: E402
+from common import (HostMonitor, host_description, print_py_spy, py_spy_record, read_text,  # noqa: E402
+                    running_temperd)
 from servers import free_port  # noqa: E402  (common puts tests/ on sys.path)
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -196,6 +197,8 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=300.0, help="per second, for each of the three kinds")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of churn")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--py-spy", dest="py_spy", metavar="OUT",
+                        help="sample temperd with py-spy during the churn (raw stacks into OUT; top printed)")
     parser.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generate:
@@ -211,6 +214,7 @@ def main() -> int:
         ticks0, rss0, lost0 = daemon.cpu_ticks(), rss_kib(daemon.pid), overflows(port)
         monitor = HostMonitor()
         monitor.start()
+        spy = py_spy_record(daemon.pid, args.duration, args.py_spy) if args.py_spy else None
         t0 = time.monotonic()
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--generate", "--rate", str(args.rate),
                               "--duration", str(args.duration)], capture_output=True, text=True,
@@ -219,6 +223,8 @@ def main() -> int:
         window = monitor.stop()
         ticks1, rss1, lost1 = daemon.cpu_ticks(), rss_kib(daemon.pid), overflows(port)
         alive = daemon.alive()
+        if spy is not None:
+            spy.wait(timeout=60)
     if out.returncode != 0:
         print(out.stderr[-2000:], file=sys.stderr)
         return 1
@@ -257,6 +263,8 @@ def main() -> int:
           f"{'running' if alive else 'EXITED'} at the end")
     print(f"host: idle {window.idle_pct:.0f} %, steal {window.steal_pct:.1f} %, foreign CPU "
           f"{window.foreign_core_pct:.0f} % of a core ({window.foreign_top or 'none'})")
+    if args.py_spy:
+        print_py_spy(args.py_spy)
     return 0
 
 

@@ -177,3 +177,39 @@ def affinity_of(pid: int) -> Optional[frozenset]:
 
 def cpulist(cpus) -> str:
     return ",".join(str(c) for c in sorted(cpus)) if cpus else "-"
+
+
+def py_spy_record(pid: int, seconds: float, out: str, binary: Optional[str] = None) -> subprocess.Popen:
+    """py-spy sampling every thread of `pid` for `seconds` (raw collapsed stacks into `out`);
+    --nonblocking so that the profiler does not stop the daemon it measures. The binary: the
+    one given, else the one installed beside this Python, else py-spy on PATH."""
+    if binary is None:
+        beside = os.path.join(BINDIR, "py-spy")
+        binary = beside if os.path.exists(beside) else "py-spy"
+    return subprocess.Popen([binary, "record", "--pid", str(pid), "--rate", "200", "--duration",
+                             str(max(1, int(seconds))), "--format", "raw", "--threads", "--nonblocking",
+                             "--output", out], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+
+def print_py_spy(path: str, top: int = 20) -> None:
+    """py-spy raw output: one `frame;frame;... count` line per distinct stack. Prints each
+    frame's inclusive share (the frame anywhere on the stack) and its own share (the innermost)."""
+    inclusive, own, total = {}, {}, 0
+    with open(path) as handle:
+        for line in handle:
+            stack, _, count = line.rstrip().rpartition(" ")
+            if not stack:
+                continue
+            n = int(count)
+            total += n
+            frames = stack.split(";")
+            for frame in set(frames):
+                inclusive[frame] = inclusive.get(frame, 0) + n
+            own[frames[-1]] = own.get(frames[-1], 0) + n
+    print(f"\npy-spy samples (all threads, idle threads included): {total}")
+    print("inclusive:")
+    for frame, n in sorted(inclusive.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"{100.0 * n / max(total, 1):6.1f} %  {frame}")
+    print("own (innermost frame):")
+    for frame, n in sorted(own.items(), key=lambda kv: -kv[1])[:top // 2]:
+        print(f"{100.0 * n / max(total, 1):6.1f} %  {frame}")

@@ -300,10 +300,7 @@ def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, 
             time.sleep(settle_s)
             spy = None
             if py_spy:
-                spy = subprocess.Popen([py_spy, "record", "--pid", str(daemon.pid), "--rate", "200",
-                                        "--duration", str(int(seconds)), "--format", "raw", "--threads",
-                                        "--nonblocking", "--output", py_spy_out],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                spy = C.py_spy_record(daemon.pid, seconds, py_spy_out, py_spy)
             before = daemon.status(timeout=STATUS_TIMEOUT_S)
             if load is not None and not any(l["name"].endswith(".pingpong") and l["members"] >= 2 * pairs
                                             for l in before["layers"]):
@@ -360,23 +357,6 @@ def print_cprofile(path: str, seconds: float, top: int = 25) -> None:
         print(f"{ct * 1000:9.1f} {tt * 1000:8.1f} {nc:8d} {ct * 1000 / max(nc, 1):8.3f}  {name}")
 
 
-def print_py_spy(path: str, top: int = 20) -> None:
-    """py-spy raw output: one `frame;frame;... count` line per distinct stack."""
-    own, total = {}, 0
-    with open(path) as handle:
-        for line in handle:
-            stack, _, count = line.rstrip().rpartition(" ")
-            if not stack:
-                continue
-            n = int(count)
-            total += n
-            for frame in set(stack.split(";")):
-                own[frame] = own.get(frame, 0) + n
-    print(f"\npy-spy samples (all threads, idle threads included): {total}")
-    for frame, n in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
-        print(f"{100.0 * n / max(total, 1):6.1f} %  {frame}")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=60.0, help="measurement window per scenario (default 60)")
@@ -403,7 +383,8 @@ def main() -> int:
                         help="also measure under a context-switch load: PAIRS ping-pong pairs that are layer members "
                              "and PAIRS that are not; their round trips a second are shown (default: off)")
     parser.add_argument("--profile", choices=("cprofile", "py-spy"), help="profile temperd while measuring")
-    parser.add_argument("--py-spy", dest="py_spy", default="py-spy", help="py-spy binary for --profile py-spy")
+    parser.add_argument("--py-spy", dest="py_spy", default=None,
+                        help="py-spy binary for --profile py-spy (default: beside this Python, else on PATH)")
     args = parser.parse_args()
     if args.settle is None:
         args.settle = 40.0 if args.track else 3.0
@@ -466,7 +447,7 @@ def main() -> int:
             if args.profile == "cprofile":
                 print_cprofile(prof, args.seconds)
             elif args.profile == "py-spy" and os.path.exists(prof + ".spy"):
-                print_py_spy(prof + ".spy")
+                C.print_py_spy(prof + ".spy")
     print()
     print(f"temperd CPU, native backend, builtin profiles, HTTP on; {args.seconds:g} s windows, "
           f"{args.reps} repetition(s), medians")
