@@ -9,8 +9,6 @@ import uuid
 import pytest
 
 from driven import spawn_at_pid
-from temperd.sources import cgroups
-from temperd.sources import procfs
 from temperd.config.daemon_config import parse_config
 from temperd.sources.inventory import Inventory
 from temperd.decide.matcher import Matcher
@@ -56,8 +54,7 @@ treatment = "yield"
 
 
 def matcher(config_text="", profiles=(PROFILE, HOT)):
-    return Matcher(parse_config(config_text, "temperd.toml"), {p.id: p for p in profiles},
-                   env_reader=procfs.read_environ_var, quota_reader=cgroups.cpu_quota)
+    return Matcher(parse_config(config_text, "temperd.toml"), {p.id: p for p in profiles})
 
 
 @pytest.fixture

@@ -9,8 +9,6 @@ import time
 import pytest
 
 import servers as S
-from temperd.sources import cgroups
-from temperd.sources import procfs
 from temperd.config.daemon_config import DaemonConfig
 from temperd.sources.inventory import Inventory
 from temperd.decide.matcher import Matcher
@@ -31,8 +29,7 @@ def started(factory, **kwargs):
 def match_now():
     inventory = Inventory()
     inventory.reconcile()
-    matcher = Matcher(DaemonConfig(), {p.id: p for p in load_builtin_profiles()},
-                      env_reader=procfs.read_environ_var, quota_reader=cgroups.cpu_quota)
+    matcher = Matcher(DaemonConfig(), {p.id: p for p in load_builtin_profiles()})
     return inventory, matcher.match(inventory.processes.values())
 
 

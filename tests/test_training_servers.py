@@ -23,7 +23,6 @@ from temperd.config.daemon_config import DaemonConfig
 from temperd.config.profile import parse_profile
 from temperd.decide.matcher import Matcher
 from temperd.plan import EXCLUSIVE, LATENCY, YIELD
-from temperd.sources import cgroups, procfs
 from temperd.sources.inventory import Inventory
 from temperd.sources.shape import read_shape
 from temperd.trace.capture import CaptureRequest
@@ -125,8 +124,7 @@ def matcher_groups(trained: Trained, pid: int) -> Dict[int, str]:
     profile = parse_profile(trained.profile_text, "trained.toml")
     inventory = Inventory()
     inventory.reconcile()
-    matcher = Matcher(DaemonConfig(), {profile.id: profile}, env_reader=procfs.read_environ_var,
-                      quota_reader=cgroups.cpu_quota)
+    matcher = Matcher(DaemonConfig(), {profile.id: profile})
     workload = matcher.match(inventory.processes.values()).workload_of(pid)
     assert workload is not None and workload.profile_id == profile.id, "the fingerprint does not match the server"
     return {t.tid: t.group for t in workload.threads}

@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, List, Sequence, Tuple
 
-from temperd.sources import cgroups
-from temperd.sources import procfs
 from temperd.config.daemon_config import (DEFAULT_CONFIG_DIR, DaemonConfig, check_binding_profiles, load_config)
 from temperd.config.errors import ConfigError, ConfigProblem
 from temperd.decide.trust import trust_policy
@@ -19,7 +17,7 @@ from temperd.plan import LayerPlan
 from temperd.decide.planner import PlannerSettings, plan
 from temperd.decide.sizing import NO_SIZING, Sizing
 from temperd.config.profileset import HostShape, ProfileSet, load_profile_set
-from temperd.sources.shape import MachineShape, read_shape
+from temperd.sources.shape import SYSFS_ROOT, MachineShape, read_shape
 
 
 @dataclass(frozen=True)
@@ -35,7 +33,7 @@ class HostView:
         return list(self.profiles.problems) + check_binding_profiles(self.config, self.profiles.active)
 
 
-def load_host_view(config_dir: str = DEFAULT_CONFIG_DIR, sysfs_root: str = "/sys", *,
+def load_host_view(config_dir: str = DEFAULT_CONFIG_DIR, sysfs_root: str = SYSFS_ROOT, *,
                    require_trusted: bool = True) -> HostView:
     """Raises ConfigError for a bad temperd.toml; bad profile files are listed in .problems."""
     config = load_config(config_dir, require_trusted)
@@ -45,8 +43,7 @@ def load_host_view(config_dir: str = DEFAULT_CONFIG_DIR, sysfs_root: str = "/sys
 
 
 def make_matcher(view: HostView) -> Matcher:
-    return Matcher(view.config, view.profiles.active, env_reader=procfs.read_environ_var,
-                   quota_reader=cgroups.cpu_quota, trust=trust_policy(view.config))
+    return Matcher(view.config, view.profiles.active, trust=trust_policy(view.config))
 
 
 def planner_settings(config: DaemonConfig) -> PlannerSettings:

@@ -9,9 +9,10 @@ without a unit) are matched together so a process-per-connection server is one w
 A match raises standing (exclusive and latency groups, the critical tier) only for processes
 the host trusts (decide/trust.py); for others it only lowers it.
 
-Pure: facts about processes come in as objects (the inventory's), nothing is read here except
-through the callables passed in and the trust policy (hostview builds it from the host's
-accounts; a Matcher made without one builds it the same way).
+Pure: a function of the facts (`ProcessFacts`: what an environment binding or a budget needs is
+read on demand by the facts themselves, once per program image) and the configuration, besides
+the trust policy (hostview builds it from the host's accounts; a Matcher made without one builds
+it the same way).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import dataclasses
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from temperd.config.daemon_config import Binding, DaemonConfig
 from temperd.config.profile import Profile, ThreadGroup
@@ -162,17 +163,11 @@ def binding_for(config: DaemonConfig, proc) -> Optional[Binding]:
 
 class Matcher:
     def __init__(self, config: DaemonConfig, profiles: Mapping[str, Profile], *,
-                 env_reader: Callable[[int, str], Optional[str]] = lambda pid, name: None,
-                 quota_reader: Callable[[str], Optional[float]] = lambda cgroup: None,
                  trust: Optional[TrustPolicy] = None):
         self.config = config
         self.trust = trust if trust is not None else trust_policy(config)
         self.profiles = dict(profiles)
         self._ordered = [self.profiles[k] for k in sorted(self.profiles)]
-        self._env_reader = env_reader
-        self._quota_reader = quota_reader
-        # (pid, start_time, execs): an exec may bring a new environment (`exec env X=y prog`)
-        self._env_cache: Dict[Tuple[int, int, int], Optional[str]] = {}
         self._decisions: Dict[tuple, Optional[_ProcessDecision]] = {}
         self._last_runtime: Dict[Tuple[int, int], int] = {}
         self._built: Dict[str, _BuiltWorkload] = {}  # workload key -> the last match's workload
@@ -215,10 +210,7 @@ class Matcher:
             tier = bound.tier or tier
             return _ProcessDecision(bound.profile, tier, "bind", f"profile {bound.profile.id} bound to pid {bound.pid} "
                                     f"by {bound.requester}; tier {tier}", binding)
-        key = (proc.pid, proc.start_time, proc.execs)
-        if key not in self._env_cache:
-            self._env_cache[key] = self._env_reader(proc.pid, ENV_PROFILE)
-        wanted = self._env_cache[key]
+        wanted = proc.environ(ENV_PROFILE)  # read once per program image (`exec env X=y prog` brings one)
         if wanted:
             profile = self.profiles.get(wanted)
             if profile is None:
@@ -251,7 +243,6 @@ class Matcher:
         procs = {p.pid: p for p in processes}
         live = {(p.pid, p.start_time) for p in procs.values()}
         self._decisions = {k: v for k, v in self._decisions.items() if (k[0], k[1]) in live}
-        self._env_cache = {k: v for k, v in self._env_cache.items() if (k[0], k[1]) in live}
         self._bound = _bound_processes(procs, self.runtime_bindings)
         decisions = {}
         for pid, proc in procs.items():
@@ -297,7 +288,7 @@ class Matcher:
                   before: Optional[_BuiltWorkload]) -> Workload:
         """The workload of these processes; the one built last time (`before`) where nothing it
         was built from changed."""
-        budget = self._budget(decision.binding, procs[0].cgroup)
+        budget = self._budget(decision.binding, procs[0])
         inputs = (tuple(procs), decision, budget, tuple(distrust.items()))
         if before is not None and before.inputs == inputs:
             seen_runtime.update(before.runtimes)
@@ -339,12 +330,13 @@ class Matcher:
             instance=_instance(procs),
         )
 
-    def _budget(self, binding: Optional[Binding], cgroup: Optional[str]) -> Tuple[Optional[float], str]:
+    @staticmethod
+    def _budget(binding: Optional[Binding], proc: ProcessFacts) -> Tuple[Optional[float], str]:
         if binding is not None and binding.cpus is not None:
             return binding.cpus, f"cpus = {binding.cpus:g} from {binding.describe()}"
-        quota = self._quota_reader(cgroup) if cgroup else None
+        quota = proc.cpu_quota()
         if quota is not None:
-            return quota, f"CPU quota {quota:g} of cgroup {cgroup}"
+            return quota, f"CPU quota {quota:g} of cgroup {proc.cgroup}"
         return None, "no CPU budget: no binding sets cpus and the cgroup has no CPU quota"
 
     # ---- threads into groups -----------------------------------------------------------------

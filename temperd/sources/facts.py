@@ -1,13 +1,53 @@
 """What the sources know about each process and thread: the typed facts every later stage reads.
 
 The inventory builds them from /proc and process events; the matcher, the planner, the backends
-and the observer read them, never /proc directly for these fields.
+and the observer read them, never /proc directly for these fields. What only some decisions need
+(an environment variable, a cgroup's quota) is read on demand, once per program image.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import FrozenSet, Mapping, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Callable, Dict, FrozenSet, Mapping, Optional, Tuple
+
+
+class OnDemand:
+    """The facts of one program image that only some decisions need, read the first time one
+    asks and kept: a variable of its environment (an environment binding) and its cgroup's CPU
+    quota (a workload's budget). The inventory makes one per (pid, start time, exec count), so an
+    exec reads the new environment; a scan forgets the quota (an operator may change it)."""
+
+    __slots__ = ("_read_environ", "_read_quota", "_environ", "_quota")
+
+    def __init__(self, read_environ: Callable[[str], Optional[str]],
+                 read_quota: Callable[[str], Optional[float]]):
+        self._read_environ = read_environ
+        self._read_quota = read_quota
+        self._environ: Dict[str, Optional[str]] = {}
+        self._quota: Dict[str, Optional[float]] = {}
+
+    @classmethod
+    def known(cls, environ: Optional[Mapping[str, str]] = None,
+              quotas: Optional[Mapping[str, float]] = None) -> "OnDemand":
+        """Facts given, not read (tests, and callers that already know them)."""
+        environ, quotas = dict(environ or {}), dict(quotas or {})
+        return cls(environ.get, quotas.get)
+
+    def environ(self, name: str) -> Optional[str]:
+        if name not in self._environ:
+            self._environ[name] = self._read_environ(name)
+        return self._environ[name]
+
+    def cpu_quota(self, cgroup: str) -> Optional[float]:
+        if cgroup not in self._quota:
+            self._quota[cgroup] = self._read_quota(cgroup)
+        return self._quota[cgroup]
+
+    def forget_quota(self) -> None:
+        self._quota.clear()
+
+
+_NOTHING = OnDemand.known()
 
 # Unit suffixes a process can live in (slices only contain units; they hold no processes).
 UNIT_SUFFIXES = (".service", ".scope", ".socket", ".mount", ".swap")
@@ -80,6 +120,16 @@ class ProcessFacts:
     # Execs seen since the inventory first saw this process: with (pid, start_time) it names one
     # program image, so whatever was read from the environment is read again after an exec.
     execs: int = 0
+    on_demand: OnDemand = field(default=_NOTHING, compare=False, repr=False)
+
+    def environ(self, name: str) -> Optional[str]:
+        """A variable of the process environment (read once per program image), None if unset
+        or unreadable."""
+        return self.on_demand.environ(name)
+
+    def cpu_quota(self) -> Optional[float]:
+        """The CPU budget its cgroup's quota allows, in CPUs; None when unlimited or unknown."""
+        return self.on_demand.cpu_quota(self.cgroup) if self.cgroup else None
 
     @property
     def unit_cgroup(self) -> Optional[str]:

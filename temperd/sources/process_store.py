@@ -4,12 +4,14 @@ the matcher and planner read. It knows how to read one whole process from /proc;
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Dict, FrozenSet, Mapping, Optional, Tuple
+from typing import Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
 
-from temperd.sources import procfs
-from temperd.sources.facts import ProcessFacts, ThreadFacts
+from temperd.sources import cgroups, procfs
+from temperd.sources.facts import OnDemand, ProcessFacts, ThreadFacts
 
 ZOMBIE_STATES = ("Z", "X", "x")
 
@@ -89,6 +91,26 @@ class ProcessStore:
                 del self.tid_pid[tid]
         self.generation += 1
 
+    def refresh_runtime(self, pids: Iterable[int]) -> int:
+        """Read the CPU time of every thread of these processes; how many threads had vanished."""
+        vanished = 0
+        for pid in pids:
+            proc = self.procs.get(pid)
+            if proc is None:
+                continue
+            changed = False
+            for tid, info in list(proc.threads.items()):
+                runtime = procfs.read_runtime_ns(pid, tid)
+                if runtime is None:
+                    vanished += 1
+                    continue
+                if runtime != info.runtime_ns:
+                    proc.threads[tid] = dataclasses.replace(info, runtime_ns=runtime)
+                    changed = True
+            if changed:
+                self.touch(proc)
+        return vanished
+
     def install(self, proc: ProcessRecord) -> None:
         old = self.procs.get(proc.pid)
         if old is not None:
@@ -124,7 +146,7 @@ class ProcessRecord:
 
     __slots__ = (
         "pid", "start_time", "name", "exe", "cmdline", "cgroup", "cgroup_systemd",
-        "unit", "is_kernel_thread", "ppid", "threads", "frozen", "uid", "execs",
+        "unit", "is_kernel_thread", "ppid", "threads", "frozen", "uid", "execs", "on_demand",
     )
 
     def __init__(self, pid: int, stat: procfs.TaskStat):
@@ -142,6 +164,12 @@ class ProcessRecord:
         self.execs = 0
         self.threads: Dict[int, ThreadFacts] = {}
         self.frozen: Optional[ProcessFacts] = None
+        self.on_demand = _on_demand(pid)
+
+    def exec_seen(self) -> None:
+        """An exec found by a scan (its event lost): a new program image, its facts read anew."""
+        self.execs += 1
+        self.on_demand = _on_demand(self.pid)
 
     def live_tid(self) -> Optional[int]:
         """The thread to read process facts through: None (the process) unless the leader is gone."""
@@ -182,8 +210,13 @@ class ProcessRecord:
                 threads=MappingProxyType(dict(self.threads)),
                 uid=self.uid,
                 execs=self.execs,
+                on_demand=self.on_demand,
             )
         return self.frozen
+
+
+def _on_demand(pid: int) -> OnDemand:
+    return OnDemand(functools.partial(procfs.read_environ_var, pid), cgroups.cpu_quota)
 
 
 def thread_facts(pid: int, tid: int, stat: procfs.TaskStat, runtime_ns: Optional[int],

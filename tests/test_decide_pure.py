@@ -1,0 +1,214 @@
+"""The matcher and the planner as pure functions of facts and configuration: processes built in
+memory (facts_builder), no root, no real process, nothing read from /proc."""
+
+import pytest
+
+from facts_builder import FactsHost
+from fixture_shapes import load_fixture_shape
+
+from temperd.config.daemon_config import DaemonConfig, parse_config
+from temperd.config.profile import parse_profile
+from temperd.decide.matcher import ENV_PROFILE, Matcher
+from temperd.decide.planner import PlannerSettings, plan
+from temperd.decide.trust import TrustPolicy
+from temperd.plan import CONFINED, GROUPED, OPEN, host_wide, moved_members
+
+DB = parse_profile("""
+schema_version = 1
+id = "db"
+[fingerprint]
+executables = ["/usr/sbin/dbd"]
+[[thread_groups]]
+name = "conn"
+thread_names = ["conn-*"]
+treatment = "exclusive"
+[[thread_groups]]
+name = "io"
+process_titles = ["^dbd: io"]
+treatment = "latency"
+nice = -5
+[[thread_groups]]
+name = "rest"
+catch_all = true
+treatment = "yield"
+yield_policy = "batch"
+nice = 5
+""", "db.toml")
+
+BUILD = parse_profile("""
+schema_version = 1
+id = "build"
+[fingerprint]
+process_names = ["cc1*"]
+cmdline = ["^make "]
+[[thread_groups]]
+name = "all"
+catch_all = true
+treatment = "yield"
+""", "build.toml")
+
+HOT = parse_profile("""
+schema_version = 1
+id = "hot"
+[fingerprint]
+process_names = ["hot"]
+[[thread_groups]]
+name = "compute"
+busiest = 1
+treatment = "exclusive"
+[[thread_groups]]
+name = "rest"
+catch_all = true
+treatment = "yield"
+""", "hot.toml")
+
+PROFILES = {p.id: p for p in (DB, BUILD, HOT)}
+TRUST = TrustPolicy(uid_min=1000)
+SHAPE = load_fixture_shape("gcp-c2-standard-8")
+
+
+def matcher(config: str = "", profiles=PROFILES) -> Matcher:
+    return Matcher(parse_config(config, "temperd.toml") if config else DaemonConfig(), profiles, trust=TRUST)
+
+
+def groups(result, proc):
+    workload = result.workload_of(proc.pid)
+    assert workload is not None, result.notes
+    return {t.comm: t.group for t in workload.threads if t.pid == proc.pid}
+
+
+def test_executable_fingerprint_and_thread_groups_by_name_title_and_catch_all():
+    host = FactsHost()
+    db = host.process("dbd", exe="/usr/sbin/dbd", threads=["dbd", "conn-1", "conn-2", "flusher"],
+                      cmdline=("dbd: io worker",), unit="dbd.service", cgroup="/system.slice/dbd.service")
+    result = matcher().match(host.processes)
+    workload = result.workload_of(db.pid)
+    assert (workload.profile_id, workload.source, workload.key) == ("db", "fingerprint", "dbd.service")
+    assert "executable /usr/sbin/dbd matches" in workload.reason
+    # thread names first, then the process title (every remaining thread of the process), catch-all never reached
+    assert groups(result, db) == {"conn-1": "conn", "conn-2": "conn", "dbd": "io", "flusher": "io"}
+
+
+def test_catch_all_takes_what_no_selector_claims():
+    host = FactsHost()
+    db = host.process("dbd", exe="/usr/sbin/dbd", threads=["dbd", "conn-1", "flusher"])
+    assert groups(matcher().match(host.processes), db) == {"dbd": "rest", "conn-1": "conn", "flusher": "rest"}
+
+
+def test_process_name_and_command_line_fingerprints():
+    host = FactsHost()
+    cc = host.process("cc1plus", exe="/usr/lib/gcc/cc1plus")
+    make = host.process("make", exe="/usr/bin/make", cmdline=("make ", "-j8"))
+    other = host.process("vim", exe="/usr/bin/vim", cmdline=("vim", "make "))
+    result = matcher().match(host.processes)
+    assert result.workload_of(cc.pid).profile_id == "build"
+    assert "command line matches" in result.workload_of(make.pid).reason
+    assert result.workload_of(other.pid) is None
+
+
+def test_environment_binding_wins_over_fingerprints_and_an_unknown_name_is_said():
+    host = FactsHost()
+    bound = host.process("dbd", exe="/usr/sbin/dbd", environ={ENV_PROFILE: "build"})
+    unknown = host.process("dbd", exe="/usr/sbin/dbd", environ={ENV_PROFILE: "nope"})
+    result = matcher().match(host.processes)
+    assert (result.workload_of(bound.pid).profile_id, result.workload_of(bound.pid).source) == ("build", "env")
+    workload = result.workload_of(unknown.pid)
+    assert workload.profile_id is None and "names no loaded profile" in workload.reason
+
+
+def test_binding_by_cgroup_sets_tier_and_the_budget_comes_from_the_quota_in_the_facts():
+    config = '[[binding]]\ncgroup = "/system.slice/dbd.service"\ntier = "critical"\n'
+    host = FactsHost()
+    db = host.process("dbd", exe="/usr/sbin/dbd", cgroup="/system.slice/dbd.service", quota=2.5)
+    workload = matcher(config).match(host.processes).workload_of(db.pid)
+    assert workload.tier == "critical"
+    assert workload.budget == 2.5 and "CPU quota 2.5 of cgroup /system.slice/dbd.service" in workload.budget_reason
+
+
+def test_untrusted_owner_is_matched_but_not_raised():
+    host = FactsHost()
+    db = host.process("dbd", exe="/usr/sbin/dbd", threads=["dbd", "conn-1", "misc"], uid=1002)
+    result = matcher().match(host.processes)
+    by_comm = {t.comm: t for t in result.workload_of(db.pid).threads}
+    assert by_comm["conn-1"].group is None and "not granted" in by_comm["conn-1"].reason
+    assert by_comm["misc"].group == "rest"  # yielding is always allowed
+
+
+def test_a_process_tree_without_a_unit_is_one_workload_and_kernel_threads_are_none():
+    host = FactsHost()
+    parent = host.process("make", cmdline=("make ", "all"))
+    child = host.process("cc1", ppid=parent.pid)
+    kthread = host.process("kworker/0:1", kernel=True, ppid=2, uid=0)
+    result = matcher().match(host.processes)
+    assert result.workload_of(parent.pid) is result.workload_of(child.pid)
+    assert result.workload_of(parent.pid).key == f"build:pid{parent.pid}"
+    assert result.workload_of(kthread.pid) is None
+
+
+def test_an_untouched_workload_is_reused_and_a_changed_one_rebuilt():
+    host = FactsHost()
+    db = host.process("dbd", exe="/usr/sbin/dbd", threads=["dbd", "conn-1"], unit="dbd.service")
+    cc = host.process("cc1", exe="/usr/lib/gcc/cc1")
+    m = matcher()
+    first = m.match(host.processes)
+    host.add_threads(cc, ["cc1-helper"])
+    second = m.match(host.processes)
+    assert second.workload_of(db.pid) is first.workload_of(db.pid)
+    assert second.workload_of(cc.pid) is not first.workload_of(cc.pid)
+    assert len(second.workload_of(cc.pid).threads) == 2
+
+
+def test_busiest_takes_the_thread_whose_runtime_grew_most():
+    host = FactsHost()
+    proc = host.process("hot", threads=["hot", "w1", "w2"])
+    m = matcher()
+    m.match(host.processes)
+    threads = {tid: t for tid, t in proc.threads.items()}
+    w1, w2 = host.tids(proc, "w1")[0], host.tids(proc, "w2")[0]
+    from facts_builder import thread
+    threads[w1] = thread(w1, "w1", pid=proc.pid, runtime_ns=10_000_000)
+    threads[w2] = thread(w2, "w2", pid=proc.pid, runtime_ns=90_000_000)
+    host.replace(proc, threads=threads)
+    got = groups(m.match(host.processes), proc)
+    assert got == {"hot": "rest", "w1": "rest", "w2": "compute"}
+
+
+def test_planner_gives_exclusive_cores_from_the_budget_and_demotes_what_does_not_fit():
+    config = '[[binding]]\nunit = "dbd.service"\ncpus = 2.0\n'
+    host = FactsHost()
+    host.process("dbd", exe="/usr/sbin/dbd", threads=["dbd", "conn-1", "conn-2"], unit="dbd.service",
+                 cgroup="/system.slice/dbd.service")
+    result = matcher(config).match(host.processes)
+    layer_plan = plan(SHAPE, result.workloads, PROFILES, PlannerSettings(reserve_cpus=1))
+    conn = layer_plan.layer("dbd.service.conn")
+    assert conn.kind == CONFINED and len(conn.cpus) == 2
+    big = plan(SHAPE, result.workloads, PROFILES, PlannerSettings(reserve_cpus=7))
+    assert big.layer("dbd.service.conn").kind == GROUPED
+    assert any("demoted to Grouped" in d for d in big.decisions)
+    assert layer_plan.layer("dbd.service.rest").kind == OPEN
+
+
+def test_a_new_member_moves_only_itself_and_a_new_confined_layer_moves_everyone():
+    host = FactsHost()
+    cc = host.process("cc1", exe="/usr/lib/gcc/cc1", threads=["cc1", "a"])
+    m = matcher()
+    before = plan(SHAPE, m.match(host.processes).workloads, PROFILES)
+    grown = host.add_threads(cc, ["b"])
+    other = host.process("cc1", exe="/usr/lib/gcc/cc1")
+    after = plan(SHAPE, m.match(host.processes).workloads, PROFILES)
+    assert host_wide(before) == host_wide(after)
+    assert moved_members(before, after) == frozenset({max(grown.threads), other.pid})
+    host.process("dbd", exe="/usr/sbin/dbd", threads=["dbd", "conn-1"])
+    with_db = plan(SHAPE, m.match(host.processes).workloads, PROFILES)
+    assert moved_members(after, with_db) is None  # Confined CPUs: every other thread is kept off them
+
+
+@pytest.mark.parametrize("rename", ["conn-9", "flusher"])
+def test_a_renamed_thread_moves_between_groups(rename):
+    host = FactsHost()
+    db = host.process("dbd", exe="/usr/sbin/dbd", threads=["dbd", "conn-1", "x"], unit="dbd.service")
+    m = matcher()
+    m.match(host.processes)
+    tid = host.tids(db, "x")[0]
+    renamed = host.rename_thread(db, tid, rename)
+    assert groups(m.match(host.processes), renamed)[rename] == ("conn" if rename.startswith("conn") else "rest")
