@@ -8,7 +8,7 @@ The native backend reads the same plan as per-thread affinity, policy and nice.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from typing import Dict, FrozenSet, Optional, Tuple
 
 CONFINED = "Confined"
 GROUPED = "Grouped"
@@ -97,3 +97,36 @@ class LayerPlan:
             if layer.name == name:
                 return layer
         raise KeyError(name)
+
+
+def host_wide(plan: LayerPlan) -> tuple:
+    """What a plan asks of threads outside its layers and of the host itself: the reserve, the
+    CPUs of Confined layers (every other thread is kept off them), the PM QoS bounds and the
+    tiers' cgroup weights. Two plans equal in this differ only in who is a member of what."""
+    owned = tuple(sorted((l.kind, l.cpus, l.idle_siblings, l.idle_resume_us, l.ownership)
+                         for l in plan.layers if l.cpus or l.idle_resume_us is not None))
+    weights = frozenset((w.unit, w.cgroup, w.weight) for w in plan.cgroup_weights)
+    return plan.reserve_cpus, owned, weights
+
+
+def moved_members(old: LayerPlan, new: LayerPlan) -> Optional[FrozenSet[int]]:
+    """The thread ids whose treatment differs between two plans (a member of another layer, or
+    of a layer that treats it differently, or of a layer in one plan only); None when the plans
+    differ beyond their members (host_wide), so that every thread may be affected."""
+    if host_wide(old) != host_wide(new):
+        return None
+    before, after = _treatment_by_tid(old), _treatment_by_tid(new)
+    moved = {tid for tid, treatment in after.items() if before.get(tid) != treatment}
+    moved.update(tid for tid in before if tid not in after)
+    return frozenset(moved)
+
+
+def _treatment_by_tid(plan: LayerPlan) -> Dict[int, tuple]:
+    """tid -> what its layer asks of it (the first layer that names it, as the backends read it)."""
+    out: Dict[int, tuple] = {}
+    for layer in plan.layers:
+        treatment = (layer.name, layer.kind, layer.treatment, layer.cpus, layer.nice, layer.slice_us,
+                     layer.policy, layer.ownership)
+        for tid in layer.selector.tids:
+            out.setdefault(tid, treatment)
+    return out

@@ -7,6 +7,7 @@ off the exclusive CPU, and the rest of the host is left alone while other tests 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -169,6 +170,36 @@ def test_new_threads_are_treated_at_once(tmp_path, children, backends, server):
     full = format_cpulist(sched.online_cpus())
     for pid, tid in ((srv.pid, hot), (srv.pid, net), (job.pid, bg), (other.pid, stray)):
         assert (cpus_allowed(pid, tid), policy_of(pid, tid), nice_of(pid, tid)) == (full, 0, 0), tid
+
+
+def test_a_plan_that_changes_only_its_members_reads_only_the_threads_that_moved(tmp_path, children, backends,
+                                                                                 server, monkeypatch):
+    """After process events the daemon says which threads are new: a plan that differs from the
+    one in force only in its members treats those and the threads whose layer changed, and reads
+    no other thread's settings (a fork storm costs per fork, not per thread of the host)."""
+    srv, job, batch, other = server
+    backend = backends(tmp_path)
+    plan = full_plan(srv, job, batch)
+    backend.apply(plan, universe(*server, kthreads=False))
+    late = batch.spawn("bt-late")
+    net = srv.threads["net-io"]
+    grown = LayerPlan(layers=(plan.layer("srv.hot"), dataclasses.replace(plan.layer("srv.net"), selector=dataclasses.replace(
+        plan.layer("srv.net").selector, tids=())), plan.layer("job.bg"),
+        dataclasses.replace(plan.layer("batch.bt"), selector=dataclasses.replace(
+            plan.layer("batch.bt").selector, tids=tuple(batch.tids())))), reserve_cpus=(0,))
+    read = []
+    real_get_sched = sched.get_sched
+    monkeypatch.setattr(sched, "get_sched", lambda tid: read.append(tid) or real_get_sched(tid))
+    threads = {t.tid: t for t in universe(*server, kthreads=False)}
+    result = backend.apply(grown, threads, changed=[threads[late]])
+    assert not result.failed, result.errors
+    assert sorted(read) == sorted([late, net])  # the new member, and net-io that left its layer
+    assert (policy_of(batch.pid, late), nice_of(batch.pid, late)) == (sched.SCHED_BATCH, 19)
+    assert nice_of(srv.pid, net) == 0  # back to its original
+    # A plan whose Confined CPUs change is carried out for every thread, told or not.
+    read.clear()
+    backend.apply(LayerPlan(layers=grown.layers[1:], reserve_cpus=(0,)), threads, changed=[])
+    assert set(read) >= set(threads) - {late, net} - set(job.tids()) - set(batch.tids())
 
 
 def test_thread_inherits_treatment_but_keeps_true_original(tmp_path, children, backends):

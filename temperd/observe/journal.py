@@ -71,11 +71,17 @@ def _cpus(cpus: Sequence[int]) -> str:
     return ",".join(out)
 
 
-def _treatment(workload, plan: LayerPlan) -> Tuple[Tuple[str, int, str], ...]:
-    out = []
+def _layers_by_workload(plan: LayerPlan) -> Dict[str, List[Layer]]:
+    """Each workload's layers, in plan order: one pass over the plan per apply, not one per workload."""
+    out: Dict[str, List[Layer]] = {}
     for layer in plan.layers:
-        if layer.workload != workload.key:
-            continue
+        out.setdefault(layer.workload, []).append(layer)
+    return out
+
+
+def _treatment(workload, layers: Sequence[Layer]) -> Tuple[Tuple[str, int, str], ...]:
+    out = []
+    for layer in layers:
         group = layer.group or "all threads"
         n = len(workload.members(layer.group) or layer.selector.tids) if layer.group else len(layer.selector.tids)
         out.append((group, n, describe_layer(layer)))
@@ -106,9 +112,10 @@ class Journal:
         """After an apply: workloads matched, treated (or treated differently), left; drift."""
         lines: List[Tuple[Tuple[str, str], str]] = []
         current = {w.key: w for w in match.workloads}
+        layers = _layers_by_workload(plan)
         said = set()  # workloads whose matched/left line already says their layers came or went
         for key, workload in current.items():
-            seen = _Seen(workload.profile_id, workload.tier, workload.source, _treatment(workload, plan))
+            seen = _Seen(workload.profile_id, workload.tier, workload.source, _treatment(workload, layers.get(key, ())))
             before = self._seen.get(key)
             if before is None:
                 said.add(key)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional
 
 from temperd import paths
 from temperd.backends.native import sched
@@ -33,10 +33,10 @@ from temperd.backends.native.inheritance import restore_inherited
 from temperd.backends.native.membership import ThreadKey, ThreadRef, scan_threads
 from temperd.backends.native.pmqos import PMQOS, PmQos, resume_bounds
 from temperd.backends.native.restore_ledger import LedgerError, RestoreLedger
-from temperd.backends.native.result import ApplyResult, Drift, DriftRecord
+from temperd.backends.result import ApplyResult, Drift, DriftRecord
 from temperd.backends.native.treatment import ThreadTreatment
 from temperd.backends.status import NATIVE, BackendStatus
-from temperd.plan import LayerPlan
+from temperd.plan import LayerPlan, moved_members
 
 __all__ = ["AUTOGROUP", "CPU_WEIGHT", "IDLE_CGROUP", "PMQOS", "ApplyResult", "DEFAULT_STATE_DIR", "NativeBackend", "ThreadRef",
            "scan_threads"]
@@ -63,6 +63,7 @@ class NativeBackend:
         self.drift = DriftRecord()
         self._universe: Dict[ThreadKey, Any] = {}  # the host threads last seen
         self._recovered = False
+        self.on_fallback: Optional[Callable[[str], None]] = None  # the interface's; never called: nothing to fall back to
 
     def _held(self) -> List[HeldSettings]:
         """The host settings held, in the order they are restored (the idle cgroup before the
@@ -82,14 +83,22 @@ class NativeBackend:
 
     # ---- public API --------------------------------------------------------------------------
 
-    def apply(self, plan: LayerPlan, threads: Iterable) -> ApplyResult:
-        """Carry out `plan` over `threads`, the host's whole thread list."""
+    def apply(self, plan: LayerPlan, threads: Iterable, changed: Optional[Iterable] = None) -> ApplyResult:
+        """Carry out `plan` over `threads`, the host's whole thread list (or a tid -> thread
+        mapping). `changed`: the threads new since the last apply, where the caller knows them;
+        then a plan that differs from the one in force only in its members treats those and the
+        threads whose layer changed, and reads nothing else (a fork storm costs per fork, not per
+        thread of the host)."""
+        if changed is not None and self.plan is not None and self._recovered:
+            moved = moved_members(self.plan, plan)
+            if moved is not None:
+                return self._apply_members(plan, threads, changed, moved)
         result = ApplyResult()
         if not self._recovered:
             result.merge(self.recover())
         self.treatment.set_plan(plan, plan != self.plan, result)
         self.plan = plan
-        threads = list(threads)
+        threads = list(threads.values()) if isinstance(threads, Mapping) else list(threads)
         seen, self._universe = self._universe, {(t.tid, t.start_time): t for t in threads}
         new = {key for key in self._universe if key not in seen}
         self.treatment.is_kernel_thread.keep_only(self._universe)
@@ -103,13 +112,33 @@ class NativeBackend:
         result.take_counts(CPU_WEIGHT, self.weights.apply(plan.cgroup_weights, save))
         return self._finish(result)
 
+    def _apply_members(self, plan: LayerPlan, threads: Iterable, changed: Iterable,
+                       moved: FrozenSet[int]) -> ApplyResult:
+        """A plan equal to the one in force beyond its members (plan.host_wide): the new threads
+        and the moved ones are treated under it."""
+        result = ApplyResult()
+        self.treatment.set_plan(plan, False, result)
+        self.plan = plan
+        touched = {thread.tid: thread for thread in changed}
+        if moved:
+            by_tid = threads if isinstance(threads, Mapping) else {t.tid: t for t in threads}
+            for tid in moved:
+                thread = by_tid.get(tid)
+                if thread is not None:
+                    touched.setdefault(tid, thread)
+        return self._treat_some(list(touched.values()), result)
+
     def on_new_threads(self, threads: Iterable) -> ApplyResult:
         """Treat threads the inventory just saw, under the current plan, without waiting for a replan."""
         result = ApplyResult()
         if self.plan is None or self.treatment.membership is None:
             return result
-        threads = list(threads)
         self.treatment.membership.forget_processes()
+        return self._treat_some(list(threads), result)
+
+    def _treat_some(self, threads: List, result: ApplyResult) -> ApplyResult:
+        """These threads treated under the plan in force; the autogroup pass only where one of
+        them changes a session's mix."""
         new = set()
         for thread in threads:
             key = (thread.tid, thread.start_time)
