@@ -8,7 +8,8 @@ from typing import Any, Callable, List, NoReturn
 import click
 
 from temperd.config.daemon_config import DEFAULT_SOCKET
-from temperd.daemon.control import DaemonNotRunning, DaemonUnavailable, request
+from temperd.control.client import request
+from temperd.control.protocol import DaemonNotRunning, DaemonUnavailable
 from temperd.text import printable, printable_data
 
 from .output import print_json, print_table

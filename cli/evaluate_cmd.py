@@ -12,7 +12,8 @@ from typing import Optional
 
 import click
 
-from temperd.daemon.control import DaemonNotRunning, DaemonUnavailable, request
+from temperd.control.client import request
+from temperd.control.protocol import DaemonNotRunning, DaemonUnavailable
 from temperd.trace.capture import unit_pids
 from temperd.training.evaluate import (MIN_EFFECT, MIN_REPS, EvaluationError, Request, evaluate, log_comment,
                                        measure_arms)

@@ -12,20 +12,21 @@ from temperd.backends.scx.render import RenderError, render_plan
 from temperd.config.daemon_config import DEFAULT_CONFIG_DIR
 from temperd.decide.hostview import HostView, decide, load_host_view, make_matcher
 from temperd.config.errors import ConfigError
-from temperd.daemon.control import DaemonNotRunning, DaemonUnavailable, request
+from temperd.control.client import request
+from temperd.control.protocol import DaemonNotRunning, DaemonUnavailable
 from temperd.text import printable_data
 from temperd.decide.explain import NoSuchTask, explain
 from temperd.sources.inventory import Inventory
 from temperd.decide.matcher import MatchResult
 from temperd.plan import CONFINED, EXCLUSIVE, LayerPlan
-from temperd.sources.shape import ShapeError, format_cpulist
+from temperd.sources.shape import SYSFS_ROOT, ShapeError, format_cpulist
 
 from .daemon_cmd import ask, rendered, socket_option
 from .output import print_json, print_table
 
 config_option = click.option("--config", "config_dir", default=DEFAULT_CONFIG_DIR, show_default=True,
                              help="Configuration directory (temperd.toml, profiles.d/).")
-sysfs_option = click.option("--sysfs", "--shape", "sysfs_root", default="/sys", show_default=True,
+sysfs_option = click.option("--sysfs", "--shape", "sysfs_root", default=SYSFS_ROOT, show_default=True,
                             help="sysfs root for the machine shape (a fixture tree plans for another host shape).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
@@ -146,7 +147,7 @@ def explain_command(task_id: int, dry_run: bool, config_dir: str, socket_path: s
     the answer is computed here, as root, from --config."""
     data = None if dry_run else ask_explain(socket_path, task_id)
     if data is None:
-        view, inventory, match, layer_plan = compute(config_dir, "/sys")
+        view, inventory, match, layer_plan = compute(config_dir, SYSFS_ROOT)
         try:
             data = printable_data(explain(task_id, inventory, match, layer_plan, make_matcher(view)))
         except NoSuchTask as exc:

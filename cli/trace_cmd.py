@@ -14,7 +14,8 @@ from typing import Any, Dict, Optional
 import click
 
 from temperd.trace import capture as trace_capture
-from temperd.daemon.control import DaemonNotRunning, DaemonUnavailable, request
+from temperd.control.client import request
+from temperd.control.protocol import DaemonNotRunning, DaemonUnavailable
 from temperd.trace.capture import CaptureRequest, TraceError, capture, parse_duration, parse_size
 
 from .daemon_cmd import json_option, rendered, socket_option

@@ -17,7 +17,8 @@ from typing import Any, Dict, Optional
 
 import click
 
-from temperd.daemon.control import DaemonNotRunning, DaemonUnavailable, request
+from temperd.control.client import request
+from temperd.control.protocol import DaemonNotRunning, DaemonUnavailable
 from temperd.sources.shape import ShapeError, read_shape
 from temperd.trace.capture import CaptureRequest, TraceError, parse_duration
 from temperd.training.observation import Observation, observe

@@ -18,7 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from temperd.daemon import trace_commands
-from temperd.daemon.control import MAX_REQUEST, ControlServer, DaemonUnavailable, parse_reply, request
+from temperd.daemon.control import ControlServer
+from temperd.control.client import request
+from temperd.control.protocol import MAX_REQUEST, DaemonUnavailable, parse_reply
 from temperd.daemon.control_commands import ControlCommands
 from temperd.trace.capture import TraceError
 from test_control_socket import FakeDaemon, stub_daemon

@@ -18,9 +18,11 @@ from click.testing import CliRunner
 
 from cli import daemon_cmd
 from cli.main import main as temperctl
-from temperd.daemon import control
-from temperd.daemon.control import (BadReply, ControlServer, DaemonNotRunning, DaemonUnavailable, parse_reply,
-                                    request)
+from temperd.control import client as control_client
+from temperd.daemon import control as control_server
+from temperd.daemon.control import ControlServer
+from temperd.control.client import request
+from temperd.control.protocol import BadReply, DaemonNotRunning, DaemonUnavailable, parse_reply
 from temperd.daemon.control_commands import ControlCommands
 from temperd.decide.matcher import MatchResult
 from temperd.sources.inventory import Inventory
@@ -142,7 +144,7 @@ def test_a_huge_request_line_is_refused_at_the_limit_not_buffered(served):
 
 @needs_root
 def test_an_idle_client_is_told_and_closed(tmp_path, monkeypatch):
-    monkeypatch.setattr(control, "REQUEST_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(control_server, "REQUEST_TIMEOUT_S", 0.5)
     server = ControlServer(str(tmp_path / "temperd.sock"), {})
     server.start()
     try:
@@ -283,7 +285,7 @@ def test_a_hung_daemon_is_one_line(tmp_path, monkeypatch):
 
 def test_a_full_connection_queue_is_one_line(tmp_path, monkeypatch):
     """A temperd that no longer accepts: its backlog fills and connect() says EAGAIN."""
-    monkeypatch.setattr(control, "CONNECT_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(control_client, "CONNECT_TIMEOUT_S", 0.3)
     path = str(tmp_path / "full.sock")
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(path)
@@ -332,14 +334,14 @@ def test_a_reply_sent_before_the_daemon_closed_is_read_even_when_the_request_was
 
     server = threading.Thread(target=busy, daemon=True)
     server.start()
-    connect = control._connect
+    connect = control_client._connect
 
     def slow_connect(*args):
         sock = connect(*args)
         server.join(5)  # the daemon has answered and closed before the request is sent
         return sock
 
-    monkeypatch.setattr(control, "_connect", slow_connect)
+    monkeypatch.setattr(control_client, "_connect", slow_connect)
     try:
         assert request(path, "status", timeout=5) == {"ok": False, "error": "temperd is busy: 16 clients are connected"}
     finally:

@@ -22,7 +22,7 @@ import pytest
 
 import servers as S
 from test_metrics_http import hold_idle
-from temperd.daemon.control import request
+from temperd.control.client import request
 from thread_children import wait_for
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]

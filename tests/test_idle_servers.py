@@ -8,7 +8,8 @@ import socket
 import time
 import urllib.request
 
-from temperd.daemon.control import ControlServer, request
+from temperd.daemon.control import ControlServer
+from temperd.control.client import request
 from temperd.observe.http import HttpApi
 
 

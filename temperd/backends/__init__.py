@@ -9,8 +9,9 @@ into the daemon beyond asking its main loop for a replan.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, FrozenSet, Iterable, Optional
+from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Iterable, Optional
 
+from temperd.backends.result import ApplyResult
 from temperd.backends.status import BackendStatus
 
 try:
@@ -20,25 +21,31 @@ except ImportError:  # pragma: no cover - Python < 3.8 is not supported anyway
 
 if TYPE_CHECKING:
     from temperd.plan import LayerPlan
-    from temperd.backends.native.backend import ApplyResult
 
 
 class Backend(Protocol):
     """What the daemon calls, one call at a time (under the daemon's lock)."""
 
-    def recover(self) -> "ApplyResult":
+    # Set by the daemon: called (from a backend's own thread) when the backend can no longer carry
+    # the plan its way and asks for a replan (scx: safe mode, a refusal); the native backend never does.
+    on_fallback: Optional[Callable[[str], None]]
+
+    def recover(self) -> ApplyResult:
         """At start: undo what a crashed earlier run left (its state file)."""
 
-    def apply(self, plan: "LayerPlan", threads: Iterable) -> "ApplyResult":
-        """Carry out a whole plan for these threads (the host's, from the inventory)."""
+    def apply(self, plan: "LayerPlan", threads: Iterable, changed: Optional[Iterable] = None) -> ApplyResult:
+        """Carry out a whole plan for these threads (the host's, from the inventory: a list, or
+        tid -> thread). `changed`: the threads new since the last apply, where the caller knows
+        them (process events); a backend may then treat only those and the threads whose layer
+        changed, when nothing else in the plan did. None: every thread may have changed."""
 
-    def on_new_threads(self, threads: Iterable) -> "ApplyResult":
+    def on_new_threads(self, threads: Iterable) -> ApplyResult:
         """Threads that appeared under an unchanged plan."""
 
     def forget_threads(self, tids: Iterable[int]) -> None:
         """Threads that ended under an unchanged plan: no longer part of the host's picture."""
 
-    def stop(self) -> "ApplyResult":
+    def stop(self) -> ApplyResult:
         """Put back everything this backend changed."""
 
     def status(self) -> BackendStatus:
@@ -51,4 +58,4 @@ class Backend(Protocol):
         """After a reload: try again what was given up (scx safe mode). True when something was."""
 
 
-__all__ = ["Backend", "BackendStatus"]
+__all__ = ["ApplyResult", "Backend", "BackendStatus"]

@@ -1,13 +1,38 @@
-"""What the native backend did: one call's counts and messages (ApplyResult), and the drift it
-has found since it started (DriftRecord)."""
+"""What a backend did: one call's counts and messages (ApplyResult), and the drift it has found
+since it started (DriftRecord). A leaf: the Backend interface, both backends and the observers
+read these types without importing one another."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from temperd.backends.native.held import HostSettingResult
-from temperd.backends.native.restore_ledger import RestoreOutcome
+try:
+    from typing import Protocol
+except ImportError:  # pragma: no cover - Python < 3.8 is not supported anyway
+    Protocol = object  # type: ignore
+
+
+class RestoreCounts(Protocol):
+    """What a restore of thread settings did (restore_ledger.RestoreOutcome)."""
+
+    restored: Mapping[str, int]
+    failed: Mapping[str, int]
+    drift: Mapping[str, int]
+    gone: int
+    errors: Sequence[str]
+
+
+class HeldCounts(Protocol):
+    """What one kind of held host setting did (held.HostSettingResult)."""
+
+    applied: int
+    restored: int
+    failed: int
+    drift: int
+    errors: Sequence[str]
+    notes: Sequence[str]
+    unsupported: Sequence[str]
 
 
 def _add(table: Dict[str, int], kind: str, n: int = 1) -> None:
@@ -31,7 +56,7 @@ class ApplyResult:
     def bump(self, table: Dict[str, int], kind: str, n: int = 1) -> None:
         _add(table, kind, n)
 
-    def take(self, outcome: RestoreOutcome) -> None:
+    def take(self, outcome: RestoreCounts) -> None:
         """Merge what a restore of thread settings did."""
         for kind, n in outcome.restored.items():
             self.bump(self.restored, kind, n)
@@ -42,7 +67,7 @@ class ApplyResult:
         self.gone += outcome.gone
         self.errors.extend(outcome.errors)
 
-    def take_counts(self, kind: str, part: HostSettingResult) -> None:
+    def take_counts(self, kind: str, part: HeldCounts) -> None:
         """Merge what a held host setting (PM QoS, cgroup weights, autogroups) did."""
         self.bump(self.applied, kind, part.applied)
         self.bump(self.restored, kind, part.restored)

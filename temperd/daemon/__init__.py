@@ -2,12 +2,15 @@
 
 - main: the `temperd` command (foreground; systemd runs it the same way)
 - daemon: Daemon, the running state and every change to it (start, replan, reload, observe, stop)
-- main_loop: the poll() loop and the requests other threads and signal handlers make of it
+- state: DaemonState, what the command modules and the status report read of the Daemon
+- main_loop: the poll() loop (and LoopHost, what it drives) and the requests other threads and
+  signal handlers make of it
 - reload: the host view with the command line's overrides, and ReloadResult
 - services: the threads that serve and watch (control socket, HTTP, config and hotplug watchers)
-- control: the control socket (server and temperctl's client)
-- control_commands: the commands served on it (status, reload, plan, explain, trace)
-- trace_commands: the trace command (a capture into temperd's own directory)
+- control: the control socket's server (the protocol and temperctl's client: temperd/control)
+- control_commands: the commands served on it (status, reload, plan, explain) and the table of
+  the others: bind_commands (bind, unbind, bindings), trace_commands (trace: a capture into
+  temperd's own directory), training_commands (train), knowledge_commands (classify, rightsize)
 - status_report: `temperctl status`, the one-line status, /observe
 - notify: sd_notify
 - instance_lock: one temperd per state directory

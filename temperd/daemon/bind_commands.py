@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Set
 
 from temperd.config.errors import ConfigError
 from temperd.config.profile import parse_profile
-from temperd.daemon.control import PEER, ControlError, Peer, Progress, requester, shown, task_id
+from temperd.control.protocol import ControlError, Progress, shown, task_id
+from temperd.daemon.control import PEER, Peer, requester
 from temperd.decide.matcher import RuntimeBinding
 from temperd.plan import TIERS
 from temperd.text import printable
 
 if TYPE_CHECKING:
-    from temperd.daemon.daemon import Daemon
+    from temperd.daemon.state import DaemonState
 
 MAX_PROFILE_BYTES = 60 * 1024  # what fits in one request line
 
@@ -57,7 +58,7 @@ def bind_refusal(pid: int, proc, peer: Optional[Peer], protected: Set[int]) -> O
 
 
 class BindCommands:
-    def __init__(self, daemon: "Daemon"):
+    def __init__(self, daemon: "DaemonState"):
         self.daemon = daemon
 
     def bind(self, request: Dict[str, Any], progress: Progress) -> Dict[str, Any]:

@@ -1,11 +1,5 @@
-"""The control socket: a Unix stream socket speaking one JSON object per line.
-
-A request is one line holding a JSON object {"cmd": NAME, ...} of at most MAX_REQUEST bytes.
-Every reply is one line holding a JSON object: {"ok": true, ...} with the command's answer, or
-{"ok": false, "error": TEXT}, TEXT being one line that says what was wrong and what was
-expected. A line that is not JSON, not an object, too long, or names no command gets that error
-reply like any other refusal; before its reply a long command (trace) may send progress lines
-{"progress": true, ...}. A client may send several requests on one connection.
+"""The control socket's server: one thread per client, each request handed to its command's
+handler, the reply sent back as one line (the protocol itself: temperd/control).
 
 Privileged actions (reload, trace capture) only ever go over this socket, never over TCP.
 Access is by file mode (0660, root and group `temper`), checked again with SO_PEERCRED.
@@ -28,48 +22,20 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, NamedTuple, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
+from temperd.control.protocol import (MAX_REQUEST, ControlError, Handler, LineReader, Progress, RequestTooLarge,
+                                      encode_reply, error_reply, shown)
 from temperd.text import printable
 from temperd.wakeup import Wakeup
 
 log = logging.getLogger("temperd.control")
 
-Progress = Callable[[Dict[str, Any]], None]
-# A handler gets the request and a function that sends {"progress": true, ...} lines before the reply.
-Handler = Callable[[Dict[str, Any], Progress], Dict[str, Any]]
-MAX_REQUEST = 64 * 1024
 MAX_CLIENTS = 16
 BACKLOG = 128
 REQUEST_TIMEOUT_S = 10.0  # from the connection (or the last reply) to a whole request line
 SEND_TIMEOUT_S = 10.0  # for the client to take one reply line
-MAX_REPLY = 256 * 2**20  # what temperctl reads of one reply line
 _NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
-
-
-def shown(value: Any, width: int = 40) -> str:
-    """A value from a request, for an error message: its repr, one line, at most `width` characters."""
-    text = repr(value)
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def one_line(text: str, width: int = 1000) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def error_reply(text: str) -> Dict[str, Any]:
-    return {"ok": False, "error": one_line(text)}
-
-
-PID_MAX = 4194304  # the kernel's largest pid_max (PID_MAX_LIMIT): no PID or TID is above it
-
-
-def task_id(value: Any, key: str = "id") -> int:
-    """A PID or TID from a request: a JSON integer from 1 to PID_MAX (not a string, not true)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= PID_MAX:
-        raise ControlError(f"{key}: expected a PID or TID, a whole number from 1 to {PID_MAX}; found {shown(value)}")
-    return value
 
 
 class Peer(NamedTuple):
@@ -115,45 +81,6 @@ def _peer_allowed(peer: Peer, gid: Optional[int]) -> bool:
         return name in grp.getgrgid(gid).gr_mem
     except KeyError:
         return False
-
-
-class RequestTooLarge(Exception):
-    pass
-
-
-class LineReader:
-    """Lines from a socket, each at most `limit` bytes, each within a deadline: a client can make
-    temperd neither buffer more than that nor wait longer."""
-
-    def __init__(self, sock: socket.socket, limit: int):
-        self.sock, self.limit = sock, limit
-        self._buffer = bytearray()
-        self._eof = False
-
-    def next_line(self, timeout: float) -> Optional[bytes]:
-        """The next line (with its newline; the last one before EOF may have none); None at EOF.
-        Raises RequestTooLarge, socket.timeout, OSError."""
-        deadline = time.monotonic() + timeout
-        while True:
-            end = self._buffer.find(b"\n")
-            if end > self.limit or (end < 0 and len(self._buffer) > self.limit):
-                raise RequestTooLarge()
-            if end >= 0 or (self._eof and self._buffer):
-                end = end + 1 if end >= 0 else len(self._buffer)
-                line = bytes(self._buffer[:end])
-                del self._buffer[:end]
-                return line
-            if self._eof:
-                return None
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise socket.timeout("no whole request in time")
-            self.sock.settimeout(left)
-            chunk = self.sock.recv(65536)
-            if chunk:
-                self._buffer += chunk
-            else:
-                self._eof = True
 
 
 class _Server(socketserver.UnixStreamServer):
@@ -310,7 +237,7 @@ class ControlServer:
 
             def _send(self, reply: Dict[str, Any]) -> None:
                 self.request.settimeout(SEND_TIMEOUT_S)
-                self.request.sendall(_encode(reply))
+                self.request.sendall(encode_reply(reply))
 
         return _Client
 
@@ -352,126 +279,3 @@ class ControlServer:
                 os.unlink(self.path)
             except OSError:
                 pass
-
-
-def _encode(reply: Dict[str, Any]) -> bytes:
-    try:
-        return json.dumps(reply, default=str).encode() + b"\n"
-    except (TypeError, ValueError, RecursionError) as exc:
-        log.exception("control reply cannot be encoded")
-        return json.dumps(error_reply(f"internal error: the reply cannot be encoded ({exc})")).encode() + b"\n"
-
-
-class ControlError(Exception):
-    """A request that cannot be served; the message goes back to temperctl."""
-
-
-# ---- the client (temperctl) ----------------------------------------------------------------------
-
-
-class DaemonUnavailable(Exception):
-    """No answer could be had from temperd; the message, one line, says why."""
-
-
-class DaemonNotRunning(DaemonUnavailable):
-    """No temperd listens on the socket (none there, a stale one, or a path that cannot hold one)."""
-
-
-class BadReply(DaemonUnavailable):
-    """What came back is not a reply of this protocol."""
-
-
-CONNECT_TIMEOUT_S = 5.0  # how long a full connection queue is waited out
-
-
-def request(path: str, cmd: str, timeout: float = 30.0, on_progress: Optional[Callable[[dict], None]] = None,
-            **args: Any) -> Dict[str, Any]:
-    """Client side: send one request, return the final reply ({"ok": bool, ...}; an "error" line
-    where ok is false). Replies with "progress": true are passed to on_progress and reading goes
-    on. Raises DaemonUnavailable (DaemonNotRunning, BadReply) and nothing else of its own."""
-    sock = _connect(path, min(timeout, CONNECT_TIMEOUT_S))
-    with sock:
-        sock.settimeout(timeout)
-        refused: Optional[OSError] = None
-        try:
-            sock.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
-        except socket.timeout:
-            raise DaemonUnavailable(f"temperd did not take the request within {timeout:g} s: it may be hung "
-                                    "(systemctl status temperd)") from None
-        except OSError as exc:  # closed on us: it may have said why first (busy, permission denied)
-            refused = exc
-        lines = LineReader(sock, MAX_REPLY)
-        while True:
-            try:
-                line = lines.next_line(timeout)
-            except socket.timeout:
-                raise DaemonUnavailable(f"temperd did not answer within {timeout:g} s: it may be hung "
-                                        "(systemctl status temperd)") from None
-            except RequestTooLarge:
-                raise BadReply(f"temperd's reply is larger than {MAX_REPLY >> 20} MiB") from None
-            except OSError as exc:
-                exc = refused or exc
-                raise DaemonUnavailable(f"the connection to temperd failed: {exc.strerror or exc}") from None
-            if line is None:
-                if refused is not None:
-                    raise DaemonUnavailable(f"temperd closed the connection: {refused.strerror or refused}")
-                raise DaemonUnavailable("temperd closed the connection without a reply")
-            reply = parse_reply(line)
-            if reply.get("progress") is True:
-                if on_progress is not None:
-                    on_progress(reply)
-                continue
-            return reply
-
-
-def parse_reply(line: bytes) -> Dict[str, Any]:
-    """One reply line as the protocol says it is; BadReply otherwise."""
-    if not line.endswith(b"\n"):
-        raise BadReply("temperd's reply was cut off (the connection closed in the middle of it)")
-    try:
-        reply = json.loads(line)
-    except (ValueError, RecursionError):
-        raise BadReply(f"temperd's reply is not JSON: {shown(line)}") from None
-    if not isinstance(reply, dict):
-        raise BadReply(f"temperd's reply is not a JSON object: {shown(reply)}")
-    if reply.get("progress") is True:
-        return reply
-    if not isinstance(reply.get("ok"), bool):
-        raise BadReply(f"temperd's reply says neither ok nor failed: {shown(reply)}")
-    if not reply["ok"]:
-        error = reply.get("error")
-        reply["error"] = one_line(error) if isinstance(error, str) and error.strip() else "request failed"
-    return reply
-
-
-def _connect(path: str, timeout: float) -> socket.socket:
-    deadline = time.monotonic() + timeout
-    while True:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(max(0.05, deadline - time.monotonic()))
-        try:
-            sock.connect(path)
-            return sock
-        except (BlockingIOError, InterruptedError, socket.timeout) as exc:
-            sock.close()
-            if time.monotonic() < deadline:  # the queue is full: wait for room
-                time.sleep(0.05)
-                continue
-            raise DaemonUnavailable(f"temperd does not accept connections on {path} (its queue stayed full "
-                                    f"for {timeout:g} s): it may be hung or overloaded") from exc
-        except OSError as exc:
-            sock.close()
-            raise _connect_error(path, exc) from None
-
-
-def _connect_error(path: str, exc: OSError) -> DaemonUnavailable:
-    if isinstance(exc, FileNotFoundError):
-        return DaemonNotRunning(f"temperd is not running (no control socket at {path})")
-    if isinstance(exc, ConnectionRefusedError):
-        return DaemonNotRunning(f"temperd is not running (nothing listens on {path})")
-    if isinstance(exc, NotADirectoryError):
-        return DaemonNotRunning(f"temperd is not running (no control socket at {path}: "
-                                "part of the path is not a directory)")
-    if isinstance(exc, PermissionError):
-        return DaemonUnavailable(f"permission denied on {path}: run as root or as a member of group temper")
-    return DaemonUnavailable(f"cannot connect to {path}: {exc.strerror or exc}")

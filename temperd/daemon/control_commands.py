@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Dict
 
-from temperd.daemon.control import ControlError, Handler, Progress, task_id
+from temperd.control.protocol import ControlError, Handler, Progress, task_id
 from temperd.decide.explain import NoSuchTask, explain
 from temperd.daemon.bind_commands import BindCommands
 from temperd.daemon.trace_commands import trace_handler
@@ -16,14 +16,14 @@ from temperd.daemon.training_commands import train_handler
 from temperd.daemon.knowledge_commands import KnowledgeCommands
 
 if TYPE_CHECKING:
-    from temperd.daemon.daemon import Daemon
+    from temperd.daemon.state import DaemonState
 
 Request = Dict[str, Any]
 Reply = Dict[str, Any]
 
 
 class ControlCommands:
-    def __init__(self, daemon: "Daemon"):
+    def __init__(self, daemon: "DaemonState"):
         self.daemon = daemon
 
     def handlers(self) -> Dict[str, Handler]:

@@ -45,7 +45,7 @@ from temperd.observe.workload_watch import WorkloadWatch
 from temperd.plan import LayerPlan
 from temperd.sources.inventory import Inventory
 from temperd.sources.runqlat import Telemetry
-from temperd.sources.shape import ShapeError
+from temperd.sources.shape import SYSFS_ROOT, ShapeError
 from temperd.trace.capture import cleanup_stale_instances
 
 log = logging.getLogger("temperd")
@@ -58,7 +58,7 @@ class StartupError(Exception):
 
 
 class Daemon:
-    def __init__(self, config_dir: str = DEFAULT_CONFIG_DIR, sysfs_root: str = "/sys", *,
+    def __init__(self, config_dir: str = DEFAULT_CONFIG_DIR, sysfs_root: str = SYSFS_ROOT, *,
                  state_dir: Optional[str] = None, http_port: Optional[int] = None,
                  control_socket: Optional[str] = None, observe_interval_s: float = OBSERVE_INTERVAL_S):
         self.config_dir = config_dir
@@ -105,12 +105,12 @@ class Daemon:
         are bound before the first change to the host, so a port or path taken fails early; a
         failure after that is a StartupError too, and stop() puts back what was changed."""
         with self.lock:
-            view = self._first_view()
+            view = _first_view(self.loader)
             self.view = view
             self.generation = 1
             self.last_reload = ReloadResult(not view.problems, 1, time.time(), "start",
                                             [str(p) for p in view.problems], summary_of(view))
-            self._lock_instance()
+            self._instance_lock = _lock_instance(self.config.state_dir)
             _cleanup_stale_traces()
             try:
                 self.services.bind(self.config, ControlCommands(self).handlers(), self.metrics_text,
@@ -156,35 +156,11 @@ class Daemon:
         self.matcher.set_runtime_bindings(self.runtime_bindings)
         self.replan(trigger)
 
-    def _first_view(self) -> HostView:
-        try:
-            view = self.loader.load()
-        except ConfigError as exc:
-            raise StartupError("\n".join(f"error: {p}" for p in exc.problems)) from None
-        except ShapeError as exc:
-            raise StartupError(f"error: cannot read the machine shape: {exc}") from None
-        for problem in view.problems:
-            log.error("profile not loaded: %s", problem)
-        return view
-
-    def _lock_instance(self) -> None:
-        state_dir = self.config.state_dir
-        try:
-            os.makedirs(state_dir, mode=0o755, exist_ok=True)
-            self._instance_lock = InstanceLock(state_dir)
-            self._instance_lock.acquire()
-        except AlreadyRunning as exc:
-            self._instance_lock = None
-            raise StartupError(f"error: {exc}") from None
-        except OSError as exc:
-            self._instance_lock = None
-            raise StartupError(f"error: cannot use the state directory {state_dir}: {exc.strerror or exc}") from None
-
     def _start_backend(self, view: HostView) -> None:
         self.backend_choice, self.backend = make_backend(view.config, self.sysfs_root, view.shape)
         log.info("backend %s: %s", self.backend_choice.active, self.backend_choice.reason)
-        if hasattr(self.backend, "on_fallback"):  # scx: safe mode or a refusal switches to native on the main loop
-            self.backend.on_fallback = lambda reason: self.request(REPLAN, f"scx fallback: {reason}")
+        # scx: safe mode or a refusal switches to native on the main loop
+        self.backend.on_fallback = lambda reason: self.request(REPLAN, f"scx fallback: {reason}")
         self.backend.recover()
 
     def _load_watch(self, view: HostView) -> None:
@@ -232,8 +208,9 @@ class Daemon:
     # ---- decide and act -----------------------------------------------------------------------
 
     def replan(self, trigger: str, changes: Optional[List[Any]] = None) -> None:
-        """Match and plan again; apply the whole plan when it changed, else only treat the threads
-        that are new (a whole-host apply costs milliseconds per hundred threads)."""
+        """Match and plan again. After process events (`changes`) only the threads that are new or
+        whose layer changed are treated, unless the plan changed beyond its members; otherwise
+        the whole plan is applied (a whole-host apply costs milliseconds per hundred threads)."""
         assert self.view is not None and self.matcher is not None and self.backend is not None
         snapshot = self.inventory.snapshot()
         self._refresh_busiest()
@@ -247,14 +224,18 @@ class Daemon:
         self._sizes = used[-1].sizes() if used else {}
         unchanged = changes is not None and layer_plan == self.plan
         self.match, self.plan = match, layer_plan
-        if unchanged:
+        fresh = None
+        if changes is not None:
             self.backend.forget_threads(_ended_threads(changes))
             fresh = _new_threads(changes, snapshot)
+        if unchanged:
             if not fresh:
                 return
             result = self.backend.on_new_threads(fresh)
         else:
-            result = self.backend.apply(layer_plan, snapshot.threads.values())
+            # Events: the backend treats the new threads and those whose layer changed, unless
+            # more than the members changed; else every thread (a reload, a reconcile scan).
+            result = self.backend.apply(layer_plan, snapshot.threads, fresh)
             if self.sampler is not None:
                 self.sampler.update_membership(layer_plan)
         self.journal.applied(match, layer_plan, result, trigger)
@@ -385,6 +366,31 @@ class Daemon:
 
     def _notify_status(self) -> None:
         self.notifier.notify(f"STATUS={self.status_line()}")
+
+
+def _first_view(loader: ViewLoader) -> HostView:
+    try:
+        view = loader.load()
+    except ConfigError as exc:
+        raise StartupError("\n".join(f"error: {p}" for p in exc.problems)) from None
+    except ShapeError as exc:
+        raise StartupError(f"error: cannot read the machine shape: {exc}") from None
+    for problem in view.problems:
+        log.error("profile not loaded: %s", problem)
+    return view
+
+
+def _lock_instance(state_dir: str) -> InstanceLock:
+    """The state directory, made if missing, locked for this instance; StartupError if another holds it."""
+    try:
+        os.makedirs(state_dir, mode=0o755, exist_ok=True)
+        lock = InstanceLock(state_dir)
+        lock.acquire()
+    except AlreadyRunning as exc:
+        raise StartupError(f"error: {exc}") from None
+    except OSError as exc:
+        raise StartupError(f"error: cannot use the state directory {state_dir}: {exc.strerror or exc}") from None
+    return lock
 
 
 def describe_error(exc: BaseException) -> str:

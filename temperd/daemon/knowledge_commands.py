@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict
 
-from temperd.daemon.control import ControlError, Progress
+from temperd.control.protocol import ControlError, Progress
 from temperd.daemon.trace_commands import _optional_pid, _optional_unit
 
 if TYPE_CHECKING:
-    from temperd.daemon.daemon import Daemon
+    from temperd.daemon.state import DaemonState
 
 
 def _filters(request: Dict[str, Any]):
@@ -17,7 +17,7 @@ def _filters(request: Dict[str, Any]):
 
 
 class KnowledgeCommands:
-    def __init__(self, daemon: "Daemon"):
+    def __init__(self, daemon: "DaemonState"):
         self.daemon = daemon
 
     def _watch(self, enabled: str):

@@ -14,12 +14,18 @@ import logging
 import resource
 import select
 import time
-from typing import TYPE_CHECKING, Dict, List, Optional
+import threading
+from typing import Any, Dict, List, Optional
 
+from temperd.config.daemon_config import DaemonConfig
+from temperd.daemon.notify import Notifier
+from temperd.sources.inventory import Inventory
 from temperd.wakeup import Wakeup
 
-if TYPE_CHECKING:
-    from temperd.daemon.daemon import Daemon
+try:
+    from typing import Protocol
+except ImportError:  # pragma: no cover - Python < 3.8 is not supported anyway
+    Protocol = object  # type: ignore
 
 WATCHDOG_DEFAULT_S = 10.0  # where the unit sets no WatchdogSec (systemd then ignores the pings)
 STARVED_RETRY_S = 1.0
@@ -61,8 +67,38 @@ class Requests:
         return pending
 
 
+class LoopHost(Protocol):
+    """What the main loop drives: requests in, events and scans through the inventory, replans,
+    reloads and observation samples out."""
+
+    lock: threading.RLock
+    inventory: Inventory
+    notifier: Notifier
+    observe_interval_s: float
+
+    @property
+    def requests(self) -> "Requests":
+        ...
+
+    @property
+    def config(self) -> DaemonConfig:
+        ...
+
+    def request(self, kind: str, trigger: str) -> None:
+        ...
+
+    def replan(self, trigger: str, changes: Optional[List[Any]] = None) -> None:
+        ...
+
+    def reload(self, trigger: str) -> Any:
+        ...
+
+    def observe(self) -> None:
+        ...
+
+
 class MainLoop:
-    def __init__(self, daemon: "Daemon"):
+    def __init__(self, daemon: "LoopHost"):
         self.daemon = daemon
         now = time.monotonic()
         with daemon.lock:

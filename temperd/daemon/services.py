@@ -12,7 +12,8 @@ import logging
 from typing import Any, Callable, Dict, List, Optional
 
 from temperd.config.daemon_config import DaemonConfig
-from temperd.daemon.control import ControlServer, Handler
+from temperd.daemon.control import ControlServer
+from temperd.control.protocol import Handler
 from temperd.daemon.main_loop import RELOAD
 from temperd.observe.http import HttpApi
 from temperd.sources.watch import ConfigWatcher, CpuHotplugWatcher

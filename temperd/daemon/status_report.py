@@ -12,10 +12,10 @@ from temperd import __version__
 from temperd.config import safe_regex
 
 if TYPE_CHECKING:
-    from temperd.daemon.daemon import Daemon
+    from temperd.daemon.state import DaemonState
 
 
-def status_json(daemon: "Daemon") -> Dict[str, Any]:
+def status_json(daemon: "DaemonState") -> Dict[str, Any]:
     view, sampler, http = daemon.view, daemon.sampler, daemon.services.http
     assert view is not None and sampler is not None, "temperd has started"
     pset = view.profiles
@@ -44,7 +44,7 @@ def status_json(daemon: "Daemon") -> Dict[str, Any]:
     }
 
 
-def observe_json(daemon: "Daemon") -> Dict[str, Any]:
+def observe_json(daemon: "DaemonState") -> Dict[str, Any]:
     """The latest observation sample, its lint violations and the backend."""
     sampler = daemon.sampler
     assert sampler is not None, "temperd has started"
@@ -65,7 +65,7 @@ def observe_json(daemon: "Daemon") -> Dict[str, Any]:
     return data
 
 
-def layer_rows(daemon: "Daemon") -> List[Dict[str, Any]]:
+def layer_rows(daemon: "DaemonState") -> List[Dict[str, Any]]:
     """The plan's layers, each with what scx_layered reports of it (`scx`: its CPU use, the CPUs
     it holds) while scx_layered carries the plan; then the layers scx_layered has beyond the plan
     (the catch-all for every other task), marked `plan: false`."""
@@ -82,12 +82,12 @@ def layer_rows(daemon: "Daemon") -> List[Dict[str, Any]]:
     return rows
 
 
-def backend_json(daemon: "Daemon") -> Dict[str, Any]:
+def backend_json(daemon: "DaemonState") -> Dict[str, Any]:
     """The backend choice (requested, active, reason) and the backend's own status."""
     return {**dataclasses.asdict(daemon.backend_choice), **daemon.backend_status().as_dict()}
 
 
-def status_line(daemon: "Daemon") -> str:
+def status_line(daemon: "DaemonState") -> str:
     workloads = len(daemon.match.workloads)
     layers = len(daemon.plan.layers) if daemon.plan else 0
     violations = len(daemon.sampler.lint.violations) if daemon.sampler is not None else 0

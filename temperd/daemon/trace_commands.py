@@ -16,7 +16,8 @@ from typing import Any, Dict, Optional
 
 from temperd import paths
 from temperd.trace import capture as trace_capture
-from temperd.daemon.control import ControlError, Progress, requester, shown, task_id
+from temperd.control.protocol import ControlError, Progress, shown, task_id
+from temperd.daemon.control import requester
 from temperd.trace.capture import CaptureRequest, TraceError, capture, parse_duration, parse_size
 
 TRACE_DIR = paths.TRACE_DIR

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from temperd.daemon.control import ControlError, Progress
+from temperd.control.protocol import ControlError, Progress
 from temperd.daemon.trace_commands import capture_request, relayed, shared_output
 from temperd.trace.capture import TraceError
 from temperd.training.observation import observe

@@ -19,7 +19,7 @@ from temperd.observe.observer import Observation
 from temperd.sources.runqlat import BOUNDS_S, LatencyReport, metric_layer_name
 
 if TYPE_CHECKING:
-    from temperd.backends.native.backend import ApplyResult
+    from temperd.backends.result import ApplyResult
     from temperd.backends.scx.status import ScxStatus
     from temperd.backends.status import BackendStatus
     from temperd.decide.matcher import Workload

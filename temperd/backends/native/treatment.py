@@ -33,7 +33,7 @@ from temperd.backends.native.inheritance import Parents, uninherited
 from temperd.backends.native.membership import KernelThreads, Membership, ThreadKey
 from temperd.backends.native.restore_ledger import (AFFINITY, NICE, POLICY, SLICE, THREAD_KINDS, Original,
                                                     RestoreLedger, ThreadRecord, thread_values)
-from temperd.backends.native.result import ApplyResult
+from temperd.backends.result import ApplyResult
 from temperd.plan import CONFINED, FENCED, GROUPED, Layer, LayerPlan
 from temperd.sources.shape import format_cpulist
 

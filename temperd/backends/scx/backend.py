@@ -2,7 +2,7 @@
 
 scx_layered schedules every task on the host once it runs, and it matches new threads itself
 (by cgroup and thread-name prefix), so this backend has nothing to do per thread. It renders the
-plan (scx_render), hands it to the supervisor (scx_supervisor: start, batched restarts, stats,
+plan (render.py), hands it to the supervisor (supervisor.py: start, batched restarts, stats,
 safe mode) and steps aside for the native backend when
 
 - the plan cannot be expressed as a scx_layered config (RenderError: too many layers, ...),
@@ -22,7 +22,8 @@ import logging
 from typing import Callable, Dict, FrozenSet, Iterable, Optional, Tuple
 
 from temperd.plan import LayerPlan
-from temperd.backends.native.backend import ApplyResult, NativeBackend
+from temperd.backends.native.backend import NativeBackend
+from temperd.backends.result import ApplyResult
 from temperd.backends.scx.render import Rendered, RenderError, render_plan
 from temperd.backends.scx.restarts import RestartPolicy
 from temperd.backends.scx.stats import describe, layer_cpus, summarize_stats
@@ -61,21 +62,22 @@ class ScxBackend:
         """Settings a crashed run of the native backend (or of this fallback) left behind."""
         return self.native.recover()
 
-    def apply(self, plan: LayerPlan, threads: Iterable) -> ApplyResult:
+    def apply(self, plan: LayerPlan, threads: Iterable, changed: Optional[Iterable] = None) -> ApplyResult:
         try:
             rendered = render_plan(plan, self.cpu_count, gpu_support=self.supervisor.gpu_support)
         except RenderError as exc:
             self.rendered, self.render_problems = None, exc.problems
             return self._carry_natively(plan, threads, "the plan cannot be expressed as a scx_layered config: "
-                                        + "; ".join(exc.problems))
+                                        + "; ".join(exc.problems), changed)
         self.rendered, self.render_problems = rendered, ()
         if self.supervisor.safe_mode:
-            return self._carry_natively(plan, threads, self.supervisor.safe_mode_reason or "scx_layered safe mode")
+            return self._carry_natively(plan, threads, self.supervisor.safe_mode_reason or "scx_layered safe mode",
+                                        changed)
         try:
             self.supervisor.apply(rendered.config)
         except ScxConfigError as exc:  # render_plan validates too: this is a disagreement between the two
             self.render_problems = exc.problems
-            return self._carry_natively(plan, threads, str(exc))
+            return self._carry_natively(plan, threads, str(exc), changed)
         self.supervisor.start()
         result = ApplyResult()
         if self.carried_by != SCX:
@@ -138,11 +140,13 @@ class ScxBackend:
 
     # ---- falling back ----------------------------------------------------------------------------
 
-    def _carry_natively(self, plan: LayerPlan, threads: Iterable, reason: str) -> ApplyResult:
+    def _carry_natively(self, plan: LayerPlan, threads: Iterable, reason: str,
+                        changed: Optional[Iterable] = None) -> ApplyResult:
         if self.carried_by != NATIVE or reason != self.fallback_reason:
             log.warning("scx backend: the native backend carries the plan: %s", reason)
+            changed = None  # the native backend takes over: every thread
         self.carried_by, self.fallback_reason = NATIVE, reason
-        result = self.native.apply(plan, threads)
+        result = self.native.apply(plan, threads, changed)
         self._native_held = True
         result.notes.append(f"native fallback: {reason}")
         return result
