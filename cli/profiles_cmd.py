@@ -11,13 +11,13 @@ import click
 
 from temperd.config.profile import Profile, profile_json_schema
 from temperd.config.profileset import (DEFAULT_PROFILE_DIR, HostShape, load_profile_files, load_profile_set, resolve)
-from temperd.sources.shape import ShapeError, read_shape
+from temperd.sources.shape import SYSFS_ROOT, ShapeError, read_shape
 
 from .output import print_json, print_table
 
 dir_option = click.option("--dir", "profile_dir", default=DEFAULT_PROFILE_DIR, show_default=True,
                           help="Directory of file profiles (*.toml).")
-sysfs_option = click.option("--sysfs", "sysfs_root", default="/sys", show_default=True,
+sysfs_option = click.option("--sysfs", "sysfs_root", default=SYSFS_ROOT, show_default=True,
                             help="sysfs root to read the machine shape from (a fixture tree for another host shape).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 

@@ -9,6 +9,7 @@ import click
 
 from temperd.backends.scx.detect import detect_sched_ext
 from temperd.backends.scx.validate import RULES, validate_file, validate_text
+from temperd.sources.shape import SYSFS_ROOT
 
 from .output import print_json
 
@@ -61,7 +62,7 @@ def rules_command() -> None:
 
 
 @scx.command("detect")
-@click.option("--sysfs", "sysfs_root", default="/sys", show_default=True, help="sysfs root (a fixture tree for tests).")
+@click.option("--sysfs", "sysfs_root", default=SYSFS_ROOT, show_default=True, help="sysfs root (a fixture tree for tests).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 def detect_command(sysfs_root: str, as_json: bool) -> None:
     """Can scx_layered run here? sched_ext in the kernel, a scheduler already loaded, the binary.

@@ -11,12 +11,13 @@ import click
 from temperd import __version__
 from temperd.config.daemon_config import DEFAULT_CONFIG_DIR
 from temperd.text import PrintableFormatter
+from temperd.sources.shape import SYSFS_ROOT
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_dir", default=DEFAULT_CONFIG_DIR, show_default=True,
               help="Configuration directory: temperd.toml and profiles.d/.")
-@click.option("--sysfs", "sysfs_root", default="/sys", show_default=True, hidden=True,
+@click.option("--sysfs", "sysfs_root", default=SYSFS_ROOT, show_default=True, hidden=True,
               help="sysfs root for the machine shape (tests).")
 @click.option("--state-dir", default=None, help="Runtime state directory [default: state_dir of temperd.toml, /run/temper].")
 @click.option("--http-port", type=int, default=None, help="Port of /metrics and /observe (0 = off) [default: temperd.toml, 9477].")

@@ -15,14 +15,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
 
-from temperd.sources import procfs
-from temperd.sources.runqlat import LatencyReport, Telemetry, read_schedstat3
+from temperd.sources import procfs, psi
+from temperd.sources.runqlat import LatencyReport, Telemetry
 from temperd.plan import LayerPlan
 
 TOP_PROCESSES = 3  # unmanaged processes whose threads are looked at each sample
 TOP_THREADS = 20
 BUSY_RATIO = 0.1  # a thread using >= 10 % of a CPU counts as busy
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -99,26 +98,10 @@ class Observation:
         }
 
 
-def read_psi(path: str = "/proc/pressure/cpu") -> Optional[dict]:
-    try:
-        with open(path) as handle:
-            lines = handle.read().split("\n")
-    except OSError:
-        return None
-    out = {}
-    for line in lines:
-        if not line:
-            continue
-        kind, *pairs = line.split()
-        out[kind] = {k: float(v) if "." in v else int(v) for k, v in (p.split("=") for p in pairs)}
-    return out
-
-
 class Observer:
-    def __init__(self, shape, psi_path: str = "/proc/pressure/cpu", telemetry: Optional[Telemetry] = None):
+    def __init__(self, shape, telemetry: Optional[Telemetry] = None):
         self.shape = shape
         self.telemetry = telemetry
-        self.psi_path = psi_path
         self._runtime: Dict[Tuple[int, int], Tuple[int, int, int]] = {}  # (pid, tid) -> schedstat
         self._files: Dict[Tuple[int, int], _Files] = {}  # (pid, tid) -> its stat and affinity as last read
         self._quiet: Set[int] = set()  # processes none of whose threads ran before the previous sample
@@ -163,7 +146,7 @@ class Observer:
                 continue
             ticks_now[pid] = ticks
             if pid in self._proc_ticks and window > 0:
-                busy_procs.append(((ticks - self._proc_ticks[pid]) / CLOCK_TICKS / window, pid))
+                busy_procs.append(((ticks - self._proc_ticks[pid]) / procfs.CLOCK_TICKS / window, pid))
         idle = self._idle_processes(ticks_now, plan)
         self._proc_ticks = ticks_now
         busy_procs.sort(reverse=True)
@@ -231,7 +214,7 @@ class Observer:
         )
         self._last_self_cpu = self_cpu
         return Observation(now if now is not None else time.time(), self._shape_json(), layers, samples,
-                           read_psi(self.psi_path), overhead, unmanaged, latency)
+                           psi.host_fields("cpu"), overhead, unmanaged, latency)
 
     def _idle_processes(self, ticks_now: Mapping[int, int], plan: LayerPlan) -> Set[int]:
         """Processes whose threads need not be read again: none of them ran in the window before
@@ -293,7 +276,7 @@ class _Row(NamedTuple):
 
 def _read_thread(pid: int, tid: int) -> Optional[Tuple[Tuple[int, int, int], _Files]]:
     """A thread's schedstat, stat and affinity; None where it is gone."""
-    sched3 = read_schedstat3(pid, tid)
+    sched3 = procfs.read_schedstat(pid, tid)
     stat = procfs.read_task_stat(pid, tid)
     if sched3 is None or stat is None:
         return None

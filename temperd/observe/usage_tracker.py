@@ -26,10 +26,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from temperd.config.daemon_config import KnowledgeSettings
 from temperd.observe import workload_window as W
 from temperd.observe.usage_history import ThreadSample, UsageHistory
-from temperd.sources import cgroups, nvml, psi, rapl
+from temperd.sources import cgroups, nvml, procfs, psi, rapl
 from temperd.sources.proc_io import read_process_io
 from temperd.sources.procfs import read_affinity
-from temperd.sources.runqlat import read_schedstat3
 from temperd.sources.task_counters import CLOCK_TICKS, read_process_counters, read_task_counters
 
 RERANK_S = 60.0
@@ -200,7 +199,7 @@ class UsageTracker:
             cpus = run_cpus = 0.0
             hungry = False
             if thread.pid in moved_set:
-                sched = read_schedstat3(thread.pid, tid)
+                sched = procfs.read_schedstat(thread.pid, tid)
                 task = read_task_counters(thread.pid, tid)
                 if sched is None or task is None or task.start_time != thread.start_time:
                     continue
@@ -243,7 +242,7 @@ class UsageTracker:
             proc.moved_since_rerank = False
             for tid, (owner, _comm, _group) in groups.items():
                 if owner == pid:
-                    sched = read_schedstat3(pid, tid)
+                    sched = procfs.read_schedstat(pid, tid)
                     if sched is not None:
                         runtime[tid] = sched[0]
         grown = {tid: run - t.rerank_runtime.get(tid, 0) for tid, run in runtime.items()}

@@ -10,6 +10,12 @@ from temperd.files import read_stripped
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 
+def v2_root(root: str = CGROUP_ROOT) -> str:
+    """Where the cgroup v2 tree is mounted: unified/ on hybrid hosts, else the root itself."""
+    unified = os.path.join(root, "unified")
+    return unified if os.path.isdir(unified) else root
+
+
 def cpu_quota(cgroup: str, root: str = CGROUP_ROOT) -> Optional[float]:
     """The CPU budget (in CPUs) a cgroup's quota allows, or None when unlimited or unknown.
 

@@ -18,6 +18,7 @@ from temperd.sources.shape import parse_cpulist
 from temperd.sources.facts import systemd_cgroup, unit_from_cgroup
 
 PROC = "/proc"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # the unit of stat's times (USER_HZ)
 
 # Errors that mean "the task is gone" or "not ours to read": expected, silent.
 _QUIET = frozenset((errno.ENOENT, errno.ESRCH, errno.EACCES, errno.EPERM, errno.EINVAL))
@@ -27,7 +28,8 @@ KTHREADD_PID = 2
 
 
 class TaskStat(NamedTuple):
-    """The fields of /proc/PID/task/TID/stat that the inventory keeps."""
+    """The fields of /proc/PID/task/TID/stat (or /proc/PID/stat, a whole process) that temperd
+    reads: the one parse of a stat line."""
 
     comm: str
     state: str
@@ -37,6 +39,9 @@ class TaskStat(NamedTuple):
     start_time: int  # clock ticks after boot: identity of the task across pid reuse
     last_cpu: int
     policy: int
+    cpu_ticks: int = 0  # utime + stime (for /proc/PID/stat: every thread of the process, dead ones included)
+    major_faults: int = 0
+    blkio_ticks: int = 0  # delayacct_blkio_ticks: block I/O delay; 0 unless kernel.task_delayacct is on
 
 
 @dataclass(frozen=True)
@@ -105,12 +110,9 @@ def process_tree(root: int) -> List[int]:
     """root and every process descended from it, as /proc shows them now (sorted)."""
     children: Dict[int, List[int]] = {}
     for pid in list_pids():
-        data = read_bytes(f"{PROC}/{pid}/stat", 2048, single=True)
-        if data:
-            try:
-                children.setdefault(int(split_stat(data)[1][1]), []).append(pid)
-            except (ValueError, IndexError):
-                continue
+        stat = read_process_stat(pid)
+        if stat is not None:
+            children.setdefault(stat.ppid, []).append(pid)
     seen, todo = {root}, [root]
     while todo:
         for child in children.get(todo.pop(), ()):
@@ -129,7 +131,10 @@ def split_stat(data: bytes) -> Tuple[str, List[bytes]]:
 
 
 def parse_stat(data: bytes) -> TaskStat:
+    """ValueError or IndexError for a line that is not a stat line."""
     comm, fields = split_stat(data)
+    # proc(5) field N is fields[N - 3]: state 3, ppid 4, flags 9, majflt 12, utime 14, stime 15,
+    # nice 19, starttime 22, processor 39, policy 41, delayacct_blkio_ticks 42
     return TaskStat(
         comm=comm,
         state=fields[0].decode("ascii", "replace"),
@@ -139,7 +144,22 @@ def parse_stat(data: bytes) -> TaskStat:
         start_time=int(fields[19]),
         last_cpu=int(fields[36]),
         policy=int(fields[38]),
+        cpu_ticks=int(fields[11]) + int(fields[12]),
+        major_faults=int(fields[9]),
+        blkio_ticks=int(fields[39]) if len(fields) > 39 else 0,
     )
+
+
+def read_process_stat(pid: int) -> Optional[TaskStat]:
+    """/proc/PID/stat: the whole process (its CPU ticks count every thread, dead ones too; its
+    state is the leader's); None if gone or not a stat line."""
+    data = read_bytes(f"{PROC}/{pid}/stat", 2048, single=True)
+    if not data:
+        return None
+    try:
+        return parse_stat(data)
+    except (ValueError, IndexError):
+        return None
 
 
 def read_thread_stat(tid: int) -> Optional[TaskStat]:
@@ -203,28 +223,45 @@ def read_runtime_ns(pid: int, tid: int) -> Optional[int]:
     return stat[0] if stat else None
 
 
-def read_schedstat(pid: int, tid: int) -> Optional[Tuple[int, int]]:
-    """(ns on a CPU, ns waiting on a runqueue) of one thread."""
-    data = read_bytes(f"{PROC}/{pid}/task/{tid}/schedstat", 256, single=True)
-    if not data:
-        return None
+class Schedstat(NamedTuple):
+    """/proc/PID/task/TID/schedstat: the thread's time on a CPU and waiting on a runqueue."""
+
+    run_ns: int
+    wait_ns: int
+    slices: int  # timeslices run
+
+
+def parse_schedstat(data: bytes) -> Optional[Schedstat]:
     try:
-        run, wait = data.split()[:2]
-        return int(run), int(wait)
+        run, wait, slices = data.split()[:3]
+        return Schedstat(int(run), int(wait), int(slices))
     except ValueError:
         return None
 
 
+def read_schedstat(pid: int, tid: int) -> Optional[Schedstat]:
+    """(ns on a CPU, ns waiting on a runqueue, timeslices) of one thread; None if gone."""
+    data = read_bytes(f"{PROC}/{pid}/task/{tid}/schedstat", 256, single=True)
+    return parse_schedstat(data) if data else None
+
+
 def read_process_cpu_ticks(pid: int) -> Optional[int]:
     """utime + stime of the whole process in clock ticks (stat fields 14 and 15)."""
-    data = read_bytes(f"{PROC}/{pid}/stat", 1024, single=True)
-    if not data:
-        return None
-    try:
-        _comm, fields = split_stat(data)
-        return int(fields[11]) + int(fields[12])
-    except (ValueError, IndexError):
-        return None
+    stat = read_process_stat(pid)
+    return stat.cpu_ticks if stat is not None else None
+
+
+def read_cpu_times() -> Tuple[int, ...]:
+    """The aggregate `cpu` line of /proc/stat: user nice system idle iowait irq softirq steal (ticks)."""
+    with open(f"{PROC}/stat") as handle:
+        fields = handle.readline().split()
+    return tuple(int(x) for x in fields[1:9])
+
+
+def read_children(pid: int) -> List[int]:
+    """The children of a process's leader thread (none where it is gone)."""
+    found = read_bytes(f"{PROC}/{pid}/task/{pid}/children") or b""
+    return [int(x) for x in found.split()]
 
 
 _pids_are_ours: Optional[bool] = None

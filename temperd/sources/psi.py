@@ -33,6 +33,25 @@ def parse_pressure(text: str) -> Optional[PressureTotals]:
     return PressureTotals(totals["some"], totals.get("full"))
 
 
+def pressure_fields(text: str) -> Dict[str, Dict[str, float]]:
+    """Every field of a pressure file: {"some": {"avg10": 1.5, ..., "total": 123}, "full": {...}}."""
+    out: Dict[str, Dict[str, float]] = {}
+    for line in text.splitlines():
+        kind, *pairs = line.split()
+        out[kind] = {k: float(v) if "." in v else int(v) for k, v in (p.split("=", 1) for p in pairs)}
+    return out
+
+
+def host_fields(resource: str = "cpu", directory: str = HOST_DIR) -> Optional[Dict[str, Dict[str, float]]]:
+    """The host's pressure file for one resource, every field (averages and totals); None where
+    the kernel has none or it cannot be read."""
+    text = read_stripped(os.path.join(directory, resource))
+    try:
+        return pressure_fields(text) if text else None
+    except ValueError:
+        return None
+
+
 def _read(path: str) -> Optional[PressureTotals]:
     text = read_stripped(path)
     try:

@@ -26,7 +26,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from temperd.plan import LayerPlan
 from temperd.sources import procfs
@@ -61,18 +61,6 @@ def metric_layer_name(name: str) -> str:
 
 def slot_of(delay_us: float) -> int:
     return min(int(delay_us).bit_length() if delay_us >= 1 else 0, SLOTS - 1)
-
-
-def read_schedstat3(pid: int, tid: int) -> Optional[Tuple[int, int, int]]:
-    """(ns on a CPU, ns waiting on a runqueue, timeslices run) of one thread; None if gone."""
-    data = procfs.read_bytes(f"{procfs.PROC}/{pid}/task/{tid}/schedstat", 256, single=True)
-    if not data:
-        return None
-    try:
-        run, wait, slices = data.split()[:3]
-        return int(run), int(wait), int(slices)
-    except ValueError:
-        return None
 
 
 @dataclass
@@ -515,6 +503,3 @@ class Telemetry:
         if self.impl is not None:
             self.impl.close()
 
-
-def layers_by_tid(plan: LayerPlan) -> Mapping[int, str]:
-    return {tid: layer.name for layer in plan.layers for tid in layer.selector.tids}

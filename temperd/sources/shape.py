@@ -21,6 +21,8 @@ UNKNOWN_MODEL = "unknown"
 
 _CPULIST_ITEM = re.compile(r"^(\d+)(?:-(\d+))?$")
 
+SYSFS_ROOT = "/sys"  # where the CPU topology is read; tests and `--sysfs` give a fixture tree
+
 
 class ShapeError(Exception):
     """A sysfs or cpuinfo file is missing or does not hold what the kernel writes there."""
@@ -273,7 +275,7 @@ def read_cpu_model(cpuinfo_path: str) -> str:
     return UNKNOWN_MODEL
 
 
-def read_shape(sysfs_root: str = "/sys", cpuinfo_path: Optional[str] = None) -> MachineShape:
+def read_shape(sysfs_root: str = SYSFS_ROOT, cpuinfo_path: Optional[str] = None) -> MachineShape:
     """Read the machine shape under sysfs_root. cpuinfo_path defaults to the cpuinfo next to the root
     (<root>/cpuinfo, else <root>/../proc/cpuinfo); without one the model is 'unknown'."""
     cpu_dir = os.path.join(sysfs_root, CPU_DIR)

@@ -4,12 +4,10 @@ the usage sampler reads them for the busiest threads of each tracked workload ev
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple, Optional
 
 from temperd.sources import procfs
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+from temperd.sources.procfs import CLOCK_TICKS
 
 
 class TaskCounters(NamedTuple):
@@ -23,13 +21,10 @@ class TaskCounters(NamedTuple):
 
 def parse_counters(data: bytes) -> Optional[TaskCounters]:
     try:
-        comm, fields = procfs.split_stat(data)
-        # proc(5) field N is fields[N - 3]: state 3, majflt 12, utime 14, stime 15, starttime 22,
-        # delayacct_blkio_ticks 42
-        return TaskCounters(fields[0].decode("ascii", "replace"), int(fields[11]) + int(fields[12]),
-                            int(fields[9]), int(fields[39]) if len(fields) > 39 else 0, int(fields[19]), comm)
+        stat = procfs.parse_stat(data)
     except (ValueError, IndexError):
         return None
+    return TaskCounters(stat.state, stat.cpu_ticks, stat.major_faults, stat.blkio_ticks, stat.start_time, stat.comm)
 
 
 def read_task_counters(pid: int, tid: int) -> Optional[TaskCounters]:
@@ -41,3 +36,6 @@ def read_process_counters(pid: int) -> Optional[TaskCounters]:
     """The whole process (its state is the leader's)."""
     data = procfs.read_bytes(f"{procfs.PROC}/{pid}/stat", 2048, single=True)
     return parse_counters(data) if data else None
+
+
+__all__ = ["CLOCK_TICKS", "TaskCounters", "parse_counters", "read_process_counters", "read_task_counters"]

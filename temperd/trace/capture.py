@@ -4,7 +4,7 @@ A capture works in a private tracefs instance (instances/temperd-<pid>-<n>) with
 buffer, events, pid filter and clock, so the host's global buffer (tracing_on, current_tracer,
 set_event) and other tracing users are not touched. It streams the instance's trace_pipe into a
 file for at most the requested duration and size, then writes the ftrace text format that the
-Perfetto UI opens (trace_format). One capture runs per host: an flock'd lock file names the
+Perfetto UI opens (format.py). One capture runs per host: an flock'd lock file names the
 holder, and a second request is refused with that name rather than queued. The instance is
 removed in `finally`; one left by a capture that was killed is removed by
 cleanup_stale_instances() (temperd calls it at start).
@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from temperd import paths
+from temperd.sources.mounts import tracefs_mount
 from temperd.sources import procfs
 from temperd.sources.facts import UNIT_SUFFIXES
 from temperd.trace.format import TraceWriter, output_path
@@ -135,22 +136,10 @@ def parse_size(text: Any) -> int:
 # ---- tracefs -------------------------------------------------------------------------------------
 
 
-def _mounted_tracefs(mountinfo: str = "/proc/self/mountinfo") -> Optional[str]:
-    try:
-        with open(mountinfo) as handle:
-            for line in handle:
-                left, _, right = line.partition(" - ")
-                if right.split(" ", 1)[0] == "tracefs":
-                    return left.split()[4]
-    except OSError:
-        pass
-    return None
-
-
 def find_tracefs(mount: bool = True) -> str:
     """The tracefs mount point; mounts it at /sys/kernel/tracing when nothing has (as systemd
     would at boot). Raises TraceError when the kernel has no tracefs or we may not mount it."""
-    found = _mounted_tracefs()
+    found = tracefs_mount()
     if found and os.path.isdir(os.path.join(found, "instances")):
         return found
     for path in TRACEFS_PATHS:
@@ -554,7 +543,7 @@ def _creator_alive(pid: int, created_at: float) -> bool:
     stat = procfs.read_task_stat(pid, pid)
     if stat is None:
         return False
-    started_at = _boot_time() + stat.start_time / os.sysconf("SC_CLK_TCK")
+    started_at = _boot_time() + stat.start_time / procfs.CLOCK_TICKS
     return started_at <= created_at + 1.0
 
 

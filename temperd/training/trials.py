@@ -27,10 +27,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
-from temperd.sources import procfs
+from temperd.sources import cgroups, procfs
 
-TICK_HZ = os.sysconf("SC_CLK_TCK")
-CGROUP2_ROOT = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
+TICK_HZ = procfs.CLOCK_TICKS
+CGROUP2_ROOT = cgroups.v2_root()
 
 
 # ---- host noise -----------------------------------------------------------------------------------
@@ -48,15 +48,10 @@ class ProcCpu:
 
 
 def read_proc_cpu(pid: int) -> Optional[ProcCpu]:
-    data = procfs.read_bytes(f"/proc/{pid}/stat", 2048, single=True)
-    if not data:
+    stat = procfs.read_process_stat(pid)
+    if stat is None:
         return None
-    try:
-        comm, fields = procfs.split_stat(data)
-        return ProcCpu(pid, comm, int(fields[1]), bool(int(fields[6]) & procfs.PF_KTHREAD),
-                       int(fields[11]) + int(fields[12]))
-    except (ValueError, IndexError):
-        return None
+    return ProcCpu(pid, stat.comm, stat.ppid, bool(stat.flags & procfs.PF_KTHREAD), stat.cpu_ticks)
 
 
 def all_proc_cpu() -> Dict[int, ProcCpu]:
@@ -98,13 +93,6 @@ def foreign_ticks(before: Mapping[int, ProcCpu], after: Mapping[int, ProcCpu], o
         if used > 0:
             out[pid] = used
     return out
-
-
-def read_cpu_line() -> Tuple[int, ...]:
-    """The aggregate `cpu` line of /proc/stat: user nice system idle iowait irq softirq steal (ticks)."""
-    with open("/proc/stat") as handle:
-        fields = handle.readline().split()
-    return tuple(int(x) for x in fields[1:9])
 
 
 @dataclass(frozen=True)
@@ -151,11 +139,11 @@ class HostMonitor:
 
     def start(self) -> None:
         self._procs0 = all_proc_cpu()
-        self._cpu0 = read_cpu_line()
+        self._cpu0 = procfs.read_cpu_times()
         self._t0 = time.monotonic()
 
     def stop(self) -> HostWindow:
-        cpu1 = read_cpu_line()
+        cpu1 = procfs.read_cpu_times()
         seconds = time.monotonic() - self._t0
         procs1 = all_proc_cpu()
         delta = [b - a for a, b in zip(self._cpu0, cpu1)]
@@ -255,7 +243,7 @@ def thread_schedstats(pid: int) -> Dict[int, Tuple[int, int]]:
     for tid in procfs.list_tids(pid) or ():
         found = procfs.read_schedstat(pid, tid)
         if found is not None:
-            out[tid] = found
+            out[tid] = (found.run_ns, found.wait_ns)
     return out
 
 
@@ -373,13 +361,8 @@ def bogo_ops_per_cpu_s(metrics: str) -> Optional[float]:
     return float(found.group(1)) if found else None
 
 
-def child_pids(pid: int) -> List[int]:
-    found = procfs.read_bytes(f"/proc/{pid}/task/{pid}/children") or b""
-    return [int(x) for x in found.split()]
-
-
 def _spinning(parent: int, count: int) -> Optional[List[int]]:
-    kids = child_pids(parent)
+    kids = procfs.read_children(parent)
     return kids if len(kids) >= count else None
 
 

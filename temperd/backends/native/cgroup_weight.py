@@ -19,6 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from temperd.sources.mounts import cgroup1_cpu_mount, cgroup2_mount
 from temperd.backends.native.held import HeldSettings, HostSettingResult, Refused, Setting
 from temperd.files import read_stripped
 from temperd.plan import CgroupWeight
@@ -62,30 +63,6 @@ def systemd_is_pid1(proc_root: str = "/proc", run_root: str = "/run") -> bool:
             return handle.read().strip() == "systemd"
     except OSError:
         return False
-
-
-def _mounts(mountinfo: str) -> List[Tuple[str, str, List[str]]]:
-    """(mount point, fstype, super options) of each mount."""
-    try:
-        with open(mountinfo) as handle:
-            lines = handle.read().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        left, sep, right = line.partition(" - ")
-        fields = right.split()
-        if sep and len(fields) >= 3:
-            out.append((left.split()[4], fields[0], fields[2].split(",")))
-    return out
-
-
-def cgroup2_mount(mountinfo: str = "/proc/self/mountinfo") -> Optional[str]:
-    return next((point for point, fstype, _opts in _mounts(mountinfo) if fstype == "cgroup2"), None)
-
-
-def cgroup1_cpu_mount(mountinfo: str = "/proc/self/mountinfo") -> Optional[str]:
-    return next((point for point, fstype, opts in _mounts(mountinfo) if fstype == "cgroup" and "cpu" in opts), None)
 
 
 def detect(proc_root: str = "/proc", run_root: str = "/run", mountinfo: Optional[str] = None) -> WeightSupport:

@@ -29,7 +29,7 @@ import hashlib
 import os
 from typing import Iterable, List, Optional, Tuple
 
-from temperd.backends.native.cgroup_weight import cgroup1_cpu_mount
+from temperd.sources.mounts import MOUNTINFO, cgroup1_cpu_mount
 from temperd.backends.native.held import HeldSettings, HostSettingResult, Setting
 from temperd.sources import procfs
 
@@ -48,7 +48,7 @@ def cgroup_name(state_dir: str, default_state_dir: str) -> str:
     return f"{NAME}-{hashlib.sha1(os.path.abspath(state_dir).encode()).hexdigest()[:8]}"
 
 
-def detect(mountinfo: str = "/proc/self/mountinfo") -> Tuple[Optional[str], str]:
+def detect(mountinfo: str = MOUNTINFO) -> Tuple[Optional[str], str]:
     """(the cgroup v1 cpu hierarchy's mount, or None; why not)."""
     mount = cgroup1_cpu_mount(mountinfo)
     if mount is None:

@@ -39,7 +39,7 @@ _SCHED_KINDS = (POLICY, NICE, SLICE)
 
 STATE_FILE = "native-state.json"
 STATE_VERSION = 1
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+CLOCK_TICKS = procfs.CLOCK_TICKS
 
 
 def boot_ticks() -> int:
