@@ -16,82 +16,24 @@ change is reported alongside it.
 
 from __future__ import annotations
 
-import heapq
+import dataclasses
 import logging
-import os
 import time
-from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Callable, Iterable, List, Mapping, Optional, Tuple
 
 from temperd.sources import procfs
+from temperd.sources.changes import (CHANGE_KINDS, EXEC, EXIT, NEW_PROCESS, NEW_THREAD, RENAME, REUSED, UPDATE,
+                                     Change, InventoryStats, ReconcileSummary)
 from temperd.sources.facts import ProcessFacts, ThreadFacts
-from temperd.sources.process_store import ZOMBIE_STATES, InventorySnapshot, ProcessRecord, ProcessStore, thread_facts
+from temperd.sources.process_store import InventorySnapshot, ProcessStore, thread_facts
 from temperd.sources.proc_connector import Batch, ConnectorUnavailable, ProcConnector, ProcEvent
+from temperd.sources.scan import scan
+from temperd.sources.title_rechecks import TITLE_RECHECKS_S, TitleRechecks
+
+__all__ = ["CHANGE_KINDS", "EXEC", "EXIT", "NEW_PROCESS", "NEW_THREAD", "RENAME", "REUSED", "UPDATE", "Change",
+           "Inventory", "InventoryStats", "ReconcileSummary"]
 
 log = logging.getLogger("temperd.sources.inventory")
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-# Change kinds. "update": the command line (process title), cgroup or owner changed without an exec,
-# found by a scan: servers rewrite their title, tools move processes between cgroups.
-NEW_PROCESS = "new_process"
-NEW_THREAD = "new_thread"
-EXEC = "exec"
-RENAME = "rename"
-EXIT = "exit"
-REUSED = "reused"
-UPDATE = "update"
-CHANGE_KINDS = (NEW_PROCESS, NEW_THREAD, EXEC, RENAME, EXIT, REUSED, UPDATE)
-_WHOLE_PROCESS = frozenset((NEW_PROCESS, REUSED, EXEC))
-
-# A child forked without exec (PostgreSQL backends, prefork workers) sets its process title just
-# after the fork event; no event says so, so its command line is read again after these delays.
-TITLE_RECHECKS_S = (0.05, 1.0)
-MAX_PENDING_RECHECKS = 20000
-
-
-@dataclass(frozen=True)
-class Change:
-    kind: str  # one of CHANGE_KINDS
-    pid: int
-    tid: Optional[int] = None  # None: the change concerns the whole process
-    comm: Optional[str] = None  # new_thread, rename: the thread's name
-    old_comm: Optional[str] = None  # rename: the name before
-
-
-@dataclass(frozen=True)
-class ReconcileSummary:
-    changes: Tuple[Change, ...]
-    processes: int
-    threads: int
-    duration_s: float
-    cpu_s: float
-
-    def count(self, kind: str) -> int:
-        return sum(1 for change in self.changes if change.kind == kind)
-
-    def describe(self) -> str:
-        counts = ", ".join(f"{k} {self.count(k)}" for k in CHANGE_KINDS if self.count(k))
-        return (
-            f"{self.processes} processes, {self.threads} threads; {counts or 'no changes'}; "
-            f"{self.cpu_s * 1e3:.1f} ms CPU"
-        )
-
-
-@dataclass(frozen=True)
-class InventoryStats:
-    events_active: bool
-    events_received: int
-    events_lost: int  # receive-buffer overflows (ENOBUFS); each lost an unknown number of events
-    vanished: int  # tasks gone between event or listing and read: normal, counted only
-    reconciles: int
-    last_reconcile_duration_s: float
-    last_reconcile_cpu_s: float
-    processes: int
-    threads: int
-    last_event_lag_s: float  # kernel timestamp of the last event to its handling
-    max_event_lag_s: float
-
 
 Listener = Callable[[List[Change]], None]
 
@@ -109,8 +51,7 @@ class Inventory:
         self._rcvbuf_bytes = rcvbuf_bytes
         self._resync_min_interval_s = resync_min_interval_s
         self._ack_timeout_s = ack_timeout_s
-        self._title_rechecks_s = tuple(title_rechecks_s)
-        self._rechecks: List[Tuple[float, int, int]] = []  # heap of (due, pid, start_time)
+        self._rechecks = TitleRechecks(self._store, title_rechecks_s)
         self._resync_pending = False
         self._last_reconcile_at = float("-inf")
         self._notice_logged = False
@@ -180,8 +121,8 @@ class Inventory:
         """Seconds until handle_events() has timed work due (a title recheck), None if none:
         the longest a caller may wait on fileno() before calling handle_events() anyway."""
         due = []
-        if self._rechecks:
-            due.append(self._rechecks[0][0])
+        if self._rechecks.next_due is not None:
+            due.append(self._rechecks.next_due)
         if self._resync_pending:
             due.append(self._last_reconcile_at + self._resync_min_interval_s)
         if not due:
@@ -238,8 +179,7 @@ class Inventory:
         if self._connector is not None:
             batch = self._connector.drain(max_events)
             self._apply_batch(batch, changes)
-        if self._rechecks:
-            self._run_title_rechecks(changes)
+        self._rechecks.run(changes)
         if self._resync_pending and time.monotonic() - self._last_reconcile_at >= self._resync_min_interval_s:
             changes.extend(self._reconcile(notify=False).changes)
         self._notify(changes)
@@ -265,7 +205,7 @@ class Inventory:
         if kind == "fork":
             self._on_task_appeared(event.pid, event.tid, changes)
             if event.tid == event.pid:
-                self._schedule_title_rechecks(event.pid)
+                self._rechecks.schedule(event.pid)
         elif kind == "exec":
             self._on_exec(event.pid, changes)
         elif kind == "comm":
@@ -333,7 +273,7 @@ class Inventory:
             return
         if old.comm == comm:
             return
-        self._store.put_thread(proc, _replace(old, comm=comm))
+        self._store.put_thread(proc, dataclasses.replace(old, comm=comm))
         self._store.touch(proc)
         changes.append(Change(RENAME, pid, tid, comm=comm, old_comm=old.comm))
 
@@ -350,27 +290,6 @@ class Inventory:
             self._store.remove_process(pid)
             changes.append(Change(EXIT, pid))
 
-    def _schedule_title_rechecks(self, pid: int) -> None:
-        proc = self._store.procs.get(pid)
-        if proc is None or proc.is_kernel_thread or len(self._rechecks) >= MAX_PENDING_RECHECKS:
-            return
-        now = time.monotonic()
-        for delay in self._title_rechecks_s:
-            heapq.heappush(self._rechecks, (now + delay, pid, proc.start_time))
-
-    def _run_title_rechecks(self, changes: List[Change]) -> None:
-        now = time.monotonic()
-        while self._rechecks and self._rechecks[0][0] <= now:
-            _due, pid, start_time = heapq.heappop(self._rechecks)
-            proc = self._store.procs.get(pid)
-            if proc is None or proc.start_time != start_time:
-                continue
-            cmdline = procfs.read_cmdline(pid, proc.live_tid())
-            if cmdline and cmdline != proc.cmdline:
-                proc.cmdline = cmdline
-                self._store.touch(proc)
-                changes.append(Change(UPDATE, pid))
-
     # -- scanning ---------------------------------------------------------------------------
 
     def reconcile(self) -> ReconcileSummary:
@@ -380,28 +299,7 @@ class Inventory:
     def _reconcile(self, notify: bool) -> ReconcileSummary:
         wall0 = time.monotonic()
         cpu0 = time.thread_time()
-        changes: List[Change] = []
-        seen = set()
-        for pid in procfs.list_pids():
-            stats = procfs.read_thread_stats(pid)
-            if stats is None:
-                continue
-            leader = stats.get(pid)
-            if leader is None:
-                continue
-            old = self._store.procs.get(pid)
-            if old is None or old.start_time != leader.start_time:
-                proc = self._store.read_process(pid, stats)
-                if proc is None:
-                    continue
-                self._store.install(proc)
-                changes.append(Change(REUSED if old is not None else NEW_PROCESS, pid))
-            elif not self._rescan_process(old, leader, stats, changes):
-                continue
-            seen.add(pid)
-        for pid in [pid for pid in self._store.procs if pid not in seen]:
-            self._store.remove_process(pid)
-            changes.append(Change(EXIT, pid))
+        changes = scan(self._store)
         self._resync_pending = False
         self._last_reconcile_at = time.monotonic()
         self._reconciles += 1
@@ -418,99 +316,11 @@ class Inventory:
             self._notify(changes)
         return summary
 
-    def _rescan_process(self, proc: ProcessRecord, leader: procfs.TaskStat, stats: Dict[int, procfs.TaskStat],
-                        changes: List[Change]) -> bool:
-        """Bring a known process up to date; False if it turned out to be gone (or a zombie)."""
-        pid = proc.pid
-        dirty = False
-        whole = None  # a process-level change that stands for its threads
-        if proc.ppid != leader.ppid:
-            proc.ppid = leader.ppid
-            dirty = True
-        if not proc.is_kernel_thread:
-            via = None
-            if leader.state in ZOMBIE_STATES:
-                via = next((tid for tid, st in stats.items() if st.state not in ZOMBIE_STATES), None)
-            # None or empty means unreadable right now (an exiting process): keep the old.
-            exe = procfs.read_exe(pid, via) or proc.exe
-            cmdline = procfs.read_cmdline(pid, via) or proc.cmdline
-            cgroup = procfs.read_cgroup(pid)
-            old_cgroup = (proc.cgroup, proc.cgroup_systemd)
-            new_cgroup = old_cgroup if cgroup is None else (cgroup.unified, cgroup.systemd)
-            # setuid() without an exec sends no event: the scan sees the new owner
-            uid = procfs.read_uid(pid, via)
-            uid = proc.uid if uid is None else uid
-            if exe != proc.exe:
-                whole = EXEC  # an exec whose event was lost
-                proc.execs += 1
-            elif cmdline != proc.cmdline or new_cgroup != old_cgroup or uid != proc.uid:
-                changes.append(Change(UPDATE, pid))
-            if whole is not None or cmdline != proc.cmdline or new_cgroup != old_cgroup or uid != proc.uid:
-                proc.exe = exe
-                proc.cmdline = cmdline
-                proc.uid = uid
-                proc.set_cgroup(cgroup)
-                dirty = True
-        threads = proc.threads
-        thread_changes: List[Change] = []
-        live = set()
-        for tid, stat in stats.items():
-            if stat.state in ZOMBIE_STATES:
-                continue
-            affinity = procfs.read_affinity(tid, pid)
-            if affinity is None:
-                continue
-            live.add(tid)
-            old = threads.get(tid)
-            if old is None:
-                thread_changes.append(Change(NEW_THREAD, pid, tid, comm=stat.comm))
-                runtime = None
-            elif old.start_time != stat.start_time:
-                thread_changes.append(Change(REUSED, pid, tid, comm=stat.comm))
-                runtime = None
-            else:
-                if (old.comm == stat.comm and old.last_cpu == stat.last_cpu and old.nice == stat.nice
-                        and old.policy == stat.policy and old.affinity == affinity):
-                    continue  # unchanged: keep the record (most threads, most scans)
-                if old.comm != stat.comm:
-                    thread_changes.append(Change(RENAME, pid, tid, comm=stat.comm, old_comm=old.comm))
-                runtime = old.runtime_ns
-            self._store.put_thread(proc, thread_facts(pid, tid, stat, runtime, affinity))
-            dirty = True
-        if len(live) != len(threads):
-            for tid in [tid for tid in threads if tid not in live]:
-                self._store.drop_thread(proc, tid)
-                thread_changes.append(Change(EXIT, pid, tid))
-                dirty = True
-        if not threads:
-            return False
-        if dirty:
-            self._store.touch(proc)
-        if whole is not None:
-            changes.append(Change(whole, pid))
-        else:
-            changes.extend(thread_changes)
-        return True
-
     # -- runtime ----------------------------------------------------------------------------
 
     def refresh_runtime(self, pids: Iterable[int]) -> None:
         """Read the CPU time of every thread of these processes (for "N busiest" selection)."""
-        for pid in pids:
-            proc = self._store.procs.get(pid)
-            if proc is None:
-                continue
-            changed = False
-            for tid, info in list(proc.threads.items()):
-                runtime = procfs.read_runtime_ns(pid, tid)
-                if runtime is None:
-                    self._vanished += 1
-                    continue
-                if runtime != info.runtime_ns:
-                    proc.threads[tid] = _replace(info, runtime_ns=runtime)
-                    changed = True
-            if changed:
-                self._store.touch(proc)
+        self._vanished += self._store.refresh_runtime(pids)
 
     def _notify(self, changes: List[Change]) -> None:
         if not changes:
@@ -518,8 +328,3 @@ class Inventory:
         for listener in list(self._listeners):
             listener(changes)
 
-
-def _replace(info: ThreadFacts, **updates) -> ThreadFacts:
-    fields = dict(info.__dict__)
-    fields.update(updates)
-    return ThreadFacts(**fields)
