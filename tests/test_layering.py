@@ -3,6 +3,7 @@ before it. An import that points up the flow (sources importing a backend, a bac
 the daemon) fails here, found by walking every module's imports with ast, lazy ones included."""
 
 import ast
+import re
 import pathlib
 from typing import List, Optional
 
@@ -14,7 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # `plan`, `paths` and `files` are the shared base; trace sits beside the backends (both read sources);
 # training sits beside observe (it reads traces and samples, and judges profiles by measuring them).
 STAGES = [
-    ("plan", "paths", "files", "text", "wakeup"),
+    ("plan", "paths", "files", "text", "wakeup", "control"),
     ("config",),
     ("sources",),
     ("decide",),
@@ -32,8 +33,8 @@ def stage_of(module: str) -> Optional[str]:
     return parts[1] if parts[1] in RANK else None
 
 
-def module_name(path: pathlib.Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: pathlib.Path, root: Optional[pathlib.Path] = None) -> str:
+    parts = list(path.relative_to(root or ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -102,7 +103,7 @@ def test_cli_computes_locally_only_through_decide():
     config and sources decide reads), never a backend's or the daemon's internals, except the
     read-only scx render/validate it shows and the control socket client."""
     allowed_backends = {"temperd.backends.scx.render", "temperd.backends.scx.validate", "temperd.backends.scx.detect"}
-    allowed_daemon = {"temperd.daemon.control"}
+    allowed_daemon: set = set()  # the control client and protocol are a package of their own (temperd/control)
     found = []
     for path in sorted((ROOT / "cli").glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -113,3 +114,164 @@ def test_cli_computes_locally_only_through_decide():
             if stage in ("daemon", "observe") and not any(target.startswith(a) for a in allowed_daemon):
                 found.append(f"cli/{path.name}:{line}: {target}")
     assert found == []
+
+
+# ---- no circles, TYPE_CHECKING imports counted ------------------------------------------------
+
+def import_graph(root: pathlib.Path) -> dict:
+    """module -> the temperd modules it imports (every import: lazy, TYPE_CHECKING, relative), each
+    resolved to the longest module name that exists (`from temperd.x import y` names temperd.x.y
+    where y is a module, else temperd.x)."""
+    paths = {module_name(p, root): p for p in sorted((root / "temperd").rglob("*.py"))}
+    graph = {}
+    for module, path in paths.items():
+        targets = set()
+        for _line, target in imported_modules(ast.parse(path.read_text(encoding="utf-8")), module,
+                                              path.name == "__init__.py"):
+            while target and target not in paths:
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                targets.add(target)
+        graph[module] = targets
+    return graph
+
+
+def circles(graph: dict) -> List[List[str]]:
+    """The strongly connected components of more than one module (Tarjan's, iterative)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    counter = 0
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_circle_even_counting_type_checking_imports():
+    assert circles(import_graph(ROOT)) == []
+
+
+def test_a_circle_through_a_type_checking_import_is_found(tmp_path):
+    pkg = tmp_path / "temperd" / "daemon"
+    pkg.mkdir(parents=True)
+    (tmp_path / "temperd" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from temperd.daemon.b import B\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from temperd.daemon import a\n")
+    (pkg / "c.py").write_text("from temperd.daemon import a\n")
+    assert circles(import_graph(tmp_path)) == [["temperd.daemon.a", "temperd.daemon.b"]]
+
+
+# ---- only sources/, backends/ and trace/ name the kernel's files ------------------------------
+
+KERNEL_PATH = re.compile(r"""^/(proc|sys)(/|$)""")
+KERNEL_READERS = ("sources", "backends", "trace")
+
+
+def kernel_path_literals(path: pathlib.Path) -> List[str]:
+    """String literals (f-string parts included) that start with /proc or /sys, docstrings aside."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                and KERNEL_PATH.match(node.value)):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    return found
+
+
+def test_only_sources_backends_and_trace_name_proc_or_sys_paths():
+    found = []
+    for path in MODULES:
+        if stage_of(module_name(path)) in KERNEL_READERS:
+            continue
+        found.extend(kernel_path_literals(path))
+    for path in sorted((ROOT / "cli").glob("*.py")):
+        found.extend(kernel_path_literals(path))
+    assert found == [], "read the kernel's facts through temperd/sources"
+
+
+def test_a_proc_path_outside_sources_is_found(tmp_path, monkeypatch):
+    bad = tmp_path / "temperd" / "observe" / "peek.py"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('"""Reads /proc in its docstring: fine."""\nPATH = "/proc/stat"\nf = f"/sys/fs/cgroup/{1}"\n')
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    assert [line.split(": ", 1)[1] for line in kernel_path_literals(bad)] == ["'/proc/stat'", "'/sys/fs/cgroup/'"]
+
+
+# ---- docs/architecture.md names every module ----------------------------------------------------
+
+def test_architecture_names_every_module():
+    """Each module's name appears in docs/architecture.md's package table, as `name` (a package's
+    __init__ by its package)."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = "\n".join(line for line in text.splitlines() if line.startswith("| `"))
+    missing = []
+    for path in MODULES:
+        name = path.parent.name if path.name == "__init__.py" else path.stem
+        if name == "temperd":
+            continue
+        if not re.search(rf"`([^`]*/)?{re.escape(name)}(\.py|/)?`", table):
+            missing.append(str(path.relative_to(ROOT)))
+    assert missing == [], "add these to the package table of docs/architecture.md"
+
+
+# ---- small classes ------------------------------------------------------------------------------
+
+MAX_CLASS_LINES = 300
+# Classes still over the limit, each with the split under way; the limit holds for every other.
+BEING_SPLIT = {
+    "temperd/backends/scx/supervisor.py::ScxSupervisor": "process and restart state machine vs stats client",
+    "temperd/observe/workload_watch.py::WorkloadWatch": "reader, tracker, history and queries, the thread",
+}
+
+
+def class_sizes(path: pathlib.Path, root: pathlib.Path = ROOT) -> dict:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {f"{path.relative_to(root)}::{node.name}": node.end_lineno - node.lineno + 1
+            for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+
+
+def test_no_class_over_300_lines():
+    large = {name: lines for path in MODULES for name, lines in class_sizes(path).items()
+             if lines > MAX_CLASS_LINES and name not in BEING_SPLIT}
+    assert large == {}, "split these: one concern per class"
+
+
+def test_a_large_class_is_measured(tmp_path):
+    big = tmp_path / "big.py"
+    big.write_text("class Big:\n" + "    x = 1\n" * MAX_CLASS_LINES)
+    assert class_sizes(big, tmp_path) == {"big.py::Big": MAX_CLASS_LINES + 1}

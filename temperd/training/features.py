@@ -59,9 +59,6 @@ class WorkloadFeatures:
     process_names: Dict[int, str]  # pid -> process name
     titles: Dict[int, str]  # pid -> last title
 
-    def edge_rate(self, waker: int, wakee: int) -> float:
-        return self.threads[wakee].wakers.get(waker, 0) / max(self.duration_s, 1e-9)
-
 
 def burst_percentile_us(histogram: List[int], fraction: float) -> float:
     """The burst length (us) below which `fraction` of the bursts fall: the geometric middle of

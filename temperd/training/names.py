@@ -26,8 +26,3 @@ def name_key(comm: str) -> str:
     if stripped != base and stripped:
         return stripped + "*"
     return base + "*" if truncated and base else base or "?"
-
-
-def matches_key(key: str, comm: str) -> bool:
-    """Whether a thread named `comm` is one of the role `key` names."""
-    return name_key(comm) == key
