@@ -72,7 +72,7 @@ class FactsHost:
         ProcessFacts, as the inventory makes one after every change."""
         fields = {f: getattr(proc, f) for f in ("pid", "start_time", "name", "exe", "cmdline", "cgroup",
                                                 "cgroup_systemd", "unit", "is_kernel_thread", "ppid", "uid",
-                                                "execs", "on_demand")}
+                                                "execs", "on_demand", "unreadable")}
         threads = changes.pop("threads", None)
         fields.update(changes)
         fields["threads"] = MappingProxyType(dict(threads if threads is not None else proc.threads))

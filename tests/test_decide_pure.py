@@ -212,3 +212,12 @@ def test_a_renamed_thread_moves_between_groups(rename):
     tid = host.tids(db, "x")[0]
     renamed = host.rename_thread(db, tid, rename)
     assert groups(m.match(host.processes), renamed)[rename] == ("conn" if rename.startswith("conn") else "rest")
+
+
+def test_an_unmatched_process_says_which_facts_were_denied():
+    host = FactsHost()
+    hidden = host.process("tool", uid=0)
+    hidden = host.replace(hidden, unreadable=("exe",))
+    text = matcher().explain_unmatched(hidden)
+    assert "exe not readable (permission denied)" in text
+    assert "exe -" in matcher().explain_unmatched(host.process("plain"))

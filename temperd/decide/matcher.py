@@ -235,7 +235,7 @@ class Matcher:
             return "kernel thread: never treated"
         return (f"no {ENV_PROFILE} in its environment, no binding for unit {proc.unit or '-'} / cgroup "
                 f"{proc.cgroup or '-'}, and no fingerprint of {len(self._ordered)} loaded profiles matches "
-                f"(name {proc.name!r}, exe {proc.exe or '-'})")
+                f"(name {proc.name!r}, exe {_shown_exe(proc)})")
 
     # ---- whole host ------------------------------------------------------------------------
 
@@ -391,6 +391,12 @@ def _instance(procs: Sequence) -> str:
     pids = {p.pid for p in procs}
     root = next((p for p in procs if p.ppid not in pids), procs[0])
     return _cmdline_text(root) or root.exe or root.name
+
+
+def _shown_exe(proc: ProcessFacts) -> str:
+    if proc.exe:
+        return proc.exe
+    return "not readable (permission denied)" if "exe" in proc.unreadable else "-"
 
 
 def _reusable(procs: Sequence, profile: Optional[Profile]) -> bool:

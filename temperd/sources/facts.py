@@ -121,6 +121,9 @@ class ProcessFacts:
     # program image, so whatever was read from the environment is read again after an exec.
     execs: int = 0
     on_demand: OnDemand = field(default=_NOTHING, compare=False, repr=False)
+    # Facts the kernel denied (exe, cmdline, uid): the process is there, these are not ours to
+    # read — unlike a None of a process that is gone.
+    unreadable: Tuple[str, ...] = ()
 
     def environ(self, name: str) -> Optional[str]:
         """A variable of the process environment (read once per program image), None if unset

@@ -146,7 +146,7 @@ class ProcessRecord:
 
     __slots__ = (
         "pid", "start_time", "name", "exe", "cmdline", "cgroup", "cgroup_systemd",
-        "unit", "is_kernel_thread", "ppid", "threads", "frozen", "uid", "execs", "on_demand",
+        "unit", "is_kernel_thread", "ppid", "threads", "frozen", "uid", "execs", "on_demand", "unreadable",
     )
 
     def __init__(self, pid: int, stat: procfs.TaskStat):
@@ -165,6 +165,7 @@ class ProcessRecord:
         self.threads: Dict[int, ThreadFacts] = {}
         self.frozen: Optional[ProcessFacts] = None
         self.on_demand = _on_demand(pid)
+        self.unreadable: Tuple[str, ...] = ()
 
     def exec_seen(self) -> None:
         """An exec found by a scan (its event lost): a new program image, its facts read anew."""
@@ -178,13 +179,17 @@ class ProcessRecord:
         return next(iter(self.threads))
 
     def read_static(self) -> None:
-        """exe, cmdline and cgroup: read when the process appears, execs or a scan rechecks."""
+        """exe, cmdline and owner: read when the process appears, execs or a scan rechecks. A fact
+        the kernel denies is named in `unreadable` (the process is there; its fact is not ours to
+        read), one of a process that is gone is left unknown."""
         pid = self.pid
+        via = self.live_tid()
+        denied = set()
         if not self.is_kernel_thread:
-            via = self.live_tid()
-            self.exe = procfs.read_exe(pid, via)
-            self.cmdline = procfs.read_cmdline(pid, via) or ()
-        self.uid = procfs.read_uid(pid, self.live_tid())
+            self.exe = _fact(procfs.read_exe, "exe", denied, pid, via)
+            self.cmdline = _fact(procfs.read_cmdline, "cmdline", denied, pid, via) or ()
+        self.uid = _fact(procfs.read_uid, "uid", denied, pid, via)
+        self.unreadable = tuple(sorted(denied))
         self.set_cgroup(procfs.read_cgroup(pid))
 
     def set_cgroup(self, paths: Optional[procfs.CgroupPaths]) -> None:
@@ -211,8 +216,20 @@ class ProcessRecord:
                 uid=self.uid,
                 execs=self.execs,
                 on_demand=self.on_demand,
+                unreadable=self.unreadable,
             )
         return self.frozen
+
+
+def _fact(read, name: str, denied: set, pid: int, via: Optional[int]):
+    """One fact read strictly: None where the process is gone or the fact denied (then named in `denied`)."""
+    try:
+        return read(pid, via, strict=True)
+    except procfs.AccessDenied:
+        denied.add(name)
+    except procfs.TaskGone:
+        pass
+    return None
 
 
 def _on_demand(pid: int) -> OnDemand:

@@ -1,9 +1,11 @@
 """Reading /proc: one function per fact.
 
-Every reader returns None when the task is gone (ENOENT, ESRCH: it exited between listing and
-reading, which is normal) or the fact is not readable (EACCES, EPERM: another user's process
-without privilege, kernel threads have no executable). Nothing here logs: a vanished task is
-not an error. Reads use os.open/os.read on bytes because this runs for every thread of the
+Two things can keep a fact from being read, and they mean different things: the task is gone
+(ENOENT, ESRCH: it exited between listing and reading, which is normal) — TaskGone — or the
+fact is not ours to read (EACCES, EPERM: another user's process without privilege, a /proc
+mounted with hidepid) — AccessDenied. `read_file` and the `*_strict` readers raise them; the
+other readers return None for either, for callers to which both mean "not known now". Nothing
+here logs: a vanished task is not an error. Reads use os.open/os.read on bytes because this runs for every thread of the
 host on each reconcile and the buffered text layer costs more than the read itself.
 """
 
@@ -20,8 +22,37 @@ from temperd.sources.facts import systemd_cgroup, unit_from_cgroup
 PROC = "/proc"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # the unit of stat's times (USER_HZ)
 
-# Errors that mean "the task is gone" or "not ours to read": expected, silent.
-_QUIET = frozenset((errno.ENOENT, errno.ESRCH, errno.EACCES, errno.EPERM, errno.EINVAL))
+# Errors that mean "the task is gone" (EINVAL: a file of a task being torn down) or "not ours to
+# read": expected, silent.
+_GONE = frozenset((errno.ENOENT, errno.ESRCH, errno.EINVAL))
+_DENIED = frozenset((errno.EACCES, errno.EPERM))
+_QUIET = _GONE | _DENIED
+
+
+class ProcReadError(Exception):
+    """A fact of a task that could not be read; `path` says which."""
+
+    def __init__(self, path: str, err: int):
+        super().__init__(f"{path}: {os.strerror(err)}")
+        self.path = path
+        self.errno = err
+
+
+class TaskGone(ProcReadError):
+    """The task exited (or its id was never a task's): normal, counted only."""
+
+
+class AccessDenied(ProcReadError):
+    """The task exists but this fact is not ours to read."""
+
+
+def _read_error(path: str, exc: OSError) -> Optional[ProcReadError]:
+    """TaskGone or AccessDenied for an expected error; None for any other (the caller raises it)."""
+    if exc.errno in _GONE:
+        return TaskGone(path, exc.errno)
+    if exc.errno in _DENIED:
+        return AccessDenied(path, exc.errno)
+    return None
 
 PF_KTHREAD = 0x00200000  # task flag (stat field 9): a kernel thread
 KTHREADD_PID = 2
@@ -58,17 +89,15 @@ class CgroupPaths:
         return unit_from_cgroup(systemd_cgroup(self.unified, self.systemd))
 
 
-def read_bytes(path: str, size: int = 4096, single: bool = False) -> Optional[bytes]:
-    """Whole content of a small /proc file, or None if the task is gone or it is unreadable.
+def read_file(path: str, size: int = 4096, single: bool = False) -> bytes:
+    """Whole content of a small /proc file; TaskGone or AccessDenied where it cannot be read.
 
     single: the file is one short record (stat, schedstat) that one read returns whole.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        if exc.errno in _QUIET:
-            return None
-        raise
+        raise _read_error(path, exc) or exc from None
     try:
         if single:
             return os.read(fd, size)
@@ -79,11 +108,17 @@ def read_bytes(path: str, size: int = 4096, single: bool = False) -> Optional[by
                 return b"".join(chunks)
             chunks.append(chunk)
     except OSError as exc:
-        if exc.errno in _QUIET:
-            return None
-        raise
+        raise _read_error(path, exc) or exc from None
     finally:
         os.close(fd)
+
+
+def read_bytes(path: str, size: int = 4096, single: bool = False) -> Optional[bytes]:
+    """read_file, None where the task is gone or the file is not ours to read."""
+    try:
+        return read_file(path, size, single)
+    except ProcReadError:
+        return None
 
 
 def _int_entries(path: str) -> Optional[List[int]]:
@@ -304,20 +339,26 @@ def _task_path(pid: int, tid: Optional[int], name: str) -> str:
     return f"{PROC}/{pid}/{name}" if tid is None else f"{PROC}/{pid}/task/{tid}/{name}"
 
 
-def read_exe(pid: int, tid: Optional[int] = None) -> Optional[str]:
-    """Executable path; None for kernel threads, zombies and, without privilege, others' processes."""
+def read_exe(pid: int, tid: Optional[int] = None, *, strict: bool = False) -> Optional[str]:
+    """Executable path; None for kernel threads, zombies and, without privilege, others' processes
+    (strict: TaskGone for the first two, AccessDenied for the last)."""
+    path = _task_path(pid, tid, "exe")
     try:
-        return os.readlink(_task_path(pid, tid, "exe"))
+        return os.readlink(path)
     except OSError as exc:
-        if exc.errno in _QUIET:
-            return None
-        raise
+        error = _read_error(path, exc)
+        if error is None:
+            raise
+        if strict:
+            raise error from None
+        return None
 
 
-def read_uid(pid: int, tid: Optional[int] = None) -> Optional[int]:
+def read_uid(pid: int, tid: Optional[int] = None, *, strict: bool = False) -> Optional[int]:
     """The real uid (the Uid: line's first field of status): who started the program, even where
-    a set-user-ID executable runs it with another effective uid."""
-    data = read_bytes(_task_path(pid, tid, "status"), 4096)
+    a set-user-ID executable runs it with another effective uid. strict: TaskGone, AccessDenied."""
+    path = _task_path(pid, tid, "status")
+    data = read_file(path, 4096) if strict else read_bytes(path, 4096)
     if data is None:
         return None
     for line in data.split(b"\n"):
@@ -347,8 +388,10 @@ def normalise_cmdline(data: bytes) -> Tuple[str, ...]:
     return tuple(arg.decode("utf-8", "replace") for arg in args)
 
 
-def read_cmdline(pid: int, tid: Optional[int] = None) -> Optional[Tuple[str, ...]]:
-    data = read_bytes(_task_path(pid, tid, "cmdline"), 8192)
+def read_cmdline(pid: int, tid: Optional[int] = None, *, strict: bool = False) -> Optional[Tuple[str, ...]]:
+    """The arguments (strict: TaskGone, AccessDenied where they cannot be read)."""
+    path = _task_path(pid, tid, "cmdline")
+    data = read_file(path, 8192) if strict else read_bytes(path, 8192)
     if data is None:
         return None
     return normalise_cmdline(data)
