@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -192,8 +193,9 @@ def py_spy_record(pid: int, seconds: float, out: str, binary: Optional[str] = No
 
 
 def print_py_spy(path: str, top: int = 20) -> None:
-    """py-spy raw output: one `frame;frame;... count` line per distinct stack. Prints each
-    frame's inclusive share (the frame anywhere on the stack) and its own share (the innermost)."""
+    """py-spy raw output: one `frame;frame;... count` line per distinct stack, each frame
+    `function (file:line)`. Prints each function's inclusive share (anywhere on the stack, its
+    lines together) and its own share (the innermost frame)."""
     inclusive, own, total = {}, {}, 0
     with open(path) as handle:
         for line in handle:
@@ -202,7 +204,7 @@ def print_py_spy(path: str, top: int = 20) -> None:
                 continue
             n = int(count)
             total += n
-            frames = stack.split(";")
+            frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]
             for frame in set(frames):
                 inclusive[frame] = inclusive.get(frame, 0) + n
             own[frames[-1]] = own.get(frames[-1], 0) + n
