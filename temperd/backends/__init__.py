@@ -43,7 +43,7 @@ class Backend(Protocol):
         """Threads that appeared under an unchanged plan."""
 
     def forget_threads(self, tids: Iterable[int]) -> None:
-        """Threads that ended under an unchanged plan: no longer part of the host's picture."""
+        """Threads that ended (after the apply of their batch): no longer part of the host's picture."""
 
     def stop(self) -> ApplyResult:
         """Put back everything this backend changed."""

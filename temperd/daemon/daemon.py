@@ -224,20 +224,21 @@ class Daemon:
         self._sizes = used[-1].sizes() if used else {}
         unchanged = changes is not None and layer_plan == self.plan
         self.match, self.plan = match, layer_plan
-        fresh = None
-        if changes is not None:
-            self.backend.forget_threads(_ended_threads(changes))
-            fresh = _new_threads(changes, snapshot)
-        if unchanged:
-            if not fresh:
-                return
-            result = self.backend.on_new_threads(fresh)
-        else:
-            # Events: the backend treats the new threads and those whose layer changed, unless
-            # more than the members changed; else every thread (a reload, a reconcile scan).
-            result = self.backend.apply(layer_plan, snapshot.threads, fresh)
-            if self.sampler is not None:
-                self.sampler.update_membership(layer_plan)
+        fresh = _new_threads(changes, snapshot) if changes is not None else None
+        try:
+            if unchanged:
+                if not fresh:
+                    return
+                result = self.backend.on_new_threads(fresh)
+            else:
+                # Events: the backend treats the new threads and those whose layer changed, unless
+                # more than the members changed; else every thread (a reload, a reconcile scan).
+                result = self.backend.apply(layer_plan, snapshot.threads, fresh)
+                if self.sampler is not None:
+                    self.sampler.update_membership(layer_plan)
+        finally:
+            if changes is not None:
+                self.backend.forget_threads(_ended_threads(changes))
         self.journal.applied(match, layer_plan, result, trigger)
         self.last_apply = result
         self.replans += 1

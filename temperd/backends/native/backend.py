@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set
 
 from temperd import paths
 from temperd.backends.native import sched
@@ -62,6 +62,7 @@ class NativeBackend:
         self.plan: Optional[LayerPlan] = None
         self.drift = DriftRecord()
         self._universe: Dict[ThreadKey, Any] = {}  # the host threads last seen
+        self._added: Set[ThreadKey] = set()  # threads new to the last call (forget_threads keeps them)
         self._recovered = False
         self.on_fallback: Optional[Callable[[str], None]] = None  # the interface's; never called: nothing to fall back to
 
@@ -101,6 +102,7 @@ class NativeBackend:
         threads = list(threads.values()) if isinstance(threads, Mapping) else list(threads)
         seen, self._universe = self._universe, {(t.tid, t.start_time): t for t in threads}
         new = {key for key in self._universe if key not in seen}
+        self._added = new
         self.treatment.is_kernel_thread.keep_only(self._universe)
         save = functools.partial(self._save, result)  # the state file, before each round of writes
         self.treatment.treat(threads, result, save, new)
@@ -145,6 +147,7 @@ class NativeBackend:
             if key not in self._universe:
                 new.add(key)
             self._universe[key] = thread
+        self._added = new
         self.treatment.treat(threads, result, functools.partial(self._save, result), new)
         if self.autogroup and self.treatment.membership is not None and self.autogroups.cache.changes_mix(
                 threads, self.treatment.layer_for, self.treatment.is_kernel_thread):
@@ -152,11 +155,23 @@ class NativeBackend:
         return self._finish(result)
 
     def forget_threads(self, tids: Iterable[int]) -> None:
-        """Drop ended threads from the host's picture between whole applies, so that the passes
-        over it (autogroups) stay the size of the host, not of every thread seen since the last."""
+        """Ended threads, between whole applies: out of the host's picture, so that the passes over
+        it (autogroups) stay the size of the host, and out of the ledger (their settings ended
+        with them), so that it does not grow with every thread a fork storm made. Called after
+        the apply of their batch: a thread created by one of them in that batch was treated with
+        its creator still on record."""
         gone = set(tids)
-        if gone:
-            self._universe = {key: t for key, t in self._universe.items() if key[0] not in gone}
+        if not gone:
+            self._added = set()
+            return
+        # A reused id names a new thread as well: the one the last call added stays.
+        ended = {key for key in self._universe if key[0] in gone and key not in self._added}
+        self._added = set()
+        self._universe = {key: t for key, t in self._universe.items() if key not in ended}
+        for key in ended:
+            rec = self.ledger.get(*key)
+            if rec is not None:
+                self.ledger.forget(rec)
 
     def stop(self) -> ApplyResult:
         """Restore everything temperd changed and remove the state file.
@@ -267,7 +282,7 @@ class NativeBackend:
                 result.notes.extend(mixed_note(name, session, self.idle_cgroup.why_not)
                                     for name, session in mixed.items())
             result.take_counts(IDLE_CGROUP, self.idle_cgroup.apply(
-                [t for session in mixed.values() for t in session.yielding], save))
+                [t for session in mixed.values() for t in session.yielding], save, verify=reread))
 
     def _finish(self, result: ApplyResult) -> ApplyResult:
         self._save(result)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Generic, List, Mapping, Optional, Tuple, TypeVar
+from typing import Any, Callable, Container, Dict, Generic, List, Mapping, Optional, Tuple, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -96,15 +96,19 @@ class HeldSettings(Generic[K, V]):
     def kind(self) -> str:
         return self.setting.kind
 
-    def hold(self, desired: Mapping[K, V], before_write: Optional[Callable[[], None]] = None) -> HostSettingResult:
+    def hold(self, desired: Mapping[K, V], before_write: Optional[Callable[[], None]] = None,
+             trusted: Container[K] = ()) -> HostSettingResult:
         """Make `desired` hold, and restore what is held but no longer desired.
 
         before_write is called once, after the originals and intended values are recorded and
-        before the first write (the caller saves its state file there)."""
+        before the first write (the caller saves its state file there). trusted: keys whose value
+        temperd wrote is taken as current without reading it (drift is found at the next call
+        that does not trust them)."""
         result = HostSettingResult()
         for key in sorted(set(self.written) - set(desired)):
             self._restore(key, result)
-        pending = self._intend(desired, result)
+        pending = self._intend({k: v for k, v in desired.items()
+                                if not (k in trusted and self.written.get(k) == v and k not in self.drifted)}, result)
         if pending and before_write is not None:
             before_write()
         for key, value, previous in pending:

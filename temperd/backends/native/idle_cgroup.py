@@ -114,9 +114,11 @@ class IdleCgroup(HeldSettings[Key, str]):
     def supported(self) -> bool:
         return not self.why_not
 
-    def apply(self, threads: Iterable, before_write=None) -> HostSettingResult:
+    def apply(self, threads: Iterable, before_write=None, verify: bool = True) -> HostSettingResult:
         """Hold these threads (with tid, start_time) in the idle cgroup, where they sit in the
-        hierarchy's root or in it already; everything else temperd holds there goes back."""
+        hierarchy's root or in it already; everything else temperd holds there goes back.
+        verify False (between whole applies): a thread temperd already holds there is not read
+        again (each costs two /proc reads, and a fork storm's batches come ten a second)."""
         result = HostSettingResult()
         if not self.supported:
             return result
@@ -124,8 +126,13 @@ class IdleCgroup(HeldSettings[Key, str]):
         if threads and not self._ensure(result):
             return result
         desired = {}
+        trusted = set()
         for thread in threads:
             key = (thread.tid, thread.start_time)
+            if not verify and self.written.get(key) == self.path and key not in self.drifted:
+                desired[key] = self.path
+                trusted.add(key)
+                continue
             current = self._read_quietly(key)
             if current == self.path:
                 self._as_moved(key)  # inherited from a thread temperd moved
@@ -133,7 +140,7 @@ class IdleCgroup(HeldSettings[Key, str]):
                 desired[key] = self.path
         for key in self._inherited_strays(desired):
             self._as_moved(key)
-        return self.hold(desired, before_write)
+        return self.hold(desired, before_write, trusted)
 
     def restore_all(self) -> HostSettingResult:
         result = super().restore_all()

@@ -52,45 +52,81 @@ def _is_original(kind: str, original: Original, current: Any, online: FrozenSet[
     return current == original.value(kind)
 
 
-def _creator(ledger: RestoreLedger, candidates: List[ThreadRecord], kind: str, current: Any,
-             online: FrozenSet[int], unwritten: Mapping[ThreadKey, Container[str]]) -> Optional[ThreadRecord]:
-    for cand in candidates:
-        if (kind in cand.applied and kind not in unwritten.get(cand.key, ())
-                and ledger.matches(cand, kind, current, online)):
-            return cand
-    return None
+class Creators:
+    """The threads that may have created a new one, found by value: each process's held threads
+    indexed by what temperd wrote of each kind, leader first, then by tid. One is made per pass
+    over new threads (a fork storm in a process with hundreds of treated threads then costs a
+    lookup per new thread, not a pass over them all); `forget` a process whose records change."""
+
+    def __init__(self, ledger: RestoreLedger, online: FrozenSet[int]):
+        self.ledger = ledger
+        self.online = online
+        self._index: Dict[int, Dict[str, Dict[Any, List[ThreadRecord]]]] = {}
+
+    def forget(self, pid: int) -> None:
+        self._index.pop(pid, None)
+
+    def find(self, pid: int, thread: Any, kind: str, current: Any,
+             unwritten: Mapping[ThreadKey, Container[str]]) -> Optional[ThreadRecord]:
+        """The first thread of `pid` that carried temperd's `current` value of `kind` when `thread` started."""
+        index = self._index.get(pid)
+        if index is None:
+            index = self._index[pid] = self._build(pid)
+        for cand in index.get(kind, {}).get(_current_key(kind, current), ()):
+            if (cand.tid != thread.tid and (cand.since or cand.start_time) <= thread.start_time
+                    and self.ledger.records.get(cand.key) is cand and kind in cand.applied
+                    and kind not in unwritten.get(cand.key, ())
+                    and self.ledger.matches(cand, kind, current, self.online)):
+                return cand
+        return None
+
+    def _build(self, pid: int) -> Dict[str, Dict[Any, List[ThreadRecord]]]:
+        index: Dict[str, Dict[Any, List[ThreadRecord]]] = {}
+        for rec in sorted(self.ledger.by_pid(pid), key=lambda r: (r.tid != r.pid, r.tid)):
+            for kind, value in rec.applied.items():
+                index.setdefault(kind, {}).setdefault(_applied_key(kind, value, self.online), []).append(rec)
+        return index
 
 
-def _candidates(ledger: RestoreLedger, pid: int, thread: Any) -> List[ThreadRecord]:
-    """Threads of process `pid` that carried temperd's treatment when `thread` started, leader first."""
-    out = [r for r in ledger.by_pid(pid) if r.tid != thread.tid and (r.since or r.start_time) <= thread.start_time]
-    out.sort(key=lambda r: (r.tid != r.pid, r.tid))
-    return out
+def _applied_key(kind: str, value: Any, online: FrozenSet[int]) -> Any:
+    """What the kernel reports for a value temperd wrote (RestoreLedger.matches' terms)."""
+    if kind == AFFINITY:
+        return frozenset(value) & online
+    if kind == SLICE:
+        return effective_slice(value)
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _current_key(kind: str, current: Any) -> Any:
+    if kind == AFFINITY:
+        return frozenset(current)
+    return tuple(current) if isinstance(current, list) else current
 
 
 def uninherited(ledger: RestoreLedger, thread: Any, original: Original, current: Dict[str, Any],
                 online: FrozenSet[int], parent_of: Optional[ParentOf] = None,
-                unwritten: Optional[Mapping[ThreadKey, Container[str]]] = None) -> Tuple[Original, Dict[str, Any]]:
+                unwritten: Optional[Mapping[ThreadKey, Container[str]]] = None,
+                creators: Optional[Creators] = None) -> Tuple[Original, Dict[str, Any]]:
     """A new thread or process starts with its creator's settings, which may be temperd's treatment:
     where a setting equals what temperd wrote on a thread of the same process (else of the parent
     process), the creator's original is the new thread's original.
 
     Returns the original and the settings inherited from temperd's treatment (kind -> the value
     temperd wrote on the creator), which the caller records as written by temperd. `unwritten`:
-    the settings of records that are intents not yet carried out (nobody inherited those)."""
+    the settings of records that are intents not yet carried out (nobody inherited those).
+    `creators`: the index of one pass over new threads (made here when not given)."""
     unwritten = unwritten if unwritten is not None else {}
-    same = _candidates(ledger, thread.pid, thread)
-    parent: Optional[List[ThreadRecord]] = None
+    creators = creators if creators is not None else Creators(ledger, online)
+    ppid: Optional[int] = None
     values = {AFFINITY: original.affinity, POLICY: (original.policy, original.priority), NICE: original.nice,
               SLICE: original.slice_ns}
     inherited: Dict[str, Any] = {}
     for kind in THREAD_KINDS:
-        cand = _creator(ledger, same, kind, current[kind], online, unwritten)
+        cand = creators.find(thread.pid, thread, kind, current[kind], unwritten)
         if cand is None:
-            if parent is None:
-                ppid = (parent_of or Parents())(thread.pid)
-                parent = _candidates(ledger, ppid, thread) if ppid else []
-            cand = _creator(ledger, parent, kind, current[kind], online, unwritten)
+            if ppid is None:
+                ppid = (parent_of or Parents())(thread.pid) or 0
+            cand = creators.find(ppid, thread, kind, current[kind], unwritten) if ppid else None
         if cand is None:
             continue
         values[kind] = ((cand.original.policy, cand.original.priority) if kind == POLICY

@@ -78,6 +78,15 @@ class Membership:
             for tid in layer.selector.tids:
                 self.by_tid.setdefault(tid, layer)
         self.rule_layers = [l for l in plan.layers if l.selector.pids or l.selector.cgroup]
+        # Rule layers by the pids they name (a plan has a layer per workload and group: under a
+        # fork storm hundreds), and those that name a cgroup; each with its place in the plan.
+        self._by_pid: Dict[int, List[Tuple[int, Layer]]] = {}
+        self._by_cgroup: List[Tuple[int, Layer]] = []
+        for place, layer in enumerate(self.rule_layers):
+            for pid in layer.selector.pids:
+                self._by_pid.setdefault(pid, []).append((place, layer))
+            if layer.selector.cgroup:
+                self._by_cgroup.append((place, layer))
         self._titles: Dict[int, str] = {}
         self._cgroups: Dict[int, Tuple[Optional[str], Optional[str]]] = {}
 
@@ -97,16 +106,19 @@ class Membership:
             self._cgroups[pid] = (paths.unified, paths.systemd) if paths else (None, None)
         return self._cgroups[pid]
 
-    def _in_workload(self, layer: Layer, pid: int) -> bool:
-        if pid in layer.selector.pids:
-            return True
-        return bool(layer.selector.cgroup) and layer.selector.cgroup in self._cgroup(pid)
+    def _workload_layers(self, pid: int) -> List[Layer]:
+        """The rule layers whose workload holds this process (its pid, or its cgroup), in plan order."""
+        found = dict(self._by_pid.get(pid, ()))
+        if self._by_cgroup:
+            cgroups = self._cgroup(pid)
+            found.update((place, layer) for place, layer in self._by_cgroup if layer.selector.cgroup in cgroups)
+        return [found[place] for place in sorted(found)]
 
     def layer_for(self, thread: Any) -> Optional[Layer]:
         layer = self.by_tid.get(thread.tid)
         if layer is not None:
             return layer
-        candidates = [l for l in self.rule_layers if self._in_workload(l, thread.pid)]
+        candidates = self._workload_layers(thread.pid)
         for layer in candidates:
             sel = layer.selector
             if any(glob_match(p, thread.comm) for p in sel.comm_patterns):

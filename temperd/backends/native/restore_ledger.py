@@ -333,11 +333,14 @@ class RestoreLedger:
             self.delete()
             return
         state = self.as_json()
-        content = json.dumps({k: v for k, v in state.items() if k not in ("writer_pid", "written_at")}, sort_keys=True)
+        stamp = {k: state.pop(k) for k in ("writer_pid", "written_at")}
+        # Compact JSON: json's C encoder (an indented dump runs in Python, a cost per record on
+        # every write, and a fork storm writes every batch).
+        content = json.dumps(state, sort_keys=True)
         if content == self._written and os.path.exists(self.path):
             return  # unchanged: no write and fsync per batch of process events on a busy host
         os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
-        write_atomically(self.path, json.dumps(state, indent=1, sort_keys=True), mode=0o600, sync_dir=True)
+        write_atomically(self.path, json.dumps({**state, **stamp}, sort_keys=True), mode=0o600, sync_dir=True)
         self._written = content
 
     def delete(self) -> None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from temperd.backends.native import sched
-from temperd.backends.native.inheritance import Parents, uninherited
+from temperd.backends.native.inheritance import Creators, Parents, uninherited
 from temperd.backends.native.membership import KernelThreads, Membership, ThreadKey
 from temperd.backends.native.restore_ledger import (AFFINITY, NICE, POLICY, SLICE, THREAD_KINDS, Original,
                                                     RestoreLedger, ThreadRecord, thread_values)
@@ -138,6 +138,7 @@ class ThreadTreatment:
         self._held_pids: Set[int] = set()
         self._intents: Dict[ThreadKey, Set[str]] = {}
         self._parents = Parents()
+        self._creators: Optional[Creators] = None
 
     def set_plan(self, plan: LayerPlan, changed: bool, result: ApplyResult) -> None:
         if changed:
@@ -180,6 +181,7 @@ class ThreadTreatment:
         self._held_pids = self.ledger.pids()
         self._intents = {}
         self._parents = Parents()
+        self._creators = Creators(self.ledger, online)
         for thread in threads:
             try:
                 change = self._plan_thread(thread, online, result, stuck)
@@ -236,7 +238,7 @@ class ThreadTreatment:
             if not kthread and self._is_new(key):
                 # Kernel threads are not created with their creator's settings (kthreadd's included).
                 original, inherited = uninherited(self.ledger, thread, original, current, online, self._parents,
-                                                  self._intents)
+                                                  self._intents, self._creators)
         want = wanted_settings(layer, frozenset(original.affinity), state.policy, self.exclusive)
         want = within_limits(thread, kthread, want, state.policy, self.exclusive, result, stuck)
         if rec is None:
@@ -246,6 +248,8 @@ class ThreadTreatment:
                                      since=thread.start_time if inherited else None)
             rec.applied.update(inherited)  # temperd's treatment, come by inheritance: held (and undone) as such
             self._held_pids.add(thread.pid)
+            if self._creators is not None:
+                self._creators.forget(thread.pid)  # a creator of threads later in this pass
         rec.comm = thread.comm
         return self._changes(rec, want, current, online, result)
 
