@@ -202,6 +202,28 @@ def test_a_plan_that_changes_only_its_members_reads_only_the_threads_that_moved(
     assert set(read) >= set(threads) - {late, net} - set(job.tids()) - set(batch.tids())
 
 
+def test_ended_threads_leave_the_ledger_and_a_reused_id_keeps_its_new_thread(tmp_path, children, backends, server):
+    """Between whole applies the ledger would otherwise grow with every thread a fork storm made."""
+    srv, job, batch, other = server
+    backend = backends(tmp_path)
+    backend.apply(full_plan(srv, job, batch), universe(*server, kthreads=False))
+    job_tids = job.tids()
+    assert len(backend.ledger.by_pid(job.pid)) == len(job_tids)
+    job.proc.kill()
+    job.proc.wait(10)
+    backend.forget_threads(job_tids)
+    assert backend.ledger.by_pid(job.pid) == []
+    # A tid that ended and names a new thread in the same batch: the new one stays held.
+    net = srv.threads["net-io"]
+    old = backend.ledger.get(net, next(t.start_time for t in universe(srv, kthreads=False) if t.tid == net))
+    reborn = dataclasses.replace(next(t for t in universe(srv, kthreads=False) if t.tid == net),
+                                 start_time=old.start_time + 1)
+    backend.on_new_threads([reborn])
+    backend.forget_threads([net])
+    assert backend.ledger.get(net, old.start_time) is None
+    assert backend.ledger.get(net, reborn.start_time) is not None
+
+
 def test_thread_inherits_treatment_but_keeps_true_original(tmp_path, children, backends):
     srv = children.spawn(["hot-0"])
     backend = backends(tmp_path)
