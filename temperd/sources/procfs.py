@@ -293,6 +293,15 @@ def read_cpu_times() -> Tuple[int, ...]:
     return tuple(int(x) for x in fields[1:9])
 
 
+def read_boot_time() -> float:
+    """When the host booted, in seconds since the epoch (/proc/stat btime); 0 where unknown."""
+    data = read_bytes(f"{PROC}/stat", 65536) or b""
+    for line in data.split(b"\n"):
+        if line.startswith(b"btime "):
+            return float(line.split()[1])
+    return 0.0
+
+
 def read_children(pid: int) -> List[int]:
     """The children of a process's leader thread (none where it is gone)."""
     found = read_bytes(f"{PROC}/{pid}/task/{pid}/children") or b""

@@ -529,21 +529,13 @@ def _read_available(fd: int) -> bytes:
 # ---- leftovers -----------------------------------------------------------------------------------
 
 
-def _boot_time() -> float:
-    with open("/proc/stat") as handle:
-        for line in handle:
-            if line.startswith("btime "):
-                return float(line.split()[1])
-    return 0.0
-
-
 def _creator_alive(pid: int, created_at: float) -> bool:
     """The pid in an instance name still runs the process that made it: alive, and started
     before the instance was created (a newer process with that pid is a reuse)."""
     stat = procfs.read_task_stat(pid, pid)
     if stat is None:
         return False
-    started_at = _boot_time() + stat.start_time / procfs.CLOCK_TICKS
+    started_at = procfs.read_boot_time() + stat.start_time / procfs.CLOCK_TICKS
     return started_at <= created_at + 1.0
 
 
