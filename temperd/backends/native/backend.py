@@ -63,6 +63,7 @@ class NativeBackend:
         self.drift = DriftRecord()
         self._universe: Dict[ThreadKey, Any] = {}  # the host threads last seen
         self._added: Set[ThreadKey] = set()  # threads new to the last call (forget_threads keeps them)
+        self._saved_records = 0  # records in the ledger at the last save
         self._recovered = False
         self.on_fallback: Optional[Callable[[str], None]] = None  # the interface's; never called: nothing to fall back to
 
@@ -152,7 +153,12 @@ class NativeBackend:
         if self.autogroup and self.treatment.membership is not None and self.autogroups.cache.changes_mix(
                 threads, self.treatment.layer_for, self.treatment.is_kernel_thread):
             self._apply_autogroups(result, reread=False)  # a new thread or process changed a session's mix
-        return self._finish(result)
+        # The state file was written before the first change of this call (treat's before_write);
+        # written again only where the writes did not go as recorded or records came or went
+        # without a write (each write serialises the whole ledger, and events come ten batches a second).
+        settled = (result.failed or result.restored or result.gone or result.drift
+                   or len(self.ledger.records) != self._saved_records)
+        return self._finish(result, save=bool(settled))
 
     def forget_threads(self, tids: Iterable[int]) -> None:
         """Ended threads, between whole applies: out of the host's picture, so that the passes over
@@ -284,14 +290,16 @@ class NativeBackend:
             result.take_counts(IDLE_CGROUP, self.idle_cgroup.apply(
                 [t for session in mixed.values() for t in session.yielding], save, verify=reread))
 
-    def _finish(self, result: ApplyResult) -> ApplyResult:
-        self._save(result)
+    def _finish(self, result: ApplyResult, save: bool = True) -> ApplyResult:
+        if save:
+            self._save(result)
         result.threads_treated = sum(1 for rec in self.ledger.records.values() if rec.applied)
         self.drift.add(result.drift)
         return result
 
     def _save(self, result: ApplyResult) -> None:
         """Write the state file: the threads' records and each held setting's section."""
+        self._saved_records = len(self.ledger.records)
         for held in self._held():
             self.ledger.extras[held.kind] = held.state()
         try:
