@@ -37,6 +37,7 @@ from temperd.daemon.notify import Notifier
 from temperd.daemon.reload import ReloadResult, ViewLoader, restart_only_changes, summary_of
 from temperd.daemon.services import Services
 from temperd.decide.hostview import HostView, decide, make_matcher
+from temperd.decide.planner import PlanMemo
 from temperd.decide.matcher import Matcher, MatchResult, RuntimeBinding
 from temperd.observe.journal import Journal
 from temperd.observe.metrics import Metrics
@@ -80,6 +81,7 @@ class Daemon:
         self.runtime_bindings: Dict[int, RuntimeBinding] = {}  # temperctl bind: until unbind, exit or stop
         self.match = MatchResult()
         self.plan: Optional[LayerPlan] = None
+        self.plan_memo = PlanMemo()
         self.last_reload: Optional[ReloadResult] = None
         self.backend_choice: Optional[BackendChoice] = None
         self.backend: Optional[Backend] = None
@@ -144,6 +146,7 @@ class Daemon:
             log.info("temperd %s running: %s", __version__, self.status_line())
 
     def _make_matcher(self, view: HostView) -> Matcher:
+        self.plan_memo = PlanMemo()  # its layers are the old matcher's workloads' and profiles'
         matcher = make_matcher(view)
         matcher.set_runtime_bindings(self.runtime_bindings)  # bindings outlive a reload
         return matcher
@@ -220,7 +223,8 @@ class Daemon:
             used.append(self._sizing(workloads))
             return used[-1]
 
-        match, layer_plan = decide(self.view, self.matcher, snapshot.processes.values(), sizing)
+        match, layer_plan = decide(self.view, self.matcher, snapshot.processes.values(), sizing,
+                                   self.plan_memo)
         self._sizes = used[-1].sizes() if used else {}
         unchanged = changes is not None and layer_plan == self.plan
         self.match, self.plan = match, layer_plan

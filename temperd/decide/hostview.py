@@ -7,14 +7,14 @@ CLI shows is what the daemon would do.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, List, Sequence, Tuple
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 from temperd.config.daemon_config import (DEFAULT_CONFIG_DIR, DaemonConfig, check_binding_profiles, load_config)
 from temperd.config.errors import ConfigError, ConfigProblem
 from temperd.decide.trust import trust_policy
 from temperd.decide.matcher import Matcher, MatchResult, Workload
 from temperd.plan import LayerPlan
-from temperd.decide.planner import PlannerSettings, plan
+from temperd.decide.planner import PlanMemo, PlannerSettings, plan
 from temperd.decide.sizing import NO_SIZING, Sizing
 from temperd.config.profileset import HostShape, ProfileSet, load_profile_set
 from temperd.sources.shape import SYSFS_ROOT, MachineShape, read_shape
@@ -52,11 +52,14 @@ def planner_settings(config: DaemonConfig) -> PlannerSettings:
 
 
 def decide(view: HostView, matcher: Matcher, processes: Iterable,
-           sizing: Callable[[Sequence[Workload]], Sizing] = lambda workloads: NO_SIZING) -> Tuple[MatchResult, LayerPlan]:
-    """sizing(workloads): what the matched workloads' exclusive groups were measured to use."""
+           sizing: Callable[[Sequence[Workload]], Sizing] = lambda workloads: NO_SIZING,
+           memo: Optional[PlanMemo] = None) -> Tuple[MatchResult, LayerPlan]:
+    """sizing(workloads): what the matched workloads' exclusive groups were measured to use.
+    memo: the daemon's, kept from one replan to the next (one per matcher: a reload makes both anew)."""
     match = matcher.match(processes)
     profiles = {**view.profiles.active, **matcher.runtime_profiles()}
-    return match, plan(view.shape, match.workloads, profiles, planner_settings(view.config), sizing(match.workloads))
+    return match, plan(view.shape, match.workloads, profiles, planner_settings(view.config), sizing(match.workloads),
+                       memo)
 
 
 __all__ = ["ConfigError", "HostView", "decide", "load_host_view", "make_matcher", "planner_settings"]

@@ -169,8 +169,10 @@ class Matcher:
         self.profiles = dict(profiles)
         self._ordered = [self.profiles[k] for k in sorted(self.profiles)]
         self._decisions: Dict[tuple, Optional[_ProcessDecision]] = {}
+        self._decided: Dict[int, tuple] = {}  # pid -> (the facts, their binding, the decision) last decided
         self._last_runtime: Dict[Tuple[int, int], int] = {}
         self._built: Dict[str, _BuiltWorkload] = {}  # workload key -> the last match's workload
+        self._selections: Dict[Tuple[int, str, str], Tuple[Profile, Optional[Tuple[str, str]]]] = {}
         self.runtime_bindings: Dict[int, RuntimeBinding] = {}  # pid -> binding (temperctl bind)
         self._bound: Dict[int, RuntimeBinding] = {}  # pid -> the binding of it or an ancestor, this match
 
@@ -188,8 +190,12 @@ class Matcher:
         it depends on are the key, so an exec, a new title or a cgroup move decides again)."""
         if proc.is_kernel_thread:
             return None
+        bound = self._bound.get(proc.pid)
+        same = self._decided.get(proc.pid)
+        if same is not None and same[0] is proc and same[1] is bound:
+            return same[2]  # the very facts decided last time (the inventory's are immutable)
         key = (proc.pid, proc.start_time, proc.execs, proc.uid, proc.name, proc.exe, tuple(proc.cmdline or ()),
-               proc.unit, proc.cgroup, self._bound.get(proc.pid))
+               proc.unit, proc.cgroup, bound)
         if key not in self._decisions:
             decision = self._decide(proc)
             if decision is not None:
@@ -199,6 +205,8 @@ class Matcher:
                     log.info("pid %d (%s): matched (%s), not raised: %s", proc.pid, proc.name,
                              decision.reason, distrust)
             self._decisions[key] = decision
+        if isinstance(proc, ProcessFacts):
+            self._decided[proc.pid] = (proc, bound, self._decisions[key])
         return self._decisions[key]
 
     def _decide(self, proc) -> Optional[_ProcessDecision]:
@@ -241,9 +249,11 @@ class Matcher:
 
     def match(self, processes: Iterable) -> MatchResult:
         procs = {p.pid: p for p in processes}
-        live = {(p.pid, p.start_time) for p in procs.values()}
-        self._decisions = {k: v for k, v in self._decisions.items() if (k[0], k[1]) in live}
-        self._bound = _bound_processes(procs, self.runtime_bindings)
+        if len(self._decisions) > 2 * len(procs) + 64:  # ended processes' decisions, now and then
+            live = {(p.pid, p.start_time) for p in procs.values()}
+            self._decisions = {k: v for k, v in self._decisions.items() if (k[0], k[1]) in live}
+            self._decided = {pid: d for pid, d in self._decided.items() if pid in procs}
+        self._bound = _bound_processes(procs, self.runtime_bindings) if self.runtime_bindings else {}
         decisions = {}
         for pid, proc in procs.items():
             decision = self.decide(proc)
@@ -341,16 +351,31 @@ class Matcher:
 
     # ---- threads into groups -----------------------------------------------------------------
 
+    def _selected(self, profile: Profile, comm: str, title: str) -> Optional[Tuple[str, str]]:
+        """(group, reason) of the first group whose names or titles select a thread, or None;
+        remembered, since a changed workload's unchanged threads are asked again."""
+        key = (id(profile), comm, title)
+        found = self._selections.get(key)
+        if found is None or found[0] is not profile:
+            answer = None
+            for group in profile.thread_groups:
+                why = selector_reason(group, comm, title)
+                if why:
+                    answer = (group.name, why)
+                    break
+            if len(self._selections) >= _SELECTED_MAX:
+                self._selections.clear()
+            found = self._selections[key] = (profile, answer)
+        return found[1]
+
     def _assign(self, profile: Profile, proc, seen_runtime, distrust: Optional[str] = None) -> List[ThreadMatch]:
         threads = _threads(proc)
         title = _cmdline_text(proc)
         out: Dict[int, ThreadMatch] = {}
         for thread in threads:
-            for group in profile.thread_groups:
-                why = selector_reason(group, thread.comm, title)
-                if why:
-                    out[thread.tid] = ThreadMatch(thread.tid, proc.pid, thread.comm, group.name, why)
-                    break
+            selected = self._selected(profile, thread.comm, title)
+            if selected is not None:
+                out[thread.tid] = ThreadMatch(thread.tid, proc.pid, thread.comm, *selected)
         # "Busiest" is by recent runtime: the growth since the previous match, else the total.
         recent = {}
         for thread in threads:
@@ -397,6 +422,9 @@ def _shown_exe(proc: ProcessFacts) -> str:
     if proc.exe:
         return proc.exe
     return "not readable (permission denied)" if "exe" in proc.unreadable else "-"
+
+
+_SELECTED_MAX = 65536  # remembered (profile, name, title) answers; forgotten all at once beyond
 
 
 def _reusable(procs: Sequence, profile: Optional[Profile]) -> bool:

@@ -17,6 +17,7 @@ Sizing rules (temper-profile(5), "cpu_fraction"):
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ def exclusive_cores(budget: float, cpu_fraction: float) -> int:
     return max(1, math.ceil(round(budget * cpu_fraction, 6)))
 
 
+@functools.lru_cache(maxsize=8192)
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "w"
 
@@ -77,11 +79,38 @@ class _CoreAllocator:
         return tuple(sorted(cpus))
 
 
+class PlanMemo:
+    """The layers of the previous plan that need no CPUs of their own (Open: latency and yield
+    groups), by the workload object they were made for: the matcher hands back the same object
+    for a workload nothing changed in, so a replan after a foreign event rebuilds none of them.
+    Only a cache: a plan is the same with or without one."""
+
+    def __init__(self) -> None:
+        self._layers: Dict[Tuple[int, str, str], Tuple[Workload, ThreadGroup, Layer]] = {}
+        self._kept: Dict[Tuple[int, str, str], Tuple[Workload, ThreadGroup, Layer]] = {}
+
+    def get(self, workload: Workload, group: ThreadGroup, name: str) -> Optional[Layer]:
+        key = (id(workload), group.name, name)
+        entry = self._layers.get(key)
+        if entry is None or entry[0] is not workload or entry[1] is not group:
+            return None
+        self._kept[key] = entry
+        return entry[2]
+
+    def put(self, workload: Workload, group: ThreadGroup, layer: Layer) -> None:
+        self._kept[(id(workload), group.name, layer.name)] = (workload, group, layer)
+
+    def turn(self) -> None:
+        """One plan done: what it did not use is dropped."""
+        self._layers, self._kept = self._kept, {}
+
+
 def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
-         settings: PlannerSettings = PlannerSettings(), sizing: Sizing = NO_SIZING) -> LayerPlan:
+         settings: PlannerSettings = PlannerSettings(), sizing: Sizing = NO_SIZING,
+         memo: Optional[PlanMemo] = None) -> LayerPlan:
     """sizing: what the exclusive groups' threads were measured to use, and the size each was
     given by the previous plan (decide/sizing.py); without it, exclusive groups are sized from
-    their budgets."""
+    their budgets. memo: the previous plan's Open layers (PlanMemo), or None."""
     alloc = _CoreAllocator(shape, settings.reserve_cpus)
     reserve = tuple(sorted(cpu for core in alloc.cores[: alloc.reserve_cores] for cpu in core))
     decisions = [f"reserve for everything else: CPUs {_cpus(reserve)} ({alloc.reserve_cores} whole core(s) "
@@ -117,9 +146,17 @@ def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
                 layers.append(_background_layer(workload, tier_weight, unique))
             continue
         for group in profile.thread_groups:
-            layer = _group_layer(workload, group, alloc, unique, decisions, sizing)
+            name = unique(f"{_slug(workload.key)}.{group.name}")
+            reusable = memo is not None and group.treatment != EXCLUSIVE
+            layer = memo.get(workload, group, name) if reusable else None
+            if layer is None:
+                layer = _group_layer(workload, group, alloc, name, decisions, sizing)
+                if reusable and layer is not None and layer.kind == OPEN:
+                    memo.put(workload, group, layer)
             if layer is not None:
                 layers.append(layer)
+    if memo is not None:
+        memo.turn()
     return LayerPlan(layers=tuple(layers), reserve_cpus=reserve, decisions=tuple(decisions),
                      errors=tuple(errors), cgroup_weights=tuple(weights))
 
@@ -135,10 +172,9 @@ def _selector(workload: Workload, group: Optional[ThreadGroup], tids: Tuple[int,
     )
 
 
-def _group_layer(workload: Workload, group: ThreadGroup, alloc: _CoreAllocator, unique, decisions: List[str],
+def _group_layer(workload: Workload, group: ThreadGroup, alloc: _CoreAllocator, name: str, decisions: List[str],
                  sizing: Sizing = NO_SIZING) -> Optional[Layer]:
     members = workload.members(group.name)
-    name = unique(f"{_slug(workload.key)}.{group.name}")
     where = f"{workload.key} group {group.name}"
     if not members:
         decisions.append(f"{where}: no member threads now, no layer")
