@@ -7,9 +7,11 @@ seconds: threads named `chw-N` (a yield group of its profile selects them), thre
 Each thread, after being created or renamed, checks its own policy at 2, 5, 10, 20, 50, 100,
 200, 500, 1000 and 2000 ms; the generator checks each process's the same way. "Treated within"
 is the first check that saw SCHED_BATCH, so latencies have that resolution. The daemon's CPU and
-RSS are read from /proc before and after, its event overflows from /metrics.
+RSS are read from /proc before and after, the process events it received and its event
+overflows from /metrics: CPU per process event is the event path's cost. --py-spy OUT samples
+the daemon during the churn and prints where its time went.
 
-    sudo .venv/bin/python bench/churn.py [--rate 300] [--duration 60] [--json]
+    sudo .venv/bin/python bench/churn.py [--rate 300] [--duration 60] [--json] [--py-spy OUT]
 """
 
 from __future__ import annotations
@@ -173,16 +175,23 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def overflows(port: int) -> Optional[float]:
+def inventory_counts(port: int) -> Dict[str, Optional[float]]:
+    """Process events received and event-buffer overflows since start, from /metrics (updated at
+    each observation sample, every 5 s)."""
+    found: Dict[str, Optional[float]] = {"temperd_inventory_events": None, "temperd_inventory_event_overflows": None}
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
             text = reply.read().decode()
     except OSError:
-        return None
+        return found
     for family in text_string_to_metric_families(text):
-        if family.name == "temperd_inventory_event_overflows":
-            return sum(sample.value for sample in family.samples)
-    return None
+        if family.name in found:
+            found[family.name] = sum(sample.value for sample in family.samples)
+    return found
+
+
+def _grown(before: Dict[str, Optional[float]], after: Dict[str, Optional[float]], name: str) -> Optional[float]:
+    return None if before[name] is None or after[name] is None else after[name] - before[name]
 
 
 def percentile(values: List[int], q: float) -> Optional[int]:
@@ -211,7 +220,7 @@ def main() -> int:
     profiles = {"churn.toml": THREAD_PROFILE, "churn-proc.toml": PROCESS_PROFILE}
     with running_temperd(profiles=profiles, http_port=port) as daemon:
         time.sleep(1.0)
-        ticks0, rss0, lost0 = daemon.cpu_ticks(), rss_kib(daemon.pid), overflows(port)
+        ticks0, rss0, counts0 = daemon.cpu_ticks(), rss_kib(daemon.pid), inventory_counts(port)
         monitor = HostMonitor()
         monitor.start()
         spy = py_spy_record(daemon.pid, args.duration, args.py_spy) if args.py_spy else None
@@ -221,7 +230,9 @@ def main() -> int:
                              timeout=args.duration + 60)
         wall = time.monotonic() - t0
         window = monitor.stop()
-        ticks1, rss1, lost1 = daemon.cpu_ticks(), rss_kib(daemon.pid), overflows(port)
+        ticks1, rss1 = daemon.cpu_ticks(), rss_kib(daemon.pid)
+        time.sleep(5.5)  # one more observation sample: /metrics counts the window's last events
+        ticks2, counts1 = daemon.cpu_ticks(), inventory_counts(port)
         alive = daemon.alive()
         if spy is not None:
             spy.wait(timeout=60)
@@ -238,11 +249,18 @@ def main() -> int:
             "kind": kind, "requested_per_s": args.rate, "achieved_per_s": gen["counts"][kind] / gen["elapsed_s"],
             "created": gen["counts"][kind], "checked": len(seen), "treated_share": len(treated) / max(1, len(seen)),
             "p50_ms": percentile(treated, 0.5), "p99_ms": percentile(treated, 0.99)})
+    cpu_s = (ticks1 - ticks0) / hz
+    events = _grown(counts0, counts1, "temperd_inventory_events")
+    cpu_to_count_s = (ticks2 - ticks0) / hz  # over the same span as the events counted
+    made = sum(gen["counts"].values())
     summary = {
         "host": host_description(), "duration_s": args.duration,
-        "daemon_cpu_pct_of_core": 100.0 * (ticks1 - ticks0) / hz / wall,
+        "daemon_cpu_pct_of_core": 100.0 * cpu_s / wall,
+        "daemon_cpu_ms_per_event": 1000.0 * cpu_to_count_s / events if events else None,
+        "daemon_cpu_ms_per_creation": 1000.0 * cpu_to_count_s / made if made else None,
+        "process_events": events,
         "daemon_rss_kib_before": rss0, "daemon_rss_kib_after": rss1,
-        "event_overflows": None if lost0 is None or lost1 is None else lost1 - lost0,
+        "event_overflows": _grown(counts0, counts1, "temperd_inventory_event_overflows"),
         "daemon_survived": alive,
         "host_idle_pct": window.idle_pct, "host_steal_pct": window.steal_pct,
         "foreign_cpu_pct_of_core": window.foreign_core_pct, "foreign_top": window.foreign_top,
@@ -261,6 +279,10 @@ def main() -> int:
     print(f"daemon: {summary['daemon_cpu_pct_of_core']:.1f} % of a core during the churn, RSS {rss0 / 1024:.1f} -> "
           f"{rss1 / 1024:.1f} MiB, event overflows {summary['event_overflows']}, "
           f"{'running' if alive else 'EXITED'} at the end")
+    per_event = summary["daemon_cpu_ms_per_event"]
+    print(f"daemon CPU per process event: {'-' if per_event is None else f'{per_event:.3f}'} ms "
+          f"({summary['process_events']:.0f} events); per thread, rename or process made: "
+          f"{summary['daemon_cpu_ms_per_creation'] or 0:.3f} ms")
     print(f"host: idle {window.idle_pct:.0f} %, steal {window.steal_pct:.1f} %, foreign CPU "
           f"{window.foreign_core_pct:.0f} % of a core ({window.foreign_top or 'none'})")
     if args.py_spy:
