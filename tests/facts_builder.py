@@ -17,6 +17,7 @@ import itertools
 from types import MappingProxyType
 from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from temperd.config.profile import Profile, parse_profile
 from temperd.sources.facts import OnDemand, ProcessFacts, ThreadFacts
 from temperd.sources.procfs import unit_from_cgroup
 
@@ -52,6 +53,13 @@ def process(pid: int, name: str, *, threads: Sequence[Union[str, ThreadFacts]] =
                         cgroup_systemd=None, unit=unit if unit is not None else unit_from_cgroup(cgroup),
                         is_kernel_thread=kernel, ppid=ppid, threads=MappingProxyType(built), uid=uid, execs=execs,
                         on_demand=OnDemand.known(environ, quotas))
+
+
+def profile(profile_id: str, fingerprint: str, *groups: str) -> Profile:
+    """A profile from its fingerprint's TOML lines and each thread group's."""
+    text = "\n".join([f'schema_version = 1\nid = "{profile_id}"\n[fingerprint]', fingerprint,
+                      *(f"[[thread_groups]]\n{group}" for group in groups)])
+    return parse_profile(text, f"{profile_id}.toml")
 
 
 class FactsHost:
@@ -106,4 +114,4 @@ class FactsHost:
         return tuple(sorted(t.tid for t in proc.threads.values() if t.comm.startswith(comm_prefix)))
 
 
-__all__ = ["ALL_CPUS", "FactsHost", "process", "thread"]
+__all__ = ["ALL_CPUS", "FactsHost", "process", "profile", "thread"]

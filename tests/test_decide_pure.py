@@ -3,65 +3,23 @@ memory (facts_builder), no root, no real process, nothing read from /proc."""
 
 import pytest
 
-from facts_builder import FactsHost
+from facts_builder import FactsHost, profile, thread
 from fixture_shapes import load_fixture_shape
 
 from temperd.config.daemon_config import DaemonConfig, parse_config
-from temperd.config.profile import parse_profile
 from temperd.decide.matcher import ENV_PROFILE, Matcher
 from temperd.decide.planner import PlannerSettings, plan
 from temperd.decide.trust import TrustPolicy
 from temperd.plan import CONFINED, GROUPED, OPEN, host_wide, moved_members
 
-DB = parse_profile("""
-schema_version = 1
-id = "db"
-[fingerprint]
-executables = ["/usr/sbin/dbd"]
-[[thread_groups]]
-name = "conn"
-thread_names = ["conn-*"]
-treatment = "exclusive"
-[[thread_groups]]
-name = "io"
-process_titles = ["^dbd: io"]
-treatment = "latency"
-nice = -5
-[[thread_groups]]
-name = "rest"
-catch_all = true
-treatment = "yield"
-yield_policy = "batch"
-nice = 5
-""", "db.toml")
-
-BUILD = parse_profile("""
-schema_version = 1
-id = "build"
-[fingerprint]
-process_names = ["cc1*"]
-cmdline = ["^make "]
-[[thread_groups]]
-name = "all"
-catch_all = true
-treatment = "yield"
-""", "build.toml")
-
-HOT = parse_profile("""
-schema_version = 1
-id = "hot"
-[fingerprint]
-process_names = ["hot"]
-[[thread_groups]]
-name = "compute"
-busiest = 1
-treatment = "exclusive"
-[[thread_groups]]
-name = "rest"
-catch_all = true
-treatment = "yield"
-""", "hot.toml")
-
+DB = profile("db", 'executables = ["/usr/sbin/dbd"]',
+              'name = "conn"\nthread_names = ["conn-*"]\ntreatment = "exclusive"',
+              'name = "io"\nprocess_titles = ["^dbd: io"]\ntreatment = "latency"\nnice = -5',
+              'name = "rest"\ncatch_all = true\ntreatment = "yield"\nyield_policy = "batch"\nnice = 5')
+BUILD = profile("build", 'process_names = ["cc1*"]\ncmdline = ["^make "]',
+                'name = "all"\ncatch_all = true\ntreatment = "yield"')
+HOT = profile("hot", 'process_names = ["hot"]', 'name = "compute"\nbusiest = 1\ntreatment = "exclusive"',
+              'name = "rest"\ncatch_all = true\ntreatment = "yield"')
 PROFILES = {p.id: p for p in (DB, BUILD, HOT)}
 TRUST = TrustPolicy(uid_min=1000)
 SHAPE = load_fixture_shape("gcp-c2-standard-8")
@@ -165,7 +123,6 @@ def test_busiest_takes_the_thread_whose_runtime_grew_most():
     m.match(host.processes)
     threads = {tid: t for tid, t in proc.threads.items()}
     w1, w2 = host.tids(proc, "w1")[0], host.tids(proc, "w2")[0]
-    from facts_builder import thread
     threads[w1] = thread(w1, "w1", pid=proc.pid, runtime_ns=10_000_000)
     threads[w2] = thread(w2, "w2", pid=proc.pid, runtime_ns=90_000_000)
     host.replace(proc, threads=threads)
