@@ -184,7 +184,7 @@ def test_a_plan_that_changes_only_its_members_reads_only_the_threads_that_moved(
     late = batch.spawn("bt-late")
     net = srv.threads["net-io"]
     grown = LayerPlan(layers=(plan.layer("srv.hot"), dataclasses.replace(plan.layer("srv.net"), selector=dataclasses.replace(
-        plan.layer("srv.net").selector, tids=())), plan.layer("job.bg"),
+        plan.layer("srv.net").selector, tids=(), comm_patterns=())), plan.layer("job.bg"),
         dataclasses.replace(plan.layer("batch.bt"), selector=dataclasses.replace(
             plan.layer("batch.bt").selector, tids=tuple(batch.tids())))), reserve_cpus=(0,))
     read = []
@@ -219,7 +219,7 @@ def test_ended_threads_leave_the_ledger_and_a_reused_id_keeps_its_new_thread(tmp
     reborn = dataclasses.replace(next(t for t in universe(srv, kthreads=False) if t.tid == net),
                                  start_time=old.start_time + 1)
     backend.on_new_threads([reborn])
-    backend.forget_threads([net])
+    backend.forget_threads([net], {net: reborn})
     assert backend.ledger.get(net, old.start_time) is None
     assert backend.ledger.get(net, reborn.start_time) is not None
 

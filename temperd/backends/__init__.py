@@ -9,7 +9,7 @@ into the daemon beyond asking its main loop for a replan.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Mapping, Optional
 
 from temperd.backends.result import ApplyResult
 from temperd.backends.status import BackendStatus
@@ -42,8 +42,9 @@ class Backend(Protocol):
     def on_new_threads(self, threads: Iterable) -> ApplyResult:
         """Threads that appeared under an unchanged plan."""
 
-    def forget_threads(self, tids: Iterable[int]) -> None:
-        """Threads that ended (after the apply of their batch): no longer part of the host's picture."""
+    def forget_threads(self, tids: Iterable[int], live: Optional[Mapping[int, Any]] = None) -> None:
+        """Threads that ended (after the apply of their batch): no longer part of the host's picture.
+        live: tid -> the thread alive now under that id (a reused id names a new thread)."""
 
     def stop(self) -> ApplyResult:
         """Put back everything this backend changed."""

@@ -242,7 +242,7 @@ class Daemon:
                     self.sampler.update_membership(layer_plan)
         finally:
             if changes is not None:
-                self.backend.forget_threads(_ended_threads(changes))
+                self.backend.forget_threads(_ended_threads(changes), snapshot.threads)
         self.journal.applied(match, layer_plan, result, trigger)
         self.last_apply = result
         self.replans += 1

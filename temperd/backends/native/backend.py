@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional
 
 from temperd import paths
 from temperd.backends.native import sched
@@ -62,7 +62,6 @@ class NativeBackend:
         self.plan: Optional[LayerPlan] = None
         self.drift = DriftRecord()
         self._universe: Dict[ThreadKey, Any] = {}  # the host threads last seen
-        self._added: Set[ThreadKey] = set()  # threads new to the last call (forget_threads keeps them)
         self._saved_records = 0  # records in the ledger at the last save
         self._recovered = False
         self.on_fallback: Optional[Callable[[str], None]] = None  # the interface's; never called: nothing to fall back to
@@ -103,7 +102,6 @@ class NativeBackend:
         threads = list(threads.values()) if isinstance(threads, Mapping) else list(threads)
         seen, self._universe = self._universe, {(t.tid, t.start_time): t for t in threads}
         new = {key for key in self._universe if key not in seen}
-        self._added = new
         self.treatment.is_kernel_thread.keep_only(self._universe)
         save = functools.partial(self._save, result)  # the state file, before each round of writes
         self.treatment.treat(threads, result, save, new)
@@ -148,7 +146,6 @@ class NativeBackend:
             if key not in self._universe:
                 new.add(key)
             self._universe[key] = thread
-        self._added = new
         self.treatment.treat(threads, result, functools.partial(self._save, result), new)
         if self.autogroup and self.treatment.membership is not None and self.autogroups.cache.changes_mix(
                 threads, self.treatment.layer_for, self.treatment.is_kernel_thread):
@@ -160,21 +157,27 @@ class NativeBackend:
                    or len(self.ledger.records) != self._saved_records)
         return self._finish(result, save=bool(settled))
 
-    def forget_threads(self, tids: Iterable[int]) -> None:
+    def forget_threads(self, tids: Iterable[int], live: Optional[Mapping[int, Any]] = None) -> None:
         """Ended threads, between whole applies: out of the host's picture, so that the passes over
         it (autogroups) stay the size of the host, and out of the ledger (their settings ended
         with them), so that it does not grow with every thread a fork storm made. Called after
-        the apply of their batch: a thread created by one of them in that batch was treated with
-        its creator still on record."""
+        the apply of their batch, so that a thread one of them created in that batch was treated
+        with its creator still on record. live: tid -> the thread alive now (a reused id names a
+        new thread, which stays)."""
         gone = set(tids)
         if not gone:
-            self._added = set()
             return
-        # A reused id names a new thread as well: the one the last call added stays.
-        ended = {key for key in self._universe if key[0] in gone and key not in self._added}
-        self._added = set()
-        self._universe = {key: t for key, t in self._universe.items() if key not in ended}
-        for key in ended:
+        live = live or {}
+
+        def ended(key: ThreadKey) -> bool:
+            if key[0] not in gone:
+                return False
+            now = live.get(key[0])
+            return now is None or now.start_time != key[1]
+
+        dead = [key for key in self._universe if ended(key)]
+        for key in dead:
+            del self._universe[key]
             rec = self.ledger.get(*key)
             if rec is not None:
                 self.ledger.forget(rec)

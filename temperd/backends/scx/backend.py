@@ -106,8 +106,8 @@ class ScxBackend:
             return self.native.on_new_threads(threads)
         return ApplyResult()  # scx_layered matches new threads itself
 
-    def forget_threads(self, tids: Iterable[int]) -> None:
-        self.native.forget_threads(tids)
+    def forget_threads(self, tids: Iterable[int], live: Optional[Mapping[int, Any]] = None) -> None:
+        self.native.forget_threads(tids, live)
 
     def stop(self) -> ApplyResult:
         self.supervisor.stop()
