@@ -424,7 +424,7 @@ def _shown_exe(proc: ProcessFacts) -> str:
     return "not readable (permission denied)" if "exe" in proc.unreadable else "-"
 
 
-_SELECTED_MAX = 65536  # remembered (profile, name, title) answers; forgotten all at once beyond
+_SELECTED_MAX = 8192  # remembered (profile, name, title) answers; forgotten all at once beyond
 
 
 def _reusable(procs: Sequence, profile: Optional[Profile]) -> bool:
