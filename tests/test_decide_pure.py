@@ -10,7 +10,7 @@ from temperd.config.daemon_config import DaemonConfig, parse_config
 from temperd.decide.matcher import ENV_PROFILE, Matcher
 from temperd.decide.planner import PlannerSettings, plan
 from temperd.decide.trust import TrustPolicy
-from temperd.plan import CONFINED, GROUPED, OPEN, host_wide, moved_members
+from temperd.plan import CONFINED, OPEN, host_wide, moved_members
 
 DB = profile("db", 'executables = ["/usr/sbin/dbd"]',
               'name = "conn"\nthread_names = ["conn-*"]\ntreatment = "exclusive"',
@@ -140,8 +140,8 @@ def test_planner_gives_exclusive_cores_from_the_budget_and_demotes_what_does_not
     conn = layer_plan.layer("dbd.service.conn")
     assert conn.kind == CONFINED and len(conn.cpus) == 2
     big = plan(SHAPE, result.workloads, PROFILES, PlannerSettings(reserve_cpus=7))
-    assert big.layer("dbd.service.conn").kind == GROUPED
-    assert any("demoted to Grouped" in d for d in big.decisions)
+    assert big.layer("dbd.service.conn").kind != CONFINED
+    assert any("dbd.service group conn: demoted" in d for d in big.decisions)
     assert layer_plan.layer("dbd.service.rest").kind == OPEN
 
 

@@ -216,7 +216,7 @@ class Daemon:
         the whole plan is applied (a whole-host apply costs milliseconds per hundred threads)."""
         assert self.view is not None and self.matcher is not None and self.backend is not None
         snapshot = self.inventory.snapshot()
-        self._refresh_busiest()
+        _refresh_busiest(self.inventory, self.match, self.view.profiles.active)
         used: List[Sizing] = []
 
         def sizing(workloads) -> Sizing:
@@ -263,17 +263,6 @@ class Daemon:
         if self.plan is not None and self.match is not None and \
                 self._sizing(self.match.workloads).sizes() != self._sizes:
             self.replan("resize")
-
-    def _refresh_busiest(self) -> None:
-        """Recent runtimes matter only for processes of profiles with a `busiest` group."""
-        assert self.view is not None
-        wanted = []
-        for workload in self.match.workloads:
-            profile = self.view.profiles.active.get(workload.profile_id or "")
-            if profile and any(g.busiest for g in profile.thread_groups):
-                wanted.extend(workload.pids)
-        if wanted:
-            self.inventory.refresh_runtime(wanted)
 
     def reload(self, trigger: str) -> ReloadResult:
         """Validate everything anew; adopt it only when it is whole, else keep the last good set.
@@ -371,6 +360,17 @@ class Daemon:
 
     def _notify_status(self) -> None:
         self.notifier.notify(f"STATUS={self.status_line()}")
+
+
+def _refresh_busiest(inventory: Inventory, match: MatchResult, profiles) -> None:
+    """Recent runtimes matter only for processes of profiles with a `busiest` group."""
+    wanted = []
+    for workload in match.workloads:
+        profile = profiles.get(workload.profile_id or "")
+        if profile and any(g.busiest for g in profile.thread_groups):
+            wanted.extend(workload.pids)
+    if wanted:
+        inventory.refresh_runtime(wanted)
 
 
 def _first_view(loader: ViewLoader) -> HostView:
