@@ -223,8 +223,7 @@ class Daemon:
             used.append(self._sizing(workloads))
             return used[-1]
 
-        match, layer_plan = decide(self.view, self.matcher, snapshot.processes.values(), sizing,
-                                   self.plan_memo)
+        match, layer_plan = decide(self.view, self.matcher, snapshot.processes.values(), sizing, self.plan_memo)
         self._sizes = used[-1].sizes() if used else {}
         unchanged = changes is not None and layer_plan == self.plan
         self.match, self.plan = match, layer_plan
@@ -234,9 +233,7 @@ class Daemon:
                 if not fresh:
                     return
                 result = self.backend.on_new_threads(fresh)
-            else:
-                # Events: the backend treats the new threads and those whose layer changed, unless
-                # more than the members changed; else every thread (a reload, a reconcile scan).
+            else:  # told the new threads (events), the backend may treat only those and the moved
                 result = self.backend.apply(layer_plan, snapshot.threads, fresh)
                 if self.sampler is not None:
                     self.sampler.update_membership(layer_plan)
