@@ -193,7 +193,7 @@ def test_a_plan_that_changes_only_its_members_reads_only_the_threads_that_moved(
     threads = {t.tid: t for t in universe(*server, kthreads=False)}
     result = backend.apply(grown, threads, changed=[threads[late]])
     assert not result.failed, result.errors
-    assert sorted(read) == sorted([late, net])  # the new member, and net-io that left its layer
+    assert set(read) == {late, net}  # the new member, and net-io that left its layer: no other thread
     assert (policy_of(batch.pid, late), nice_of(batch.pid, late)) == (sched.SCHED_BATCH, 19)
     assert nice_of(srv.pid, net) == 0  # back to its original
     # A plan whose Confined CPUs change is carried out for every thread, told or not.
