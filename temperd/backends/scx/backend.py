@@ -19,7 +19,7 @@ again, so the two never stack.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, FrozenSet, Iterable, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
 
 from temperd.plan import LayerPlan
 from temperd.backends.native.backend import NativeBackend
