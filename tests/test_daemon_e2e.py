@@ -38,6 +38,7 @@ process_names = ["memcached"]
 name = "workers"
 thread_names = ["mc-worker"]
 treatment = "exclusive"
+{ownership}
 [[thread_groups]]
 name = "dispatch"
 thread_names = ["memcached"]
@@ -140,7 +141,12 @@ def memcached():
         pytest.skip(str(exc))
 
 
-def test_daemon_matches_treats_reloads_and_restores(tmp_path, spawn):
+def memcached_profile(nice, ownership):
+    return PROFILE.format(nice=nice, ownership=f'ownership = "{ownership}"' if ownership == "fenced" else "")
+
+
+@pytest.mark.parametrize("ownership", ["owned", "fenced"])
+def test_daemon_matches_treats_reloads_and_restores(tmp_path, spawn, ownership):
     bystander = spawn("tmpd-bystander")
     bystander.wait_ready()
     before_bystander = affinity(bystander.pid)
@@ -151,7 +157,7 @@ def test_daemon_matches_treats_reloads_and_restores(tmp_path, spawn):
         lru = names["mc-lrumaint"][0]
         original = {tid: (task_stat(server.pid, tid), affinity(tid)) for tid in (worker, main_tid, lru)}
         temperd_ = Temperd(tmp_path)
-        temperd_.profiles.joinpath("memcached.toml").write_text(PROFILE.format(nice=-7))
+        temperd_.profiles.joinpath("memcached.toml").write_text(memcached_profile(-7, ownership))
         temperd_.start()
         try:
             status = wait_for(lambda: (s := temperd_.status()) and any(w["profile"] == "memcached" for w in s["workloads"]) and s,
@@ -164,21 +170,27 @@ def test_daemon_matches_treats_reloads_and_restores(tmp_path, spawn):
             wait_for(lambda: task_stat(server.pid, main_tid)["nice"] == -7, what="dispatch nice -7")
             assert affinity(worker) == {1}, "the exclusive worker owns CPU 1"
             assert task_stat(server.pid, lru) == {"nice": 15, "policy": 3}, "maintenance is SCHED_BATCH nice 15"
-            wait_for(lambda: affinity(bystander.pid) == {0}, what="other threads kept off CPU 1")
+            if ownership == "fenced":
+                wait_for(lambda: affinity(bystander.pid) == {0}, what="other threads kept off CPU 1")
             observe = temperd_.observe()
-            assert any(layer["name"].endswith(".workers") and layer["cpus"] == [1] for layer in observe["layers"])
+            (workers,) = [layer for layer in observe["layers"] if layer["name"].endswith(".workers")]
+            assert workers["cpus"] == [1] and workers["ownership"] == ownership, workers
+            if ownership == "owned":  # the plan is applied (nice -7 above): others may still borrow CPU 1
+                assert affinity(bystander.pid) == before_bystander
             # The daemon explains a thread from its own plan.
             reply = request(temperd_.socket, "explain", id=worker)
             assert reply["ok"], reply
             why = reply["explain"]
             assert (why["pid"], why["tid"], why["workload"]["profile_id"]) == (server.pid, worker, "memcached")
             (thread,) = why["threads"]
-            assert thread["group"] == "workers" and why["layers"][thread["layer"]] == {"kind": "Confined", "cpus": [1]}
+            explained = why["layers"][thread["layer"]]
+            assert thread["group"] == "workers", thread
+            assert (explained["kind"], explained["cpus"], explained["ownership"]) == ("Confined", [1], ownership)
             assert not request(temperd_.socket, "explain", id=999999999)["ok"]
 
             # An edited profile is applied live.
             generation = status["generation"]
-            temperd_.profiles.joinpath("memcached.toml").write_text(PROFILE.format(nice=-3))
+            temperd_.profiles.joinpath("memcached.toml").write_text(memcached_profile(-3, ownership))
             wait_for(lambda: task_stat(server.pid, main_tid)["nice"] == -3, 5, "edited profile applied")
             assert temperd_.status()["generation"] == generation + 1
 
