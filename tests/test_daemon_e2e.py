@@ -38,7 +38,6 @@ process_names = ["memcached"]
 name = "workers"
 thread_names = ["mc-worker"]
 treatment = "exclusive"
-{ownership}
 [[thread_groups]]
 name = "dispatch"
 thread_names = ["memcached"]
@@ -142,7 +141,11 @@ def memcached():
 
 
 def memcached_profile(nice, ownership):
-    return PROFILE.format(nice=nice, ownership=f'ownership = "{ownership}"' if ownership == "fenced" else "")
+    """PROFILE with the workers' CPUs fenced where asked (owned is the default)."""
+    text = PROFILE.format(nice=nice)
+    if ownership == "fenced":
+        text = text.replace('treatment = "exclusive"\n', 'treatment = "exclusive"\nownership = "fenced"\n', 1)
+    return text
 
 
 @pytest.mark.parametrize("ownership", ["owned", "fenced"])

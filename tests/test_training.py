@@ -8,6 +8,7 @@ import re
 import time
 
 from temperd.config.profile import parse_profile
+from temperd.config.safe_regex import regex_problem
 from temperd.decide.planner import exclusive_cores
 from temperd.plan import EXCLUSIVE, LATENCY, YIELD
 from temperd.training import analyze as A
@@ -43,12 +44,14 @@ def test_name_keys_drop_numbers_and_mark_truncation():
 
 
 def test_title_keys_generalise_digits_and_cut_command_lines():
-    assert A.title_key(["postgres: 15/main: app shop 10.0.0.7(51234) idle",
-                        "postgres: 15/main: app shop 10.0.0.7(51234) SELECT"]) == \
-        r"postgres: \d+/main: app shop \d+\.\d+\.\d+\.\d+\(\d+\)"
+    d = A.DIGIT_RUN
+    key = A.title_key(["postgres: 15/main: app shop 10.0.0.7(51234) idle",
+                       "postgres: 15/main: app shop 10.0.0.7(51234) SELECT"])
+    assert key == rf"postgres: {d}/main: app shop {d}\.{d}\.{d}\.{d}\({d}\)"
+    assert regex_problem(A.title_regex([key, key + " evidence"])) is None, "a trained title passes the profile checks"
     assert A.title_key(["/usr/lib/postgresql/15/bin/postgres -D /var/lib/x -p 5432"]) == \
-        r"/usr/lib/postgresql/\d+/bin/postgres"
-    regex = A.title_regex([r"postgres: \d+/main: checkpointer", r"postgres: \d+/main: walwriter"])
+        rf"/usr/lib/postgresql/{d}/bin/postgres"
+    regex = A.title_regex([rf"postgres: {d}/main: checkpointer", rf"postgres: {d}/main: walwriter"])
     assert re.search(regex, "postgres: 16/main: walwriter") and not re.search(regex, "postgres: 16/main: walwriterx")
 
 

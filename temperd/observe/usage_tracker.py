@@ -14,7 +14,8 @@ A thread's usage is what it wants (wanted_cpus): its on-CPU time as a share of t
 kept waiting on a runqueue or by its quota, at most one CPU, while the CPUs it may run on had idle
 time; where they had none, what it got where it slept, and where it hardly slept and waited it was
 starved (demand()): that interval counts what it got and is marked, so rightsizing never reads a
-thread behind on fixed work as a spinner.
+thread behind on fixed work as a spinner. Classification's window counts what each thread asked
+for (wanted_cpus) in every interval: its intensity is the demand, whoever kept it waiting.
 """
 
 from __future__ import annotations
@@ -193,10 +194,10 @@ class UsageTracker:
             self._rerank(t, w, now)
         dt = elapsed or self.settings.sample_interval_s
         samples = []
-        on_cpu = 0.0
+        on_cpu = asked_total = 0.0
         moved_set = set(moved)
         for tid, thread in t.kept.items():
-            cpus = run_cpus = 0.0
+            cpus = run_cpus = asked = 0.0
             hungry = False
             if thread.pid in moved_set:
                 sched = procfs.read_schedstat(thread.pid, tid)
@@ -211,6 +212,10 @@ class UsageTracker:
                     run_cpus = min(1.0, ran / interval)
                     room = _room(idle_by_cpu, thread, tid) if waited >= STARVED_WAIT_SHARE * interval else None
                     cpus, hungry = demand(ran, waited, interval, room)
+                    # Classification reads what the thread asked for (run share of the time it was
+                    # not kept waiting): a spinner crowded by others is still compute-intense.
+                    # Rightsizing's history keeps `cpus`, which a starved thread cannot vouch for.
+                    asked = wanted_cpus(ran, waited, interval)
                     t.counters.blkio_ticks += max(0, task.blkio_ticks - thread.blkio_ticks)
                 thread.run_ns, thread.wait_ns, thread.blkio_ticks = sched[0], sched[1], task.blkio_ticks
                 thread.comm = task.comm  # a thread names itself after it starts
@@ -222,11 +227,12 @@ class UsageTracker:
                     if task.state == "D":
                         t.counters.d_samples += 1
                         totals.d_samples += 1
-                totals.demand_s += cpus * dt
+                totals.demand_s += asked * dt
             on_cpu += run_cpus
+            asked_total += asked
             samples.append(ThreadSample(tid, thread.start_time, thread.comm, thread.group, cpus, hungry))
         residual = max(0.0, residual - on_cpu)  # what the threads not kept used
-        t.counters.demand_s += (sum(s.cpus for s in samples) + residual) * dt
+        t.counters.demand_s += (asked_total + residual) * dt
         t.counters.used_s += (on_cpu + residual) * dt
         t.counters.sampled = True
         if self.settings.rightsizing:

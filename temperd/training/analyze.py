@@ -299,6 +299,10 @@ def _merge_title_keys(groups: List[_Group], titles: Dict[int, List[str]], pid_of
 
 
 _DIGITS = re.compile(r"\d+")
+# A run of digits in a title (a pid, a port, an address's octets) as a bounded repeat: a
+# connection's title has a dozen of them, and the profile checks refuse more than a few
+# unbounded ones (each multiplies matching time by the title's length).
+DIGIT_RUN = r"\d{1,10}"
 
 
 def _title_words(title: str) -> List[str]:
@@ -311,7 +315,7 @@ def _title_words(title: str) -> List[str]:
 
 def title_key(titles: Sequence[str]) -> str:
     """The words every title of a process shared, digits generalised: a regex body (escaped,
-    runs of digits as \\d+) for `process_titles`."""
+    runs of digits as DIGIT_RUN) for `process_titles`."""
     word_lists = [[_DIGITS.sub("#", w) for w in _title_words(t)] for t in titles if t]
     if not word_lists:
         return ""
@@ -320,7 +324,7 @@ def title_key(titles: Sequence[str]) -> str:
         if any(w != column[0] for w in column):
             break
         common.append(column[0])
-    return " ".join(re.escape(w).replace("\\#", "#").replace("#", r"\d+") for w in common)
+    return " ".join(re.escape(w).replace("\\#", "#").replace("#", DIGIT_RUN) for w in common)
 
 
 def title_regex(keys: Iterable[str]) -> str:
