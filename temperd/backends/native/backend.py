@@ -194,7 +194,10 @@ class NativeBackend:
         drifted = self._restore_held(result, self._held()[:1])
         creators = self.ledger.copy()
         result.take(self.ledger.restore_all())
-        result.take(restore_inherited(self.ledger, creators, self._universe))
+        # Every thread of the creators' families is looked at again, the ones already seen
+        # included: between whole applies the event path treats only new and moved threads, and
+        # one it saw before its creator's treatment landed may hold it now.
+        result.take(restore_inherited(self.ledger, creators))
         drifted += sum(len(rec.drifted) for rec in self.ledger.records.values())
         drifted += self._restore_held(result, self._held()[1:])
         if drifted:
