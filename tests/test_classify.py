@@ -90,6 +90,12 @@ def test_swapping_is_memory_bound_though_it_raises_io_pressure_too():
     writer_sleeping = classify(signals({CPU_DEMAND: 0.1, CPU_CAPACITY: 1, PSI_MEMORY: 0.0, PSI_IO: 30.0,
                                         MAJOR_FAULTS: 0.0, IO_BYTES: 5e6, D_STATE_SHARE: 0.9}))
     assert writer_sleeping.cpu_bound == "io" and "(paging)" not in writer_sleeping.reason
+    # Seen in CI: 518 faults/s at its limit with 3.5 % memory pressure and no io signs of its own;
+    # the faults alone made it memory-bound, and the reason says they are paging.
+    faulting_only = classify(signals({CPU_DEMAND: 0.09, CPU_CAPACITY: 1, PSI_MEMORY: 3.5, PSI_IO: 0.0,
+                                      MAJOR_FAULTS: 518.0, IO_BYTES: 0.0, MEMORY_USE: 1.0}))
+    assert faulting_only.cpu_bound == "memory", faulting_only.reason
+    assert "paging: its major faults 518/s >= 100/s" in faulting_only.reason
 
 
 def test_a_hot_thread_beside_io_stalls_is_mixed_naming_both():

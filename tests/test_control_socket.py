@@ -187,9 +187,17 @@ def test_clients_that_go_away_before_the_reply_are_no_error(served, caplog):
             sock.connect(served.path)
             sock.sendall(b'{"cmd": "status"}\n' * 50)
             sock.close()
-        # Clients are accepted in turn: once this one is answered all twenty were, and once none
-        # is active every one of them was served to its end (and had its chance to log).
-        assert request(served.path, "status", timeout=5)["ok"]
+        # Up to two of them may still be served when this client comes, and it is then told the
+        # daemon is busy (seen in CI); it asks again until it is answered. Once none is active,
+        # every one of the twenty was served to its end (and had its chance to log).
+        replies = []
+
+        def answered() -> bool:
+            replies.append(request(served.path, "status", timeout=5))
+            return replies[-1]["ok"] or not replies[-1]["error"].startswith("temperd is busy")
+
+        wait_for(answered, 10, "a status request answered once the twenty are served")
+        assert replies[-1]["ok"], replies[-1]
         wait_for(lambda: served._server._active == 0, 10, "every client served to its end")
     assert [r for r in caplog.records if r.levelname in ("ERROR", "WARNING") or r.exc_info] == []
 

@@ -286,7 +286,7 @@ def _bound_evidence(s: WorkloadSignals, util: Optional[float]) -> Dict[str, List
         found["memory"].append(f"own cgroup's memory pressure {_pct(memory_psi)} >= {PRESSURE_PCT:.0f}% of the window")
     faults = s.get(MAJOR_FAULTS)
     if faults is not None and faults >= MAJOR_FAULTS_PER_S:
-        found["memory"].append(f"its major faults {faults:.0f}/s >= {MAJOR_FAULTS_PER_S:.0f}/s")
+        found["memory"].append(f"paging: its major faults {faults:.0f}/s >= {MAJOR_FAULTS_PER_S:.0f}/s")
     use = s.get(MEMORY_USE)
     if use is not None and use >= MEMORY_USE_TIGHT and (memory_psi or 0.0) >= MEMORY_USE_PRESSURE_PCT:
         found["memory"].append(f"memory at {use:.0%} of its limit >= {MEMORY_USE_TIGHT:.0%} with its own pressure "
