@@ -181,6 +181,14 @@ def settings(pid):
     return out
 
 
+def _comm(tid):
+    try:
+        with open(f"/proc/{tid}/comm") as handle:
+            return handle.read().strip()
+    except OSError:
+        return "(gone)"
+
+
 def untreated(*pids):
     """Threads of these processes whose settings are not the ones they started with (this test's own)."""
     started = (sched.get_affinity(os.getpid()), sched.SCHED_OTHER, 0)
@@ -324,7 +332,9 @@ def test_the_daemon_stopped_by_sigterm_while_threads_are_made_leaves_none_treate
             daemon.proc.kill()
     assert "every changed thread restored" in daemon.logtext()
     left = untreated(spawner.pid)
-    assert left == {}, f"{len(left)} of {len(settings(spawner.pid))} threads keep temperd's treatment"
+    named = {key: (_comm(key[1]), value) for key, value in left.items()}
+    assert left == {}, (f"{len(left)} of {len(settings(spawner.pid))} threads keep temperd's treatment "
+                        f"(creator tid {creator}): {named}\n" + daemon.logtext()[-2000:])
     assert sorted(os.listdir(daemon.state_dir)) == ["temperd.lock"]
 
 
