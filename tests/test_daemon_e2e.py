@@ -82,11 +82,14 @@ class Temperd:
         self.log = open(tmp_path / "temperd.log", "w+")
         self.proc = None
 
-    def write_config(self, port=None, listen="127.0.0.1", socket=None):
+    def write_config(self, port=None, listen="127.0.0.1", socket=None, history=True):
+        """history: name a rightsizing history file in the test's directory (False: the caller's
+        own [rightsizing] table names one); never the host's, which other tests' daemons share."""
         (self.config_dir / "temperd.toml").write_text(
             f'backend = "native"\nstate_dir = "{self.state_dir}"\nreconcile_interval_s = 2.0\n'
-            f'[http]\nlisten = "{listen}"\nport = {self.port if port is None else port}\n'
-            f'[control]\nsocket = "{socket or self.socket}"\n')
+            + (f'[rightsizing]\nhistory_file = "{self.state_dir.parent / "history.json"}"\n' if history else "")
+            + f'[http]\nlisten = "{listen}"\nport = {self.port if port is None else port}\n'
+            f'[control]\nsocket = "{socket or self.socket}"\n')  # [control] last: tests add to it
 
     def start(self, nofile=None):
         """nofile: RLIMIT_NOFILE of the daemon (systemd's LimitNOFILE)."""

@@ -125,6 +125,7 @@ def temperd_with_history(tmp_path):
     temperd_ = Temperd(tmp_path)
     temperd_.profiles.joinpath("fdtest.toml").write_text(YIELDER)
     history = tmp_path / "usage-history.json"
+    temperd_.write_config(history=False)
     with open(temperd_.config_dir / "temperd.toml", "a") as config:
         config.write(f'[rightsizing]\nhistory_file = "{history}"\n')
     return temperd_, history

@@ -338,6 +338,33 @@ def test_the_daemon_stopped_by_sigterm_while_threads_are_made_leaves_none_treate
     assert sorted(os.listdir(daemon.state_dir)) == ["temperd.lock"]
 
 
+@pytest.mark.parametrize("handed_over_by", ["a pass over new threads", "stop"])
+def test_a_child_made_under_an_earlier_treatment_gets_the_original_back(tmp_path, workloads, backends,
+                                                                          handed_over_by):
+    """A child made while its creator carried temperd's treatment, seen only after temperd gave
+    the creator its original back (its layer gone, a demotion, a stop restoring creators first):
+    its settings are still temperd's, and it gets the creator's original back. Without the memory
+    of given-back values it kept them as its own (seen in the full suite: nice -10 after a stop)."""
+    forker = workloads(FORKER, "tmpd-forker", "hot-fork,bg-fork")
+    backend = backends(tmp_path)
+    result = backend.apply(forker_plan(forker, exclusive=False), scan_threads([forker.pid]))
+    assert not result.failed, result.errors
+    (child,) = forker.fork("bg-fork")
+    assert settings(child)[child][1:] == (sched.SCHED_BATCH, 10)  # inherited
+    # The creator's layer goes before the child is seen (the pass's threads were read before it forked).
+    result = backend.apply(LayerPlan(layers=(), reserve_cpus=(0,)), scan_threads([forker.pid]))
+    assert not result.failed, result.errors
+    bg = forker.info["threads"]["bg-fork"]
+    assert settings(forker.pid)[bg][1:] == (sched.SCHED_OTHER, 0)
+    assert settings(child)[child][1:] == (sched.SCHED_BATCH, 10)  # not seen yet
+    if handed_over_by == "stop":
+        result = backend.stop()
+    else:
+        result = backend.on_new_threads(scan_threads([child]))
+    assert not result.failed, result.errors
+    assert untreated(forker.pid, child) == {}
+
+
 def test_a_chain_of_processes_forked_at_once_is_handed_over_in_one_pass(tmp_path, workloads, backends):
     forker = workloads(FORKER, "tmpd-forker", "hot-fork,bg-fork")
     backend = backends(tmp_path)

@@ -32,7 +32,7 @@ class KnowledgeTemperd(Temperd):
         super().__init__(tmp_path)
 
     def write_config(self, port=None, listen="127.0.0.1", socket=None):
-        super().write_config(port, listen, socket)
+        super().write_config(port, listen, socket, history="[rightsizing]" not in self.extra)
         with open(self.config_dir / "temperd.toml", "a") as handle:
             handle.write(self.extra)
 

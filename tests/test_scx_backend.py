@@ -255,7 +255,7 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
     (etc / "temperd.toml").write_text(
         f'backend = "scx"\nstate_dir = "{tmp_path / "run"}"\n[http]\nport = 0\n[control]\nsocket = "{socket_path}"\n'
         f'[scx]\nbinary = "{STANDIN}"\nstats_socket = "{standin.socket}"\nmin_restart_interval_s = 0.5\n'
-        f'crash_limit = 2\ncrash_window_s = 60.0\n')
+        f'crash_limit = 2\ncrash_window_s = 60.0\n[rightsizing]\nhistory_file = "{tmp_path / "history.json"}"\n')
     app = spawn("scxb-app")
     app.wait_ready()
     hot = int(app.command("thread scxb-hot0"))
@@ -336,7 +336,8 @@ def test_auto_on_this_host_runs_native_and_status_says_why(tmp_path):
     etc.mkdir()
     socket_path = str(tmp_path / "temperd.sock")
     (etc / "temperd.toml").write_text(f'state_dir = "{tmp_path / "run"}"\n[http]\nport = 0\n'
-                                      f'[control]\nsocket = "{socket_path}"\n')  # backend: the default, auto
+                                      f'[control]\nsocket = "{socket_path}"\n'  # backend: the default, auto
+                                      f'[rightsizing]\nhistory_file = "{tmp_path / "history.json"}"\n')
     daemon = Daemon(str(etc))
     daemon.start()
     try:

@@ -52,6 +52,7 @@ class NativeBackend:
                  autogroup: bool = True, idle_cgroup: Optional[IdleCgroup] = None):
         self.ledger = RestoreLedger(state_dir)
         self.treatment = ThreadTreatment(self.ledger)
+        self.ledger.on_give_back = self.treatment.given_back.note
         self.pmqos = pmqos if pmqos is not None else PmQos()
         self.weights = weights if weights is not None else CgroupWeights()
         self.autogroups = Autogroups()
@@ -197,7 +198,7 @@ class NativeBackend:
         # Every thread of the creators' families is looked at again, the ones already seen
         # included: between whole applies the event path treats only new and moved threads, and
         # one it saw before its creator's treatment landed may hold it now.
-        result.take(restore_inherited(self.ledger, creators))
+        result.take(restore_inherited(self.ledger, creators, given_back=self.treatment.given_back))
         drifted += sum(len(rec.drifted) for rec in self.ledger.records.values())
         drifted += self._restore_held(result, self._held()[1:])
         if drifted:

@@ -11,7 +11,9 @@ new thread carries temperd's treatment, whatever layer it belongs to. The rules:
   layer wants that setting for it, when it leaves its layer, and at stop;
 - stop and recovery restore the creators first, then sweep the creators' processes and their
   descendants for threads made in the meantime (or while no temperd ran) that inherited
-  temperd's treatment, and restore those, until a sweep finds none (`restore_inherited`).
+  temperd's treatment, and restore those, until a sweep finds none (`restore_inherited`);
+- a value temperd has since replaced or given back on the creator still counts for a while, for
+  threads made while the creator carried it (given_back.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
 
 from temperd.backends.native import sched
+from temperd.backends.native.given_back import GivenBack, value_key
 from temperd.backends.native.membership import ThreadKey, scan_threads
 from temperd.backends.native.restore_ledger import (AFFINITY, NICE, POLICY, SLICE, THREAD_KINDS, Original,
                                                     RestoreLedger, RestoreOutcome, ThreadRecord, effective_slice,
@@ -58,43 +61,39 @@ class Creators:
     over new threads (a fork storm in a process with hundreds of treated threads then costs a
     lookup per new thread, not a pass over them all); `forget` a process whose records change."""
 
-    def __init__(self, ledger: RestoreLedger, online: FrozenSet[int]):
+    def __init__(self, ledger: RestoreLedger, online: FrozenSet[int], given_back: Optional[GivenBack] = None):
         self.ledger = ledger
         self.online = online
+        self.given_back = given_back
         self._index: Dict[int, Dict[str, Dict[Any, List[ThreadRecord]]]] = {}
 
     def forget(self, pid: int) -> None:
         self._index.pop(pid, None)
 
     def find(self, pid: int, thread: Any, kind: str, current: Any,
-             unwritten: Mapping[ThreadKey, Container[str]]) -> Optional[ThreadRecord]:
-        """The first thread of `pid` that carried temperd's `current` value of `kind` when `thread` started."""
+             unwritten: Mapping[ThreadKey, Container[str]]) -> Optional[Tuple[Original, Any]]:
+        """(the creator's original, the value temperd had written) for the first thread of `pid`
+        that carried temperd's `current` value of `kind` when `thread` started: one that carries
+        it now, else one temperd has since given it back on (given_back.py)."""
         index = self._index.get(pid)
         if index is None:
             index = self._index[pid] = self._build(pid)
-        for cand in index.get(kind, {}).get(_current_key(kind, current), ()):
+        key = _current_key(kind, current)
+        for cand in index.get(kind, {}).get(key, ()):
             if (cand.tid != thread.tid and (cand.since or cand.start_time) <= thread.start_time
                     and self.ledger.records.get(cand.key) is cand and kind in cand.applied
                     and kind not in unwritten.get(cand.key, ())
                     and self.ledger.matches(cand, kind, current, self.online)):
-                return cand
-        return None
+                return cand.original, cand.applied[kind]
+        earlier = self.given_back.find(pid, kind, key, thread.start_time, self.online) if self.given_back else None
+        return (earlier.original, earlier.written) if earlier is not None else None
 
     def _build(self, pid: int) -> Dict[str, Dict[Any, List[ThreadRecord]]]:
         index: Dict[str, Dict[Any, List[ThreadRecord]]] = {}
         for rec in sorted(self.ledger.by_pid(pid), key=lambda r: (r.tid != r.pid, r.tid)):
             for kind, value in rec.applied.items():
-                index.setdefault(kind, {}).setdefault(_applied_key(kind, value, self.online), []).append(rec)
+                index.setdefault(kind, {}).setdefault(value_key(kind, value, self.online), []).append(rec)
         return index
-
-
-def _applied_key(kind: str, value: Any, online: FrozenSet[int]) -> Any:
-    """What the kernel reports for a value temperd wrote (RestoreLedger.matches' terms)."""
-    if kind == AFFINITY:
-        return frozenset(value) & online
-    if kind == SLICE:
-        return effective_slice(value)
-    return tuple(value) if isinstance(value, list) else value
 
 
 def _current_key(kind: str, current: Any) -> Any:
@@ -122,17 +121,18 @@ def uninherited(ledger: RestoreLedger, thread: Any, original: Original, current:
               SLICE: original.slice_ns}
     inherited: Dict[str, Any] = {}
     for kind in THREAD_KINDS:
-        cand = creators.find(thread.pid, thread, kind, current[kind], unwritten)
-        if cand is None:
+        found = creators.find(thread.pid, thread, kind, current[kind], unwritten)
+        if found is None:
             if ppid is None:
                 ppid = (parent_of or Parents())(thread.pid) or 0
-            cand = creators.find(ppid, thread, kind, current[kind], unwritten) if ppid else None
-        if cand is None:
+            found = creators.find(ppid, thread, kind, current[kind], unwritten) if ppid else None
+        if found is None:
             continue
-        values[kind] = ((cand.original.policy, cand.original.priority) if kind == POLICY
-                        else cand.original.value(kind))
-        if not _is_original(kind, cand.original, current[kind], online):
-            inherited[kind] = cand.applied[kind]
+        creator_original, written = found
+        values[kind] = ((creator_original.policy, creator_original.priority) if kind == POLICY
+                        else creator_original.value(kind))
+        if not _is_original(kind, creator_original, current[kind], online):
+            inherited[kind] = written
     return (Original(affinity=tuple(values[AFFINITY]), policy=values[POLICY][0], priority=values[POLICY][1],
                      nice=values[NICE], slice_ns=values[SLICE]),
             inherited)
@@ -161,23 +161,24 @@ def family(roots: Iterable[int]) -> List[int]:
 
 
 def restore_inherited(ledger: RestoreLedger, creators: RestoreLedger, known: Iterable[ThreadKey] = (),
-                      max_sweeps: int = MAX_SWEEPS) -> RestoreOutcome:
+                      max_sweeps: int = MAX_SWEEPS, given_back: Optional[GivenBack] = None) -> RestoreOutcome:
     """After the creators were restored: give back the creators' originals to threads that
     inherited temperd's treatment and that `ledger` does not hold (made after the last pass over
     new threads, or while no temperd ran). `creators` is a copy of the ledger from before its
     restore (what temperd had written, on whom); each thread found is recorded in `ledger`, added
     to `creators` (its own new threads inherited the same) and restored. Sweeps the creators'
     processes and their descendants until a sweep finds no such thread, at most max_sweeps times.
-    `known`: threads already looked at for inheritance (the backend's), passed over."""
+    `known`: threads already looked at for inheritance (the backend's), passed over. `given_back`:
+    values temperd gave back on threads before (a thread made before that may still carry one)."""
     out = RestoreOutcome()
-    if not creators.records:
+    if not creators.records and not (given_back and given_back.pids()):
         return out
     online = sched.online_cpus()
     looked_at: Set[ThreadKey] = set(creators.records) | set(known)  # a thread inherits once, at creation
     for _ in range(max_sweeps):
         found = 0
         parents = Parents()
-        for pid in family(creators.pids()):
+        for pid in family(creators.pids() | (given_back.pids() if given_back else set())):
             for thread in scan_threads([pid]):
                 key = (thread.tid, thread.start_time)
                 if key in looked_at or ledger.get(*key) is not None:
@@ -190,7 +191,8 @@ def restore_inherited(ledger: RestoreLedger, creators: RestoreLedger, known: Ite
                         raise
                     continue
                 original, inherited = uninherited(creators, thread, Original.of(affinity, state),
-                                                  thread_values(affinity, state), online, parents)
+                                                  thread_values(affinity, state), online, parents,
+                                                  creators=Creators(creators, online, given_back))
                 if not inherited:
                     continue
                 found += 1

@@ -24,7 +24,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from temperd.backends.native import sched
 from temperd.files import remove_unfinished_writes, write_atomically
@@ -171,6 +171,8 @@ class RestoreLedger:
         self._by_pid: Dict[int, Dict[Tuple[int, int], ThreadRecord]] = {}
         self.extras: Dict[str, Any] = {}  # the held host settings' sections (PM QoS, cgroup weights, autogroups)
         self._written: Optional[str] = None  # what the file holds now (threads and extras), as written
+        # Told (record, kind) before a value temperd wrote is given back (given_back.GivenBack.note).
+        self.on_give_back: Optional[Callable[[ThreadRecord, str], None]] = None
 
     # ---- records ------------------------------------------------------------------------------
 
@@ -302,6 +304,8 @@ class RestoreLedger:
             return
         for kind in kinds:
             _bump(out.restored, kind)
+            if self.on_give_back is not None:
+                self.on_give_back(rec, kind)
             rec.applied.pop(kind, None)
 
     def _maybe_forget(self, rec: ThreadRecord) -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from temperd.backends.native import sched
+from temperd.backends.native.given_back import GivenBack
 from temperd.backends.native.inheritance import Creators, Parents, uninherited
 from temperd.backends.native.membership import KernelThreads, Membership, ThreadKey
 from temperd.backends.native.restore_ledger import (AFFINITY, NICE, POLICY, SLICE, THREAD_KINDS, Original,
@@ -124,16 +125,18 @@ def within_limits(thread: Any, kthread: bool, want: Wanted, policy_now: int, exc
 class ThreadTreatment:
     """Treats threads under one plan; every original goes into the ledger before the first change."""
 
-    def __init__(self, ledger: RestoreLedger):
+    def __init__(self, ledger: RestoreLedger, given_back: Optional[GivenBack] = None):
         self.ledger = ledger
+        self.given_back = given_back if given_back is not None else GivenBack()
         self.membership: Optional[Membership] = None
         self.exclusive: FrozenSet[int] = frozenset()
         self.is_kernel_thread = KernelThreads()
         self._refused: Set[ThreadKey] = set()  # kernel threads that refused an affinity change
         self._failed: Set[Tuple[ThreadKey, str]] = set()  # (thread, kind) refused under this plan
         self._stuck: Stuck = {}
-        # For one treat(): the threads new to temperd, the processes temperd holds threads of, the
-        # settings recorded as intents and not written yet (thread -> kinds), parent pids.
+        # For one treat(): the threads new to temperd, the processes temperd holds threads of (or
+        # gave treatment back on lately), the settings recorded as intents and not written yet
+        # (thread -> kinds), parent pids.
         self._new: Optional[Container[ThreadKey]] = None
         self._held_pids: Set[int] = set()
         self._intents: Dict[ThreadKey, Set[str]] = {}
@@ -165,6 +168,7 @@ class ThreadTreatment:
         self.is_kernel_thread.clear()
         self._refused.clear()
         self._failed.clear()
+        self.given_back.clear()
 
     def treat(self, threads: Iterable, result: ApplyResult, before_write: Callable[[], None],
               new: Optional[Container[ThreadKey]] = None) -> None:
@@ -178,10 +182,11 @@ class ThreadTreatment:
         stuck: Stuck = {}
         self._stuck = stuck
         self._new = new
-        self._held_pids = self.ledger.pids()
+        self.given_back.prune()
+        self._held_pids = self.ledger.pids() | self.given_back.pids()  # and where it gave treatment back lately
         self._intents = {}
         self._parents = Parents()
-        self._creators = Creators(self.ledger, online)
+        self._creators = Creators(self.ledger, online, self.given_back)
         for thread in threads:
             try:
                 change = self._plan_thread(thread, online, result, stuck)
@@ -290,6 +295,8 @@ class ThreadTreatment:
             elif value is not None:
                 sets[kind] = value
         for kind, value in sets.items():
+            if kind in rec.applied and self.ledger.on_give_back is not None:
+                self.ledger.on_give_back(rec, kind)  # replaced: threads made before may carry it
             rec.applied[kind] = tuple(sorted(value)) if kind == AFFINITY else value  # intent, before the change
         if sets:
             self._intents.setdefault(rec.key, set()).update(sets)

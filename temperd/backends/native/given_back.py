@@ -1,0 +1,83 @@
+"""Values temperd wrote on a thread and has since replaced or given back, remembered a while.
+
+A thread made while its creator carried one of temperd's values inherits that value; temperd may
+see the new thread only after it changed the creator again (a layer change, a demotion, a stop
+restoring the creator first). The creator's record then no longer holds the value the new thread
+has, and without this memory the new thread would keep it as if it were its own (seen: a thread
+made while its creator was demoted to latency kept nice -10 after the creator got its core back).
+inheritance.Creators looks here when no creator carries the value now.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, FrozenSet, List, Optional, Set
+
+from temperd.backends.native.restore_ledger import (AFFINITY, SLICE, Original, ThreadRecord, boot_ticks,
+                                                    effective_slice)
+from temperd.sources.procfs import CLOCK_TICKS
+
+KEEP_S = 120.0  # a thread made before the change is seen within a pass or two; stop sweeps at once
+WRITE_SLACK_S = 2.0  # the write itself follows the decision within the same pass
+MAX_PER_PROCESS = 64
+
+
+def value_key(kind: str, value: Any, online: FrozenSet[int]) -> Any:
+    """What the kernel reports for a value temperd wrote (RestoreLedger.matches' terms)."""
+    if kind == AFFINITY:
+        return frozenset(value) & online
+    if kind == SLICE:
+        return effective_slice(value)
+    return tuple(value) if isinstance(value, list) else value
+
+
+@dataclass(frozen=True)
+class GivenBackValue:
+    kind: str
+    written: Any  # what temperd had written
+    original: Original  # the thread's original, which a thread made while it carried `written` gets back
+    since: int  # clock ticks after boot: from when the thread carried it (its record's since)
+    until: int  # ... and until when, at the latest
+
+
+class GivenBack:
+    """Per process: the values temperd replaced or gave back on its threads, for KEEP_S."""
+
+    def __init__(self) -> None:
+        self._by_pid: Dict[int, List[GivenBackValue]] = {}
+
+    def note(self, rec: ThreadRecord, kind: str) -> None:
+        """`rec`'s value of `kind` is replaced or given back (now, or within WRITE_SLACK_S)."""
+        if kind not in rec.applied:
+            return
+        now = boot_ticks()
+        kept = [v for v in self._by_pid.get(rec.pid, ()) if v.until >= now - KEEP_S * CLOCK_TICKS]
+        kept.append(GivenBackValue(kind, rec.applied[kind], rec.original,
+                                   rec.since or rec.start_time, now + int(WRITE_SLACK_S * CLOCK_TICKS)))
+        self._by_pid[rec.pid] = kept[-MAX_PER_PROCESS:]
+
+    def find(self, pid: int, kind: str, current_key: Any, start_time: int,
+             online: FrozenSet[int]) -> Optional[GivenBackValue]:
+        """The latest value of `kind` given back in `pid` that a thread started at `start_time`
+        with `current_key` may have inherited."""
+        for value in reversed(self._by_pid.get(pid, ())):
+            if (value.kind == kind and value.since <= start_time <= value.until
+                    and value_key(kind, value.written, online) == current_key):
+                return value
+        return None
+
+    def prune(self) -> None:
+        """Drop what is older than KEEP_S (processes that ended included)."""
+        oldest = boot_ticks() - KEEP_S * CLOCK_TICKS
+        for pid in list(self._by_pid):
+            kept = [v for v in self._by_pid[pid] if v.until >= oldest]
+            if kept:
+                self._by_pid[pid] = kept
+            else:
+                del self._by_pid[pid]
+
+    def pids(self) -> Set[int]:
+        return set(self._by_pid)
+
+    def clear(self) -> None:
+        self._by_pid.clear()
