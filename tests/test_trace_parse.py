@@ -176,3 +176,22 @@ def test_writer_output_is_the_html_container_with_a_process_dump_and_parses_the_
     plain = parse_trace(events)
     wrapped = parse_trace(str(tmp_path / "t.html"))
     assert wrapped.edges == plain.edges == {(me, 5): 1} and wrapped.unparsed_lines == 0
+
+
+def test_the_writer_escapes_control_characters_of_thread_names(tmp_path):
+    """A thread may name itself with ESC and OSC sequences: they reach the trace file escaped, so
+    a terminal showing the file (cat, less -R) is not driven by them."""
+    from temperd.trace.format import NameBook, TraceWriter, event_lines, open_text
+
+    hostile = "x\x1b]0;owned\x07\x1b[2J"
+    raw = [f"   {hostile}-5       (      5) [000] d..2.   10.000001: sched_waking: comm={hostile} pid=5 prio=120 "
+           "target_cpu=000"]
+    writer = TraceWriter(str(tmp_path / "t.html"), {"filter": "test"}, compress=False, names=NameBook())
+    for line in raw:
+        writer.feed(line)
+    writer.close()
+    with open_text(str(tmp_path / "t.html")) as handle:
+        text = handle.read()
+    assert "\x1b" not in text and "\x07" not in text
+    (event,) = [line for line in event_lines(text.splitlines()) if not line.startswith("#")]
+    assert "x\\x1b]0;owned\\x07\\x1b[2J-5" in event and "comm=x\\x1b]0;owned" in event

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import IO, Dict, Iterable, Iterator, Optional, Set, Tuple
 
 from temperd.sources import procfs
+from temperd.text import printable, printable_lines
 
 HEADER_FIRST_LINE = "# tracer: nop"
 UNKNOWN_COMM = "<...>"
@@ -165,7 +166,7 @@ def process_row(pid: int, names: "NameBook") -> str:
     cmdline = (procfs.read_bytes(f"{procfs.PROC}/{pid}/cmdline") or b"").decode("utf-8", "replace")
     command = " ".join(cmdline.replace("\0", " ").split())[:MAX_COMMAND_CHARS] or f"[{name}]"
     name = "_".join(name.split()) or "-"  # one token
-    return f"{user} {pid} {ppid} 0 0 0 0 S {name} {command}\n"
+    return f"{user} {pid} {ppid} 0 0 0 0 S {printable(name)} {printable(command)}\n"
 
 
 def html_head(process_rows: Iterable[str]) -> str:
@@ -269,7 +270,8 @@ class TraceWriter:
         if tgid:
             self.processes.add(tgid)
         flags = (flags or "....")[:4].ljust(4, ".")
-        self._emit(format_line(comm, tid, tgid, int(cpu_s), flags, ts, event, fields))
+        # Thread names are anyone's to choose: control characters go into the file escaped.
+        self._emit(printable_lines(format_line(comm, tid, tgid, int(cpu_s), flags, ts, event, fields)))
         stats = self.stats
         stats.events += 1
         stats.by_event[event] = stats.by_event.get(event, 0) + 1
