@@ -310,7 +310,10 @@ def test_a_clean_stop_from_outside_is_not_a_crash(env):
     until(lambda: sup.state == RUNNING)
     first = sup.pid
     os.kill(first, signal.SIGTERM)
-    until(lambda: sup.status().outside_stops == 1)
+    try:
+        until(lambda: sup.status().outside_stops == 1)
+    finally:
+        print("after SIGTERM:", sup.status())  # what it was taken for, if not an outside stop
     status = sup.status()
     assert (status.crashes, status.safe_mode) == (0, False)
     assert status.last_exit.code == 0 and "unregistered from user space" in status.last_exit.reason
