@@ -15,7 +15,7 @@
 #
 # usage: tests/e2e/run-vm-test.sh [--cache DIR] [--deb FILE] [--scx-layered FILE] [--timeout MIN] [--keep]
 #                                  [--rebuild-image] [--only STEPS] [--bench "NAME..."] [--bench-ladder N,N..]
-#                                  [--bench-out DIR]
+#                                  [--bench-servers NAME,NAME..] [--bench-out DIR]
 #        tests/e2e/run-vm-test.sh --check-console LOG
 #   --cache DIR      image cache (default $TEMPERD_E2E_CACHE or /var/cache/temperd-e2e)
 #   --deb FILE       test this .deb instead of building one with scripts/build-packages.sh
@@ -35,6 +35,8 @@
 #                    overhead   bench/overhead.py --bpf both --switch-load 1 --threads 0: the bcc
 #                               telemetry on against off, same load
 #   --bench-ladder N,N..  the isolation benchmark's spinner counts (default 0,1,2,4)
+#   --bench-servers NAME,NAME..  the isolation benchmark's servers, one run each (default redis;
+#                    memcached's load generator, memcaslap, is installed in the guest when asked)
 #   --bench-out DIR  copy the benchmarks' output (text and JSON) into DIR
 #   --check-console LOG  boot nothing: print the kernel panic or oops a guest console log shows, on
 #                    one line, and exit 0, or exit 1 if it shows none (the check behind a panic retry)
@@ -85,6 +87,7 @@ panic_excerpt() {
 }
 cache="${TEMPERD_E2E_CACHE:-/var/cache/temperd-e2e}"
 deb="" timeout_min=25 keep=0 only="" scx_layered="${TEMPERD_SCX_LAYERED:-}" bench="" bench_out="" bench_ladder=0,1,2,4
+bench_servers=redis
 while [ $# -gt 0 ]; do
   case "$1" in
     --cache) cache="${2:?}"; shift ;;
@@ -97,6 +100,9 @@ while [ $# -gt 0 ]; do
     --bench-out) bench_out="$(realpath -m "${2:?}")"; shift ;;
     --bench-ladder) bench_ladder="${2:?}"; shift
       [[ "$bench_ladder" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "run-vm-test.sh: --bench-ladder: expected N,N,... (e.g. 0,4), found $bench_ladder" >&2; exit 2; } ;;
+    --bench-servers) bench_servers="${2:?}"; shift
+      [[ "$bench_servers" =~ ^(redis|memcached)(,(redis|memcached))*$ ]] ||
+        { echo "run-vm-test.sh: --bench-servers: expected redis and/or memcached (e.g. redis,memcached), found $bench_servers" >&2; exit 2; } ;;
     --rebuild-image) export E2E_REBUILD=1 ;;
     --check-console) if guest_panic "${2:?}"; then exit 0; else exit 1; fi ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -189,6 +195,7 @@ if [ -n "$bench" ]; then
   cp "$root/tests/servers.py" "$share/checkout/tests/"
   echo "$bench" >"$share/bench"
   echo "$bench_ladder" >"$share/bench-ladder"
+  echo "$bench_servers" >"$share/bench-servers"
   say "benchmarks in the guest after the steps: $bench"
 fi
 chmod 755 "$share/run.sh" "$share/guest-steps.sh"
