@@ -506,8 +506,8 @@ step_scx_layers_populated() {
 step_scx_placement() {
   local pid
   pid="$(memcached_pid)"
-  memcached_load 20 &
-  sleep 12
+  memcached_load 40 &  # on until the sampling below is done (python starts slowly under emulation)
+  sleep 8
   # scx_layered's own CPU masks (LayerStats cpus), as temperd reads them for the linter
   status_json >"$W/st.json"
   curl_observe() { python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:9477/observe", timeout=20).read().decode())'; }
@@ -519,10 +519,13 @@ print("observe backend carried_by:", ob["backend"]["carried_by"], "| scx stats l
       sorted(ob["backend"]["scx_stats"]["layers"]))
 print("lint (status):", st["lint"], "| lint (/observe):", ob["lint"])
 PY
-  wait
-  # The workers layer's CPUs as scx_layered reports them, and where each mc-worker last ran.
-  python3 - "$pid" <<'PY' || return 1
-import json, os, socket, sys
+  # The workers layer's CPUs as scx_layered reports them, and where the mc-worker threads run
+  # while the load is on: sampled every 20 ms for 4 s, counting the samples that found one running.
+  # An owned layer is Grouped: scx_layered runs its threads there first, and (unlike the native
+  # backend, which pins them) may run one elsewhere when its CPUs are busy (seen in CI: one of
+  # four workers' last CPU outside the mask). At least 80 % of the running samples on the mask.
+  python3 - "$pid" <<'PY' || { wait; return 1; }
+import json, os, socket, sys, time
 pid = sys.argv[1]
 # One request on a connection of our own: scx_layered's stats socket, as temperd's supervisor reads it.
 s = socket.socket(socket.AF_UNIX); s.connect("/var/run/scx/root/stats"); s.settimeout(10)
@@ -532,16 +535,25 @@ layers = reply["args"]["resp"]["layers"]
 name = next(n for n in layers if n.startswith("memcached") and n.endswith(".workers"))
 mask = {64 * i + b for i, w in enumerate(layers[name]["cpus"]) for b in range(64) if w >> b & 1}
 print(f"{name}: scx_layered's CPU mask {sorted(mask)}, cur_nr_cpus {layers[name]['cur_nr_cpus']}")
-ran = {}
-for tid in os.listdir(f"/proc/{pid}/task"):
-    comm = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
-    cpu = int(open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()[36])
-    if comm.startswith("mc-worker"):
-        ran[tid] = cpu
-print("mc-worker threads last ran on:", ran)
-sys.exit(0 if mask and ran and all(c in mask for c in ran.values()) else 1)
+workers = [t for t in os.listdir(f"/proc/{pid}/task")
+           if open(f"/proc/{pid}/task/{t}/comm").read().startswith("mc-worker")]
+inside = outside = 0
+end = time.monotonic() + 4
+while time.monotonic() < end:
+    for tid in workers:
+        fields = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+        if fields[0] == "R":
+            if int(fields[36]) in mask:
+                inside += 1
+            else:
+                outside += 1
+    time.sleep(0.02)
+share = inside / max(1, inside + outside)
+print(f"mc-worker threads running: {inside} samples on the workers layer's CPUs, {outside} elsewhere ({share:.0%} on them)")
+sys.exit(0 if mask and inside + outside >= 10 and share >= 0.8 else 1)
 PY
-  echo "ok: every mc-worker ran on its layer's CPUs"
+  wait
+  echo "ok: the mc-worker threads ran on their layer's CPUs (at least 80 % of the samples)"
   check "the linter (against scx_layered's CPU masks) reports no violation" status_is 'd["lint"]["total"] == 0' &&
     check "temperctl status and /observe show scx_layered's layers" \
       sh -c "temperctl status | grep -q 'scx_layered running' && $HELPER json 'd[\"backend\"][\"scx_stats\"][\"layers\"]' <'$W/observe.json' >/dev/null"
