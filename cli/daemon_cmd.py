@@ -7,14 +7,14 @@ from typing import Any, Callable, List, NoReturn
 
 import click
 
-from temperd.config.daemon_config import DEFAULT_SOCKET
+from temperd import paths
 from temperd.control.client import request
 from temperd.control.protocol import DaemonNotRunning, DaemonUnavailable
 from temperd.text import printable, printable_data
 
 from .output import print_json, print_table
 
-socket_option = click.option("--socket", "socket_path", default=DEFAULT_SOCKET, show_default=True,
+socket_option = click.option("--socket", "socket_path", default=paths.CONTROL_SOCKET, show_default=True,
                              envvar="TEMPERD_SOCKET", help="temperd's control socket.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 

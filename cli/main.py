@@ -2,44 +2,56 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import Dict, List, Optional, Tuple
+
 import click
 
 from temperd import __version__
 
-from .bind_cmd import bind_command, bindings_command, unbind_command
-from .daemon_cmd import reload_command, status_command
-from .knowledge_cmd import classify_command, rightsize_command
 from .output import guard_output
-from .plan_cmd import explain_command, plan_command
-from .profiles_cmd import profiles
-from .scx_cmd import scx
-from .trace_cmd import trace_command
-from .train_cmd import train_command
 
 # Exit codes: 0 ok, 1 invalid input or failed check, 2 usage error (click's own), 3 `temperctl status`:
 # temperd is not running (daemon_cmd.NOT_RUNNING).
 
+# Each command's module is imported only when that command runs (or --help lists them): `temperctl
+# status` is called in loops by scripts, and the planner and trainer behind `plan` and `train` are
+# most of temperctl's start-up time.
+COMMANDS: Dict[str, Tuple[str, str]] = {
+    "profiles": ("profiles_cmd", "profiles"),
+    "plan": ("plan_cmd", "plan_command"),
+    "explain": ("plan_cmd", "explain_command"),
+    "status": ("daemon_cmd", "status_command"),
+    "reload": ("daemon_cmd", "reload_command"),
+    "scx": ("scx_cmd", "scx"),
+    "trace": ("trace_cmd", "trace_command"),
+    "classify": ("knowledge_cmd", "classify_command"),
+    "rightsize": ("knowledge_cmd", "rightsize_command"),
+    "train": ("train_cmd", "train_command"),
+    "bind": ("bind_cmd", "bind_command"),
+    "unbind": ("bind_cmd", "unbind_command"),
+    "bindings": ("bind_cmd", "bindings_command"),
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported by name when asked for."""
+
+    def list_commands(self, ctx: click.Context) -> List[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> Optional[click.Command]:
+        if cmd_name not in COMMANDS:
+            return None
+        module, attribute = COMMANDS[cmd_name]
+        return getattr(importlib.import_module(f"{__package__}.{module}"), attribute)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="temperctl")
 def main() -> None:
     """Control and inspect temperd, the per-thread-group CPU scheduling daemon."""
     guard_output()
-
-
-main.add_command(profiles)
-main.add_command(plan_command)
-main.add_command(explain_command)
-main.add_command(status_command)
-main.add_command(reload_command)
-main.add_command(scx)
-main.add_command(trace_command)
-main.add_command(classify_command)
-main.add_command(rightsize_command)
-main.add_command(train_command)
-main.add_command(bind_command)
-main.add_command(unbind_command)
-main.add_command(bindings_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -507,6 +507,7 @@ step_scx_placement() {
   local pid
   pid="$(memcached_pid)"
   memcached_load 40 &  # on until the sampling below is done (python starts slowly under emulation)
+  local load=$!
   sleep 8
   # scx_layered's own CPU masks (LayerStats cpus), as temperd reads them for the linter
   status_json >"$W/st.json"
@@ -553,6 +554,7 @@ share = inside / max(1, inside + outside)
 print(f"mc-worker threads running: {inside} samples on the workers layer's CPUs, {outside} elsewhere ({share:.0%} on them)")
 sys.exit(0 if mask and inside + outside >= 10 and share >= 0.75 else 1)
 PY
+  pkill -P "$load"; kill "$load" 2>/dev/null  # sampled: the rest of the step needs no load
   wait
   echo "ok: the mc-worker threads ran on their layer's CPUs (at least 75 % of the samples)"
   check "the linter (against scx_layered's CPU masks) reports no violation" status_is 'd["lint"]["total"] == 0' &&
@@ -715,6 +717,9 @@ step_bcc_service() {
   sleep 8
   $HELPER get /observe >"$W/observe-load-2.json"
   wait "$load"
+  # The spinners' work is done: the rest of the step (a dozen Python starts) would run on the one
+  # host CPU they share with it under emulation, several times slower.
+  systemctl stop e2e-spinners.service
   tr '\r' '\n' <"$W/redis-benchmark.out" | grep -v '^$' | tail -n 1
   $HELPER get /metrics >"$W/metrics-bpf.txt"
   for f in observe-load-1 observe-load-2; do echo "--- /observe during the load ($f):"; $HELPER latency <"$W/$f.json"; done

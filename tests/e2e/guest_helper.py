@@ -20,7 +20,6 @@ import fnmatch
 import json
 import os
 import sys
-import urllib.request
 
 POLICIES = {0: "other", 1: "fifo", 2: "rr", 3: "batch", 5: "idle", 6: "deadline"}
 
@@ -197,6 +196,8 @@ def main(argv) -> int:
     if argv == ["latency"]:
         return latency()
     if len(argv) == 2 and argv[0] == "get":
+        import urllib.request  # here: the other commands run in polling loops, and it is slow to import
+
         with urllib.request.urlopen(f"http://127.0.0.1:9477{argv[1]}", timeout=20) as reply:
             sys.stdout.write(reply.read().decode())
         return 0
