@@ -313,7 +313,9 @@ def test_temperctl_8_documents_every_command_and_option():
     page = _man_text("temperctl.8")
 
     def walk(group: click.Group, prefix: str):
-        for name, command in group.commands.items():
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):  # temperctl's own commands are imported when listed
+            command = group.get_command(ctx, name)
             path = f"{prefix} {name}".strip()
             if isinstance(command, click.Group):
                 yield from walk(command, path)

@@ -11,24 +11,14 @@ inheritance.Creators looks here when no creator carries the value now.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, List, Optional, Set
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set
 
-from temperd.backends.native.restore_ledger import (AFFINITY, SLICE, Original, ThreadRecord, boot_ticks,
-                                                    effective_slice)
+from temperd.backends.native.restore_ledger import Original, ThreadRecord, boot_ticks, reported
 from temperd.sources.procfs import CLOCK_TICKS
 
 KEEP_S = 120.0  # a thread made before the change is seen within a pass or two; stop sweeps at once
 WRITE_SLACK_S = 2.0  # the write itself follows the decision within the same pass
 MAX_PER_PROCESS = 64
-
-
-def value_key(kind: str, value: Any, online: FrozenSet[int]) -> Any:
-    """What the kernel reports for a value temperd wrote (RestoreLedger.matches' terms)."""
-    if kind == AFFINITY:
-        return frozenset(value) & online
-    if kind == SLICE:
-        return effective_slice(value)
-    return tuple(value) if isinstance(value, list) else value
 
 
 @dataclass(frozen=True)
@@ -51,7 +41,7 @@ class GivenBack:
         if kind not in rec.applied:
             return
         now = boot_ticks()
-        kept = [v for v in self._by_pid.get(rec.pid, ()) if v.until >= now - KEEP_S * CLOCK_TICKS]
+        kept = _recent(self._by_pid.get(rec.pid, ()), now)
         kept.append(GivenBackValue(kind, rec.applied[kind], rec.original,
                                    rec.since or rec.start_time, now + int(WRITE_SLACK_S * CLOCK_TICKS)))
         self._by_pid[rec.pid] = kept[-MAX_PER_PROCESS:]
@@ -59,18 +49,18 @@ class GivenBack:
     def find(self, pid: int, kind: str, current_key: Any, start_time: int,
              online: FrozenSet[int]) -> Optional[GivenBackValue]:
         """The latest value of `kind` given back in `pid` that a thread started at `start_time`
-        with `current_key` may have inherited."""
+        with `current_key` (restore_ledger.as_read) may have inherited."""
         for value in reversed(self._by_pid.get(pid, ())):
             if (value.kind == kind and value.since <= start_time <= value.until
-                    and value_key(kind, value.written, online) == current_key):
+                    and reported(kind, value.written, online) == current_key):
                 return value
         return None
 
     def prune(self) -> None:
         """Drop what is older than KEEP_S (processes that ended included)."""
-        oldest = boot_ticks() - KEEP_S * CLOCK_TICKS
+        now = boot_ticks()
         for pid in list(self._by_pid):
-            kept = [v for v in self._by_pid[pid] if v.until >= oldest]
+            kept = _recent(self._by_pid[pid], now)
             if kept:
                 self._by_pid[pid] = kept
             else:
@@ -81,3 +71,8 @@ class GivenBack:
 
     def clear(self) -> None:
         self._by_pid.clear()
+
+
+def _recent(values: Iterable[GivenBackValue], now: int) -> List[GivenBackValue]:
+    """The values given back within KEEP_S of `now` (boot ticks)."""
+    return [v for v in values if v.until >= now - KEEP_S * CLOCK_TICKS]

@@ -21,10 +21,10 @@ from __future__ import annotations
 from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
 
 from temperd.backends.native import sched
-from temperd.backends.native.given_back import GivenBack, value_key
+from temperd.backends.native.given_back import GivenBack
 from temperd.backends.native.membership import ThreadKey, scan_threads
 from temperd.backends.native.restore_ledger import (AFFINITY, NICE, POLICY, SLICE, THREAD_KINDS, Original,
-                                                    RestoreLedger, RestoreOutcome, ThreadRecord, effective_slice,
+                                                    RestoreLedger, RestoreOutcome, ThreadRecord, as_read, reported,
                                                     thread_values)
 from temperd.sources import procfs
 
@@ -48,11 +48,7 @@ class Parents:
 
 def _is_original(kind: str, original: Original, current: Any, online: FrozenSet[int]) -> bool:
     """Whether `current` is the original value itself (nothing to give back)."""
-    if kind == AFFINITY:
-        return frozenset(current) == frozenset(original.affinity) & online
-    if kind == SLICE:
-        return current == effective_slice(original.slice_ns)
-    return current == original.value(kind)
+    return as_read(kind, current) == reported(kind, original.value(kind), online)
 
 
 class Creators:
@@ -78,7 +74,7 @@ class Creators:
         index = self._index.get(pid)
         if index is None:
             index = self._index[pid] = self._build(pid)
-        key = _current_key(kind, current)
+        key = as_read(kind, current)
         for cand in index.get(kind, {}).get(key, ()):
             if (cand.tid != thread.tid and (cand.since or cand.start_time) <= thread.start_time
                     and self.ledger.records.get(cand.key) is cand and kind in cand.applied
@@ -92,14 +88,8 @@ class Creators:
         index: Dict[str, Dict[Any, List[ThreadRecord]]] = {}
         for rec in sorted(self.ledger.by_pid(pid), key=lambda r: (r.tid != r.pid, r.tid)):
             for kind, value in rec.applied.items():
-                index.setdefault(kind, {}).setdefault(value_key(kind, value, self.online), []).append(rec)
+                index.setdefault(kind, {}).setdefault(reported(kind, value, self.online), []).append(rec)
         return index
-
-
-def _current_key(kind: str, current: Any) -> Any:
-    if kind == AFFINITY:
-        return frozenset(current)
-    return tuple(current) if isinstance(current, list) else current
 
 
 def uninherited(ledger: RestoreLedger, thread: Any, original: Original, current: Dict[str, Any],

@@ -85,6 +85,23 @@ def custom_slice_of(state: sched.SchedState) -> int:
     return state.slice_ns
 
 
+def reported(kind: str, written: Any, online: FrozenSet[int]) -> Any:
+    """What the kernel reports for a value temperd wrote, in as_read's terms (affinity: within the
+    online CPUs; slice: as clamped)."""
+    if kind == AFFINITY:
+        return frozenset(written) & online
+    if kind == SLICE:
+        return effective_slice(written)
+    return tuple(written) if isinstance(written, list) else written
+
+
+def as_read(kind: str, current: Any) -> Any:
+    """A value read from the kernel (or from the state file), in a form `reported` compares with."""
+    if kind == AFFINITY:
+        return frozenset(current)
+    return tuple(current) if isinstance(current, list) else current
+
+
 def effective_slice(requested_ns: int) -> int:
     """What the kernel will report after a write of requested_ns (0 = base slice; others clamped)."""
     support = sched.slice_support()
@@ -222,13 +239,8 @@ class RestoreLedger:
     # ---- drift --------------------------------------------------------------------------------
 
     def matches(self, rec: ThreadRecord, kind: str, current: Any, online: FrozenSet[int]) -> bool:
-        """Whether `current` is what temperd set for this kind (the kernel reports affinity within online CPUs)."""
-        applied = rec.applied[kind]
-        if kind == AFFINITY:
-            return frozenset(current) == frozenset(applied) & online
-        if kind == SLICE:
-            return current == effective_slice(applied)
-        return current == applied
+        """Whether `current` is what temperd set for this kind."""
+        return as_read(kind, current) == reported(kind, rec.applied[kind], online)
 
     def mark_drift(self, rec: ThreadRecord, kind: str, found: Any) -> None:
         rec.drifted[kind] = tuple(sorted(found)) if kind == AFFINITY else found
