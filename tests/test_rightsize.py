@@ -9,7 +9,7 @@ import sys
 import time
 
 import cgroup_fixtures as F
-from thread_children import read_json_line
+from thread_children import read_json_line, wait_for
 
 from temperd.config.daemon_config import KnowledgeSettings
 from temperd.decide.matcher import Workload
@@ -129,6 +129,21 @@ def test_the_usage_thread_samples_each_interval_only_while_a_workload_is_tracked
 SLEEPER = "import time; print('{}', flush=True); time.sleep(120)"
 
 
+def _asleep_for_good(pid: int) -> None:
+    """Wait until the process sleeps with its CPU time unchanged over two looks 0.2 s apart (on a
+    busy host it may still be on its way from the print into time.sleep when the line arrives)."""
+    def runtime_if_asleep():
+        with open(f"/proc/{pid}/stat") as stat, open(f"/proc/{pid}/schedstat") as schedstat:
+            asleep = stat.read().rsplit(")", 1)[1].split()[0] == "S"
+            return int(schedstat.read().split()[0]) if asleep else None
+    seen = [runtime_if_asleep()]
+
+    def settled():
+        seen.append(runtime_if_asleep())
+        return seen[-1] is not None and seen[-1] == seen[-2]
+    wait_for(lambda: time.sleep(0.2) or settled(), 10, f"pid {pid} asleep with its CPU time unchanged")
+
+
 def _workload_in(cgroup, pids):
     return Workload(key="resting.service", profile_id=None, tier="standard", budget=None, budget_reason="",
                     source="binding", reason="test", unit="resting.service", cgroup=cgroup.path, pids=tuple(pids), threads=())
@@ -142,7 +157,8 @@ def test_a_workload_idle_for_30_s_is_looked_at_every_5_s_and_each_look_counts_th
     with F.cgroup_parent("temperd-test-resting") as make:
         cgroup = make("app")
         sleeper = cgroup.spawn([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE)
-        read_json_line(sleeper, 10)  # its start-up CPU is behind it
+        read_json_line(sleeper, 10)
+        _asleep_for_good(sleeper.pid)  # its start-up CPU is behind it: the cgroup's CPU time stays
         workload = _workload_in(cgroup, [sleeper.pid])
         watch = WorkloadWatch(settings, 2, lambda: ((workload,), None, {}))
         history = watch.history.of("resting.service")
