@@ -14,7 +14,7 @@
 # in the guest after the steps.
 #
 # usage: tests/e2e/run-vm-test.sh [--cache DIR] [--deb FILE] [--scx-layered FILE] [--timeout MIN] [--keep]
-#                                  [--rebuild-image] [--only STEPS] [--bench "NAME..."] [--bench-ladder N,N..]
+#                                  [--rebuild-image] [--only STEPS] [--skip STEPS] [--bench "NAME..."] [--bench-ladder N,N..]
 #                                  [--bench-servers NAME,NAME..] [--bench-out DIR]
 #        tests/e2e/run-vm-test.sh --check-console LOG
 #   --cache DIR      image cache (default $TEMPERD_E2E_CACHE or /var/cache/temperd-e2e)
@@ -26,7 +26,10 @@
 #   --timeout MIN    overall limit, image build included (default 25)
 #   --keep           keep the run directory (console log, guest logs) and print its path
 #   --rebuild-image  build the image even if a fresh one is cached
-#   --only "STEP..." run only these guest steps (names as in guest-steps.sh), e.g. "install enable tier"
+#   --only "STEP..." run only these guest steps (names as in guest-steps.sh, or shell patterns), e.g.
+#                    "install enable tier" or "boot install enable scx_*"
+#   --skip "STEP..." run every guest step but these (names or patterns). With --only and --skip, two
+#                    runs side by side can share the steps (CI runs the scx_* steps in a VM of their own)
 #   --bench "NAME..."  also run these benchmarks in the guest, after the steps (tens of minutes under
 #                    software emulation: give --timeout room, e.g. 120; not part of CI):
 #                    isolation  bench/isolation.py's ladder: redis, spinners 0/1/2/4 in the background
@@ -86,7 +89,7 @@ panic_excerpt() {
     on && !/Code: |\] (R[ABCDS][XPI]|RBP|RSI|RDI|R[0-9]+|[CDEFG]S|CR[0-9]|DR[0-9]): |\]  \? / && n++ < 20'
 }
 cache="${TEMPERD_E2E_CACHE:-/var/cache/temperd-e2e}"
-deb="" timeout_min=25 keep=0 only="" scx_layered="${TEMPERD_SCX_LAYERED:-}" bench="" bench_out="" bench_ladder=0,1,2,4
+deb="" timeout_min=25 keep=0 only="" skip="" scx_layered="${TEMPERD_SCX_LAYERED:-}" bench="" bench_out="" bench_ladder=0,1,2,4
 bench_servers=redis
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -96,6 +99,7 @@ while [ $# -gt 0 ]; do
     --timeout) timeout_min="${2:?}"; shift ;;
     --keep) keep=1 ;;
     --only) only="${2:?}"; shift ;;
+    --skip) skip="${2:?}"; shift ;;
     --bench) bench="${2:?}"; shift ;;
     --bench-out) bench_out="$(realpath -m "${2:?}")"; shift ;;
     --bench-ladder) bench_ladder="${2:?}"; shift
@@ -187,6 +191,7 @@ else
 fi
 printf '#!/bin/sh\nexec /bin/bash /mnt/host/guest-steps.sh\n' >"$share/run.sh"
 [ -z "$only" ] || echo "$only" >"$share/only"
+[ -z "$skip" ] || echo "$skip" >"$share/skip"
 if [ -n "$bench" ]; then
   # The benchmarks as in the checkout (bench/, and tests/servers.py they start servers with); they
   # run the packaged temperd.
