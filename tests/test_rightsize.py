@@ -270,3 +270,23 @@ def test_a_burst_that_finds_its_cpus_busy_is_still_hot_where_it_fits(tmp_path):
     r = rightsize(_crowded(history, "bursty", burst).summary(), Declared(None, "nothing", 2), 0.15)
     assert r.exclusive_cores == 1 and r.hot_threads[0]["comm"] == "burst" and r.hot_threads[0]["p95_cpus"] < 0.05
     assert "starved in 60 of 300 intervals" in r.reason
+
+
+def test_light_threads_behind_on_their_own_pace_now_and_then_leave_the_spinner_its_core(tmp_path):
+    """A crowded 2-CPU host: the spinner is starved in every interval; seven threads of 10 ms per
+    100 ms fall behind in a quarter of theirs and then get about their pace (0.12, catching up).
+    They are light by their measured p95, so the spinner's core fits: one exclusive core. Were
+    they getting far more than their pace when starved (a burst), they might be hot, and eight
+    such threads do not fit."""
+    history = UsageHistory(str(tmp_path / "h.json"), DAY, 16)
+    spinner = [lambda k, i: ThreadSample(100, 1, "hot", None, 0.45, starved=True)]
+    behind = [lambda k, i: ThreadSample(100 + k, 1, f"light{k}", None, 0.12 if i % 4 == 0 else 0.1,
+                                        starved=i % 4 == 0)] * 7
+    r = rightsize(_crowded(history, "one-hot", spinner + behind).summary(), Declared(None, "nothing", 2), 0.15)
+    assert r.exclusive_cores == 1 and [t["comm"] for t in r.hot_threads] == ["hot"], r.reason
+    assert r.needed_cpus <= 2 and "starved" in r.reason
+
+    bursting = [lambda k, i: ThreadSample(200 + k, 1, f"b{k}", None, 0.6 if i % 4 == 0 else 0.1,
+                                          starved=i % 4 == 0)] * 7
+    r = rightsize(_crowded(history, "bursts", spinner + bursting).summary(), Declared(None, "nothing", 2), 0.15)
+    assert r.exclusive_cores == 0 and "do not fit the 2 CPUs" in r.reason, r.reason

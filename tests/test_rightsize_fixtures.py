@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -111,3 +112,68 @@ def test_rightsizing_counts_hot_threads_and_keeps_its_history_across_a_restart(t
         assert [t["comm"] for t in after[capped.path]["hot_threads"]] == ["capped"]
         assert json.loads(history.read_text())["workloads"][capped.path]["samples"] > samples_before
 
+
+
+
+
+@pytest.fixture(scope="module")
+def fixed_work(tmp_path_factory):
+    """tests/fixed_work.c built for this run: threads with fixed CPU work per period (no GIL, no lock)."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    binary = str(tmp_path_factory.mktemp("fixed-work") / "fixed_work")
+    subprocess.run(["cc", "-O1", "-pthread", "-o", binary, os.path.join(HERE, "fixed_work.c")], check=True)
+    return binary
+
+
+def fixed(cgroup, binary, *threads):
+    proc = cgroup.spawn([binary, *threads], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+@pytest.mark.skipif(F.needs("stress-ng") is not None, reason=str(F.needs("stress-ng")))
+def test_on_a_crowded_host_starved_threads_are_not_read_as_spinners(tmp_path, fixed_work):
+    """C threads with fixed CPU work per 100 ms, PHASE_S each, one after the other: crowded (two
+    stress-ng spinners beside, in a cgroup temperd does not track) and then quiet. One hot thread +
+    seven at 10 % needs one exclusive core either way; eight at 15 % need none: on the crowded host
+    between what they got and the host's CPUs, quietly about 1.2-1.4. Nothing exceeds the host."""
+    host_cpus = os.cpu_count()
+    with F.cgroup_parent("temperd-crowded") as make:
+        crowded_hot, crowded_even, quiet_hot, quiet_even = (
+            make(n) for n in ("crowded-hot", "crowded-even", "quiet-hot", "quiet-even"))
+        settings = (f'[classify]\nwindow_s = {PHASE_S:g}\n[rightsizing]\nhistory_file = "{tmp_path}/h.json"\n'
+                    + bindings(crowded_hot, crowded_even, quiet_hot, quiet_even))
+        daemon = KnowledgeTemperd(tmp_path, settings)
+        daemon.start()
+        got = {}
+        try:
+            crowd = make("spinners")
+            crowd.spawn(["stress-ng", "--cpu", "2", "--timeout", f"{2 * PHASE_S + 20:g}", "--quiet"])
+            for cgroup, threads in ((crowded_hot, ["hot=100/100"] + [f"light{i}=10/100" for i in range(7)]),
+                                    (crowded_even, [f"even{i}=15/100" for i in range(8)]), (None, None),
+                                    (quiet_hot, ["hot=100/100"] + [f"light{i}=10/100" for i in range(7)]),
+                                    (quiet_even, [f"even{i}=15/100" for i in range(8)])):
+                if cgroup is None:  # the crowd leaves: stress-ng and its workers
+                    crowd.close()
+                    continue
+                proc = fixed(cgroup, fixed_work, *threads)
+                time.sleep(PHASE_S)
+                got[cgroup.path] = daemon.ask("rightsize", "--unit", cgroup.path)[cgroup.path]
+                proc.kill()
+                proc.wait()
+            print(daemon.temperctl("rightsize").stdout)
+        finally:
+            daemon.stop()
+    for path, r in got.items():
+        print(f"\n{path}: needed {r['needed_cpus']}, exclusive {r['exclusive_cores']}, starved {r['starved_s']}, "
+              f"got {r['starved_got_cpus']}\n  {r['reason']}")
+        assert r["needed_cpus"] <= host_cpus and r["per_container_cpus"] <= host_cpus
+    assert got[crowded_hot.path]["exclusive_cores"] == 1 and got[crowded_hot.path]["hot_threads"][0]["comm"] == "hot"
+    crowded = got[crowded_even.path]
+    assert crowded["exclusive_cores"] == 0
+    if crowded["starved_s"]:  # starved: the reason says so, and needed is bounded by the host
+        assert "starved" in crowded["reason"] and crowded["starved_got_cpus"] <= crowded["needed_cpus"] <= host_cpus
+    assert got[quiet_hot.path]["exclusive_cores"] == 1 and got[quiet_hot.path]["shared_cpus"] < 1.0
+    quiet = got[quiet_even.path]
+    assert quiet["exclusive_cores"] == 0 and 1.1 <= quiet["needed_cpus"] <= 1.5, quiet["reason"]

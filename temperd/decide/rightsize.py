@@ -8,7 +8,9 @@ cpuset's). A thread's p95 counts only intervals in which it was not starved (obs
 usage_tracker.demand): a thread starved in more than 5 % of its intervals (its p95 then unknown)
 wanted at least what it got and at most a whole CPU then; it gets a core where such threads fit
 beside the rest, else what they got counts as shared and the recommendation says it was starved,
-for how long, and what it got.
+for how long, and what it got. Not so a thread behind on its own pace: starved in a minority of
+its intervals and getting no more then than it uses unhindered allows for catching up (fixed work
+per period on a crowded host); its measured p95 stands.
 
 Beside it the per-container figure a container-average rightsizer gives (p90 of the whole
 workload x (1 + margin), as the Kubernetes VPA recommender), which cannot see a hot thread.
@@ -22,8 +24,10 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 from temperd.decide.classify import HOT_THREAD_CPUS, InputBound
 
-CONFIDENT_HISTORY_S = 24 * 3600.0
-STARVED_SHARE_MAY_BE_HOT = 0.05  # starved in more of its intervals than this, its p95 is unknown  # a day of history: full confidence
+CONFIDENT_HISTORY_S = 24 * 3600.0  # a day of history: full confidence
+STARVED_SHARE_MAY_BE_HOT = 0.05  # starved in more of its intervals than this, its p95 is unknown
+MOSTLY_STARVED = 0.5  # starved in more of its intervals than this, its measured p95 says little
+CATCH_UP_MARGIN_CPUS = 0.05
 CONFIDENCE_UNIT_S = 60.0
 
 
@@ -106,6 +110,20 @@ def _cpus(value: float) -> float:
     return round(value, 2)
 
 
+def behind_on_its_own_pace(t: ThreadUsage, samples: int) -> bool:
+    """Starved in a minority of its intervals, and getting no more then than its own pace allows
+    for catching up (twice its p95 where it was not starved, plus a margin): a thread with fixed
+    work per period that fell behind now and then on a crowded host. Its measured p95 is its
+    demand; a burst that found its CPUs busy gets far more than its quiet p95 when starved."""
+    return (t.measured and t.p95 < HOT_THREAD_CPUS and t.starved_samples <= MOSTLY_STARVED * samples
+            and t.starved_got <= 2 * t.p95 + CATCH_UP_MARGIN_CPUS)
+
+
+def _may_be_hot(t: ThreadUsage, samples: int) -> bool:
+    return (t.starved_samples > STARVED_SHARE_MAY_BE_HOT * max(1, samples)
+            and not behind_on_its_own_pace(t, max(1, samples)))
+
+
 def rightsize(usage: UsageSummary, declared: Declared, margin: float, profile: Optional[str] = None,
               input_bound: Optional[InputBound] = None) -> Recommendation:
     """The recommendation for one workload (module docstring). Savings: declared - needed where
@@ -117,8 +135,7 @@ def rightsize(usage: UsageSummary, declared: Declared, margin: float, profile: O
     # they wanted at least what they got and at most a whole CPU (a spinner on a crowded host, a
     # burst that found its CPUs busy, or a thread behind on fixed work). A core each where they fit
     # beside the rest; else the starvation is the whole workload's and no thread can be told hot.
-    hungry = sorted((t for t in usage.threads if t not in hot
-                     and t.starved_samples > STARVED_SHARE_MAY_BE_HOT * max(1, usage.samples)), key=lambda t: t.tid)
+    hungry = sorted((t for t in usage.threads if t not in hot and _may_be_hot(t, usage.samples)), key=lambda t: t.tid)
     fits = bool(hungry) and len(hot) + len(hungry) <= capacity - (1 if usage.rest_p95 > 0 else 0)
     cored = hot + (hungry if fits else [])
     exclusive = len(cored)

@@ -356,7 +356,9 @@ class RestoreLedger:
         if content == self._written and os.path.exists(self.path):
             return  # unchanged: no write and fsync per batch of process events on a busy host
         os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
-        write_atomically(self.path, json.dumps({**state, **stamp}, sort_keys=True), mode=0o600, sync_dir=True)
+        # The stamp spliced in rather than a second dump of every record (key order means nothing to a reader).
+        stamped = content[:-1] + "".join(f", {json.dumps(k)}: {json.dumps(v)}" for k, v in stamp.items()) + "}"
+        write_atomically(self.path, stamped, mode=0o600, sync_dir=True)
         self._written = content
 
     def delete(self) -> None:
