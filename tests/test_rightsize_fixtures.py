@@ -134,46 +134,38 @@ def fixed(cgroup, binary, *threads):
 
 @pytest.mark.skipif(F.needs("stress-ng") is not None, reason=str(F.needs("stress-ng")))
 def test_on_a_crowded_host_starved_threads_are_not_read_as_spinners(tmp_path, fixed_work):
-    """C threads with fixed CPU work per 100 ms, PHASE_S each, one after the other: crowded (two
-    stress-ng spinners beside, in a cgroup temperd does not track) and then quiet. One hot thread +
-    seven at 10 % needs one exclusive core either way; eight at 15 % need none: on the crowded host
-    between what they got and the host's CPUs, quietly about 1.2-1.4. Nothing exceeds the host."""
+    """C threads with fixed CPU work per 100 ms, PHASE_S each, one after the other, beside two
+    stress-ng spinners in a cgroup temperd does not track. One hot thread + seven at 10 % needs one
+    exclusive core (the light threads fall behind now and then, and stay light); eight at 15 %
+    need none, between what they got and the host's CPUs. Nothing exceeds the host. (The same
+    structure on a quiet host: the first test of this file.)"""
     host_cpus = os.cpu_count()
     with F.cgroup_parent("temperd-crowded") as make:
-        crowded_hot, crowded_even, quiet_hot, quiet_even = (
-            make(n) for n in ("crowded-hot", "crowded-even", "quiet-hot", "quiet-even"))
+        hot, even = make("crowded-hot"), make("crowded-even")
         settings = (f'[classify]\nwindow_s = {PHASE_S:g}\n[rightsizing]\nhistory_file = "{tmp_path}/h.json"\n'
-                    + bindings(crowded_hot, crowded_even, quiet_hot, quiet_even))
+                    + bindings(hot, even))
         daemon = KnowledgeTemperd(tmp_path, settings)
         daemon.start()
         got = {}
         try:
-            crowd = make("spinners")
-            crowd.spawn(["stress-ng", "--cpu", "2", "--timeout", f"{2 * PHASE_S + 20:g}", "--quiet"])
-            for cgroup, threads in ((crowded_hot, ["hot=100/100"] + [f"light{i}=10/100" for i in range(7)]),
-                                    (crowded_even, [f"even{i}=15/100" for i in range(8)]), (None, None),
-                                    (quiet_hot, ["hot=100/100"] + [f"light{i}=10/100" for i in range(7)]),
-                                    (quiet_even, [f"even{i}=15/100" for i in range(8)])):
-                if cgroup is None:  # the crowd leaves: stress-ng and its workers
-                    crowd.close()
-                    continue
+            make("spinners").spawn(["stress-ng", "--cpu", "2", "--timeout", f"{2 * PHASE_S + 20:g}", "--quiet"])
+            for cgroup, threads in ((hot, ["hot=100/100"] + [f"light{i}=10/100" for i in range(7)]),
+                                    (even, [f"even{i}=15/100" for i in range(8)])):
                 proc = fixed(cgroup, fixed_work, *threads)
                 time.sleep(PHASE_S)
                 got[cgroup.path] = daemon.ask("rightsize", "--unit", cgroup.path)[cgroup.path]
                 proc.kill()
                 proc.wait()
-            print(daemon.temperctl("rightsize").stdout)
         finally:
             daemon.stop()
     for path, r in got.items():
         print(f"\n{path}: needed {r['needed_cpus']}, exclusive {r['exclusive_cores']}, starved {r['starved_s']}, "
               f"got {r['starved_got_cpus']}\n  {r['reason']}")
         assert r["needed_cpus"] <= host_cpus and r["per_container_cpus"] <= host_cpus
-    assert got[crowded_hot.path]["exclusive_cores"] == 1 and got[crowded_hot.path]["hot_threads"][0]["comm"] == "hot"
-    crowded = got[crowded_even.path]
-    assert crowded["exclusive_cores"] == 0
+    one_hot = got[hot.path]
+    assert one_hot["exclusive_cores"] == 1 and [t["comm"] for t in one_hot["hot_threads"]] == ["hot"], one_hot["reason"]
+    assert one_hot["starved_s"] and "starved" in one_hot["reason"]  # the spinners left it no CPU to spare
+    crowded = got[even.path]
+    assert crowded["exclusive_cores"] == 0 and crowded["hot_threads"] == [], crowded["reason"]
     if crowded["starved_s"]:  # starved: the reason says so, and needed is bounded by the host
         assert "starved" in crowded["reason"] and crowded["starved_got_cpus"] <= crowded["needed_cpus"] <= host_cpus
-    assert got[quiet_hot.path]["exclusive_cores"] == 1 and got[quiet_hot.path]["shared_cpus"] < 1.0
-    quiet = got[quiet_even.path]
-    assert quiet["exclusive_cores"] == 0 and 1.1 <= quiet["needed_cpus"] <= 1.5, quiet["reason"]
