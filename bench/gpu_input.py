@@ -115,7 +115,7 @@ def tracked_workload(root: int):
 
 
 def run(workers: int, seconds: float, cpu: bool, settle: float) -> dict:
-    from temperd.config.daemon_config import KnowledgeSettings
+    from temperd.config.daemon_config import WatchSettings
     from temperd.observe.workload_watch import WorkloadWatch
     from temperd.sources import nvml
 
@@ -123,7 +123,7 @@ def run(workers: int, seconds: float, cpu: bool, settle: float) -> dict:
     report = ctx.Queue()
     child = ctx.Process(target=trainer, args=(workers, seconds, cpu, report), name="trainer")
     child.start()
-    settings = KnowledgeSettings(window_s=max(10.0, seconds - settle), sample_interval_s=1.0, keep_threads=32,
+    settings = WatchSettings(window_s=max(10.0, seconds - settle), sample_interval_s=1.0, keep_threads=32,
                                  history_file=f"/tmp/gpu-input-history-{os.getpid()}.json")
     watch = WorkloadWatch(settings, os.cpu_count() or 1, lambda: (tracked_workload(child.pid), None, {}))
     reader, why = nvml.open_reader()

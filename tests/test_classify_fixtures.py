@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 
 import cgroup_fixtures as F
-from test_rightsize_fixtures import KnowledgeTemperd, bindings
+from test_rightsize_fixtures import WatchTemperd, bindings
 
 pytestmark = [pytest.mark.slow]
 
@@ -58,7 +58,7 @@ def test_fixtures_are_classified_with_reasons_naming_their_signals(tmp_path, io_
         if spinners:
             make("spinners").spawn(stress("--cpu", str(spinners)))
         bound_by = memory.memory_bound(96 * 2**20)
-        daemon = KnowledgeTemperd(tmp_path, f'[classify]\nwindow_s = {RUN_S:g}\n[rightsizing]\n'
+        daemon = WatchTemperd(tmp_path, f'[classify]\nwindow_s = {RUN_S:g}\n[rightsizing]\n'
                                              f'history_file = "{tmp_path}/history.json"\n'
                                              + bindings(compute, memory, io, sleeper, mix))
         daemon.start()
@@ -106,7 +106,7 @@ def test_an_fsync_writer_in_another_cgroup_makes_no_fixture_io_bound(tmp_path, i
     run_s = 30.0
     with F.cgroup_parent("temperd-classify-alone") as make:
         compute, sleeper, writer = make("compute"), make("sleeper"), make("writer")
-        daemon = KnowledgeTemperd(tmp_path, f'[classify]\nwindow_s = {run_s:g}\n[rightsizing]\n'
+        daemon = WatchTemperd(tmp_path, f'[classify]\nwindow_s = {run_s:g}\n[rightsizing]\n'
                                              f'history_file = "{tmp_path}/history.json"\n' + bindings(compute, sleeper))
         daemon.start()
         try:

@@ -77,3 +77,18 @@ def test_rightsize_says_it_first():
                   profile="trainer", input_bound=c.input_bound)
     assert r.reason.startswith("input-bound: its DataLoader workers need 7 more CPUs")
     assert r.as_json()["input_bound"]["more_cpus"] == 7 and r.profile == "trainer"
+
+
+def test_a_full_window_covers_its_goal_though_the_snapshots_come_a_little_late():
+    """Snapshots every 5 s plus a little: a 30 s window spans at least 30 s once it is full (the
+    first snapshot inside it would leave it 25 s for good), and until then all there is."""
+    window, counters = W.Window(), W.Counters(sampled=True)
+    at = 100.0
+    spans = []
+    for _ in range(12):
+        window.add(W.snapshot(at, counters, {}, {}, None, None), 30.0)
+        first, last = window.span(30.0) or (None, None)
+        spans.append(round(last.at - first.at, 2) if first else None)
+        at += 5.02
+    assert spans[:3] == [None, 5.02, 10.04]
+    assert all(30.0 <= span < 35.1 for span in spans[7:]), spans

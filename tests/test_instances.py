@@ -17,7 +17,7 @@ import pytest
 import cgroup_fixtures as F
 import servers as S
 from test_daemon_e2e import wait_for
-from test_rightsize_fixtures import KnowledgeTemperd
+from test_rightsize_fixtures import WatchTemperd
 
 pytestmark = [pytest.mark.slow]
 
@@ -62,7 +62,7 @@ def test_two_hand_started_redis_keep_their_labels_and_histories_across_a_restart
         else:
             shared = make("both")
             cgroups = {busy_port: shared, idle_port: shared}
-        daemon = KnowledgeTemperd(tmp_path, f'[rightsizing]\nhistory_file = "{tmp_path}/history.json"\n')
+        daemon = WatchTemperd(tmp_path, f'[rightsizing]\nhistory_file = "{tmp_path}/history.json"\n')
         shutil.copy(os.path.join(HERE, "..", "profiles", "redis.toml"), daemon.profiles)
         daemon.start()
         rounds = []

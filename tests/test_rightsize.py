@@ -11,7 +11,7 @@ import time
 import cgroup_fixtures as F
 from thread_children import read_json_line, wait_for
 
-from temperd.config.daemon_config import KnowledgeSettings
+from temperd.config.daemon_config import WatchSettings
 from temperd.decide.matcher import Workload
 from temperd.decide.rightsize import Declared, history_confidence, rightsize
 from temperd.observe.histogram import DecayingHistogram
@@ -117,7 +117,7 @@ def test_a_restarted_workloads_thread_inherits_its_namesakes_history(tmp_path):
 def test_the_usage_thread_samples_each_interval_only_while_a_workload_is_tracked(tmp_path):
     import dataclasses
 
-    settings = dataclasses.replace(KnowledgeSettings(), history_file=str(tmp_path / "history.json"))
+    settings = dataclasses.replace(WatchSettings(), history_file=str(tmp_path / "history.json"))
     watch = WorkloadWatch(settings, 2, lambda: ((), None, {}))
     watch.sample_once(0.0)
     assert watch._next_wait_s() == max(settings.sample_interval_s, workload_watch.NOTHING_TRACKED_WAIT_S)
@@ -151,9 +151,9 @@ def _workload_in(cgroup, pids):
 
 def test_a_workload_idle_for_30_s_is_looked_at_every_5_s_and_each_look_counts_the_seconds_it_covers(tmp_path):
     """A real sleeping process in a cgroup of its own: after RESTING_AFTER_S of unchanged cgroup CPU
-    time the usage thread waits idle_sample_interval_s, each look weighs the intervals it covers,
+    time the watch thread waits idle_sample_interval_s, each look weighs the intervals it covers,
     and the first look that finds CPU used brings the 1 s samples back."""
-    settings = KnowledgeSettings(history_file=str(tmp_path / "history.json"))
+    settings = WatchSettings(history_file=str(tmp_path / "history.json"))
     with F.cgroup_parent("temperd-test-resting") as make:
         cgroup = make("app")
         sleeper = cgroup.spawn([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE)
@@ -190,8 +190,8 @@ def test_a_workload_idle_for_30_s_is_looked_at_every_5_s_and_each_look_counts_th
 
 def test_a_workload_that_runs_every_few_seconds_never_rests(tmp_path):
     """A thread busy now and then (the bursty duty cycle rightsizing must see at p95) keeps the
-    usage thread sampling every second: its cgroup's CPU time moves more often than RESTING_AFTER_S."""
-    settings = KnowledgeSettings(history_file=str(tmp_path / "history.json"))
+    watch thread sampling every second: its cgroup's CPU time moves more often than RESTING_AFTER_S."""
+    settings = WatchSettings(history_file=str(tmp_path / "history.json"))
     with F.cgroup_parent("temperd-test-bursty") as make:
         cgroup = make("app")
         sleeper = cgroup.spawn([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE)

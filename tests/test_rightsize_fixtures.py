@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PHASE_S = 30.0
 
 
-class KnowledgeTemperd(Temperd):
+class WatchTemperd(Temperd):
     """temperd with the [classify]/[rightsizing] settings and bindings the test gives."""
 
     def __init__(self, tmp_path, extra: str):
@@ -64,7 +64,7 @@ def test_rightsizing_counts_hot_threads_and_keeps_its_history_across_a_restart(t
         capped.cpu_max(0.5)
         settings = (f'[classify]\nwindow_s = {PHASE_S:g}\n[rightsizing]\nhistory_file = "{history}"\n'
                     + bindings(hot, bursty, even, capped))
-        daemon = KnowledgeTemperd(tmp_path, settings)
+        daemon = WatchTemperd(tmp_path, settings)
         daemon.start()
         try:
             first = [duty_cycle(hot, "hot=100/100", *(f"light{i}=10/100" for i in range(7))),
@@ -102,7 +102,7 @@ def test_rightsizing_counts_hot_threads_and_keeps_its_history_across_a_restart(t
         saved = json.loads(history.read_text())
         assert set(saved["workloads"]) >= {hot.path, even.path, bursty.path, capped.path}
         samples_before = saved["workloads"][capped.path]["samples"]
-        again = KnowledgeTemperd(tmp_path / "again", settings)
+        again = WatchTemperd(tmp_path / "again", settings)
         again.start()
         try:
             time.sleep(3)
@@ -144,7 +144,7 @@ def test_on_a_crowded_host_starved_threads_are_not_read_as_spinners(tmp_path, fi
         hot, even = make("crowded-hot"), make("crowded-even")
         settings = (f'[classify]\nwindow_s = {PHASE_S:g}\n[rightsizing]\nhistory_file = "{tmp_path}/h.json"\n'
                     + bindings(hot, even))
-        daemon = KnowledgeTemperd(tmp_path, settings)
+        daemon = WatchTemperd(tmp_path, settings)
         daemon.start()
         got = {}
         try:

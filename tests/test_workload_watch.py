@@ -1,4 +1,4 @@
-"""The usage thread (observe/workload_watch.py) outlives a pass that fails, and says so briefly."""
+"""The watch thread (observe/workload_watch.py) outlives a pass that fails, and says so briefly."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import errno
 import logging
 import time
 
-from temperd.config.daemon_config import KnowledgeSettings
+from temperd.config.daemon_config import WatchSettings
 from temperd.observe.workload_watch import WorkloadWatch
 
 
 def _watch(tmp_path, current):
-    settings = KnowledgeSettings(sample_interval_s=0.05, history_file=str(tmp_path / "history.json"))
+    settings = WatchSettings(sample_interval_s=0.05, history_file=str(tmp_path / "history.json"))
     return WorkloadWatch(settings, host_cpus=2, current=current)
 
 
@@ -32,13 +32,13 @@ def test_running_out_of_descriptors_is_one_warning_without_a_traceback_and_sampl
         return [], None, {}
 
     watch = _watch(tmp_path, current)
-    with caplog.at_level(logging.WARNING, logger="temperd.knowledge"):
+    with caplog.at_level(logging.WARNING, logger="temperd.watch"):
         watch.start()
         try:
             assert _wait_for(lambda: watch.samples >= 1), "a sample once descriptors are back"
         finally:
             watch.stop()
-    records = [r for r in caplog.records if r.name == "temperd.knowledge"]
+    records = [r for r in caplog.records if r.name == "temperd.watch"]
     assert [r.getMessage() for r in records] == [
         "usage samples skipped while descriptors run short: Too many open files (logged at most once a minute)"]
     assert all(r.exc_info is None for r in records)
@@ -54,7 +54,7 @@ def test_an_unexpected_failure_is_logged_with_its_traceback_and_sampling_goes_on
         return [], None, {}
 
     watch = _watch(tmp_path, current)
-    with caplog.at_level(logging.WARNING, logger="temperd.knowledge"):
+    with caplog.at_level(logging.WARNING, logger="temperd.watch"):
         watch.start()
         try:
             assert _wait_for(lambda: watch.samples >= 1)

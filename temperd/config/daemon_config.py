@@ -179,7 +179,7 @@ class ScxSettings:
 
 
 @dataclass(frozen=True)
-class KnowledgeSettings:
+class WatchSettings:
     """[classify] and [rightsizing]: what temperd learns of each workload."""
 
     classify: bool = CLASSIFY_SPEC.default_of("enabled")
@@ -217,7 +217,7 @@ class DaemonConfig:
     bindings: Tuple[Binding, ...] = ()
     scx: ScxSettings = field(default_factory=lambda: ScxSettings())
     lint_runqueue_latency_p99_ms: float = LINT_SPEC.default_of("runqueue_latency_p99_ms")
-    knowledge: KnowledgeSettings = field(default_factory=lambda: KnowledgeSettings())
+    watch: WatchSettings = field(default_factory=lambda: WatchSettings())
     telemetry_bpf: bool = TELEMETRY_SPEC.default_of("bpf")
 
     def scan_interval(self, events_active: bool) -> float:
@@ -266,12 +266,12 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
         scx=ScxSettings(**{**scx, "args": tuple(scx["args"])}),
         lint_runqueue_latency_p99_ms=values["lint"]["runqueue_latency_p99_ms"],
         telemetry_bpf=values["telemetry"]["bpf"],
-        knowledge=_knowledge(values["classify"], values["rightsizing"]),
+        watch=_watch_settings(values["classify"], values["rightsizing"]),
     )
 
 
-def _knowledge(classify: dict, rightsizing: dict) -> KnowledgeSettings:
-    return KnowledgeSettings(classify=classify["enabled"], window_s=classify["window_s"],
+def _watch_settings(classify: dict, rightsizing: dict) -> WatchSettings:
+    return WatchSettings(classify=classify["enabled"], window_s=classify["window_s"],
                              rightsizing=rightsizing["enabled"], margin=rightsizing["margin"],
                              half_life_h=rightsizing["half_life_h"], sample_interval_s=rightsizing["sample_interval_s"],
                              idle_sample_interval_s=rightsizing["idle_sample_interval_s"],

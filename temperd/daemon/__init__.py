@@ -10,7 +10,7 @@
 - control: the control socket's server (the protocol and temperctl's client: temperd/control)
 - control_commands: the commands served on it (status, reload, plan, explain) and the table of
   the others: bind_commands (bind, unbind, bindings), trace_commands (trace: a capture into
-  temperd's own directory), training_commands (train), knowledge_commands (classify, rightsize)
+  temperd's own directory), training_commands (train), watch_commands (classify, rightsize)
 - status_report: `temperctl status`, the one-line status, /observe
 - notify: sd_notify
 - instance_lock: one temperd per state directory

@@ -167,13 +167,13 @@ class Daemon:
         self.backend.recover()
 
     def _load_watch(self, view: HostView) -> None:
-        if not view.config.knowledge.sampling:
+        if not view.config.watch.sampling:
             return
-        self.watch = WorkloadWatch(view.config.knowledge, len(view.shape.cpus), self._tracked, self.metrics.knowledge)
+        self.watch = WorkloadWatch(view.config.watch, len(view.shape.cpus), self._tracked, self.metrics.watch)
         self.watch.load()
 
     def _tracked(self):
-        """For the usage thread: the workloads, the plan and the profiles, read under the lock."""
+        """For the watch thread: the workloads, the plan and the profiles, read under the lock."""
         with self.lock:
             assert self.view is not None
             return tuple(self.match.workloads), self.plan, self.view.profiles.active
@@ -298,7 +298,7 @@ class Daemon:
                 self.sampler.reshape(view.shape)
             self.sampler.latency_bound_s = view.config.lint_runqueue_latency_p99_ms / 1e3
             if self.watch is not None:  # window and margin at once; the history's file and shape at the next start
-                self.watch.settings = view.config.knowledge
+                self.watch.settings = view.config.watch
             self.sampler.telemetry.set_bpf(view.config.telemetry_bpf)
             self.replan(f"reload ({trigger})")
             result = ReloadResult(True, self.generation, time.time(), trigger, [], summary_of(view))

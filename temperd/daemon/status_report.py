@@ -39,7 +39,7 @@ def status_json(daemon: "DaemonState") -> Dict[str, Any]:
         "overhead": dataclasses.asdict(sampler.observation.overhead) if sampler.observation is not None else None,
         "inventory": dataclasses.asdict(daemon.inventory.stats),
         "replans": daemon.replans,
-        "knowledge": daemon.watch.describe() if daemon.watch is not None else None,  # classification, rightsizing
+        "watch": daemon.watch.describe() if daemon.watch is not None else None,  # classification, rightsizing
         "http": f"http://{http.address}" if http else None,  # where it really listens
     }
 

@@ -268,7 +268,7 @@ class LintMetrics:
             self.violations.labels(invariant).set(n)
 
 
-class KnowledgeMetrics:
+class WatchMetrics:
     """Each workload's classification and rightsizing, from WorkloadWatch: labelled by the workload's
     label (unit, binding cgroup or profile; never a pid), so the series stay bounded."""
 
@@ -330,7 +330,7 @@ class Metrics:
         self.lint = LintMetrics(r)
         self.scx = ScxMetrics(r)
         self.latency = LatencyMetrics(r)
-        self.knowledge = KnowledgeMetrics(r)
+        self.watch = WatchMetrics(r)
 
     def exposition(self) -> bytes:
         return generate_latest(_WithoutCreated(self.registry))

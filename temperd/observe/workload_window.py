@@ -88,7 +88,14 @@ class Window:
         if len(self.snapshots) < 2:
             return None
         last = self.snapshots[-1]
-        first = next((s for s in self.snapshots if s.at >= last.at - window_s), self.snapshots[0])
+        # The latest snapshot at or before the window's start (else the earliest): a window of
+        # window_s covers at least that much once it is full. Snapshots come at SNAPSHOT_S and a
+        # little late, so the first one inside it would leave the window a snapshot short for good.
+        first = self.snapshots[0]
+        for snap in self.snapshots:
+            if snap.at > last.at - window_s:
+                break
+            first = snap
         if first is last:
             first = self.snapshots[-2]
         return first, last

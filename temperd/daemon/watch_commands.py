@@ -16,7 +16,7 @@ def _filters(request: Dict[str, Any]):
     return _optional_pid(request), _optional_unit(request)
 
 
-class KnowledgeCommands:
+class WatchCommands:
     def __init__(self, daemon: "DaemonState"):
         self.daemon = daemon
 
