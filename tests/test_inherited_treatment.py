@@ -313,12 +313,9 @@ treatment = "exclusive"
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="known defect, likely fixed: in the full suite 1 of ~260 threads made during "
-                   "a SIGTERM stop kept nice -10 with its affinity restored (2 of 3 runs; never alone). A thread made "
-                   "under a treatment temperd had since given back on its creator kept it (fixed: given_back.py, "
-                   "test_a_child_made_under_an_earlier_treatment_gets_the_original_back); passed in every full run "
-                   "since, too few to call it fixed. A failure names the threads and the daemon's log")
 def test_the_daemon_stopped_by_sigterm_while_threads_are_made_leaves_none_treated(tmp_path, workloads):
+    """Once failed in 2 of 3 full runs (a thread made under a treatment temperd had since given back
+    on its creator kept it, fixed in given_back.py); passed in the seven full runs after the fix."""
     spawner = workloads(SPAWNER, "tmpd-spawner", str(LIFETIME_S))
     creator = spawner.info["creator"]
     started = sched.get_affinity(creator)
