@@ -1,5 +1,5 @@
 """Thread-aware rightsizing of real processes whose threads run fixed duty cycles, each in a cgroup
-of its own and bound in temperd.toml, all at once (one minute): one hot thread plus seven light
+of its own and bound in temperd.toml, two phases of PHASE_S (20 s): one hot thread plus seven light
 ones needs one exclusive core and a small shared remainder (the per-container figure beside it
 gives none); eight threads at 15 % need no exclusive core; a thread busy 2 s in every 10 s is hot
 at p95; a cgroup whose CPU quota is below its hot thread's need is at risk, with nr_throttled.
@@ -22,7 +22,7 @@ from test_daemon_e2e import Temperd
 pytestmark = [pytest.mark.slow]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PHASE_S = 30.0
+PHASE_S = 20.0
 
 
 class WatchTemperd(Temperd):
