@@ -18,6 +18,7 @@ from temperd.observe.histogram import DecayingHistogram
 from temperd.observe import usage_tracker, workload_watch
 from temperd.observe.usage_history import ThreadSample, UsageHistory
 from temperd.observe.workload_watch import WorkloadWatch
+from temperd.sources import procfs
 
 DAY = 86400.0
 
@@ -133,9 +134,8 @@ def _asleep_for_good(pid: int) -> None:
     """Wait until the process sleeps with its CPU time unchanged over two looks 0.2 s apart (on a
     busy host it may still be on its way from the print into time.sleep when the line arrives)."""
     def runtime_if_asleep():
-        with open(f"/proc/{pid}/stat") as stat, open(f"/proc/{pid}/schedstat") as schedstat:
-            asleep = stat.read().rsplit(")", 1)[1].split()[0] == "S"
-            return int(schedstat.read().split()[0]) if asleep else None
+        stat = procfs.read_process_stat(pid)
+        return procfs.read_runtime_ns(pid, pid) if stat is not None and stat.state == "S" else None
     seen = [runtime_if_asleep()]
 
     def settled():

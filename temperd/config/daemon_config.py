@@ -272,10 +272,10 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
 
 def _watch_settings(classify: dict, rightsizing: dict) -> WatchSettings:
     return WatchSettings(classify=classify["enabled"], window_s=classify["window_s"],
-                             rightsizing=rightsizing["enabled"], margin=rightsizing["margin"],
-                             half_life_h=rightsizing["half_life_h"], sample_interval_s=rightsizing["sample_interval_s"],
-                             idle_sample_interval_s=rightsizing["idle_sample_interval_s"],
-                             keep_threads=rightsizing["keep_threads"], history_file=rightsizing["history_file"])
+                         rightsizing=rightsizing["enabled"], margin=rightsizing["margin"],
+                         half_life_h=rightsizing["half_life_h"], sample_interval_s=rightsizing["sample_interval_s"],
+                         idle_sample_interval_s=rightsizing["idle_sample_interval_s"],
+                         keep_threads=rightsizing["keep_threads"], history_file=rightsizing["history_file"])
 
 
 def parse_config(text: str, file: str) -> DaemonConfig:

@@ -120,8 +120,8 @@ def behind_on_its_own_pace(t: ThreadUsage, samples: int) -> bool:
 
 
 def _may_be_hot(t: ThreadUsage, samples: int) -> bool:
-    return (t.starved_samples > STARVED_SHARE_MAY_BE_HOT * max(1, samples)
-            and not behind_on_its_own_pace(t, max(1, samples)))
+    samples = max(1, samples)
+    return t.starved_samples > STARVED_SHARE_MAY_BE_HOT * samples and not behind_on_its_own_pace(t, samples)
 
 
 def rightsize(usage: UsageSummary, declared: Declared, margin: float, profile: Optional[str] = None,
