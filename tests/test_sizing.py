@@ -4,6 +4,7 @@ a 4-core machine shape (two whole cores) and on a 2-core one (demoted to latency
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,7 +15,8 @@ from fixture_shapes import load_fixture_shape
 from temperd.config.profile import parse_profile
 from temperd.decide.matcher import ThreadMatch, Workload
 from temperd.decide.planner import plan
-from temperd.decide.sizing import MIN_SAMPLES, NO_SIZING, GroupDemand, Sizing, cores_for, group_demands, resize
+from temperd.decide.sizing import (MIN_SAMPLES, NO_SIZING, GroupDemand, Sizing, cores_for, group_demands, resize,
+                                   sized_workloads)
 from temperd.observe.usage_history import ThreadSample, WorkloadHistory
 from temperd.observe.usage_tracker import wanted_cpus
 from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, OWNED
@@ -123,6 +125,15 @@ def pool_workload(tids, budget=None) -> Workload:
     return Workload(key="pool.service", profile_id="pool", tier="critical", budget=budget,
                     budget_reason="test budget" if budget else "no CPU budget", source="binding", reason="test",
                     unit="pool.service", cgroup="/system.slice/pool.service", pids=(tids[0],), threads=threads)
+
+
+def test_only_workloads_with_an_exclusive_group_are_sized():
+    yielding = parse_profile(POOL.replace('id = "pool"', 'id = "bg"').replace('"exclusive"', '"yield"'), "bg.toml")
+    profiles = {"pool": parse_profile(POOL, "pool.toml"), "bg": yielding}
+    pool = pool_workload([10, 11])
+    background = dataclasses.replace(pool, key="bg.service", profile_id="bg")
+    unknown = dataclasses.replace(pool, key="gone.service", profile_id="gone")
+    assert sized_workloads([pool, background, unknown], profiles) == [pool]
 
 
 def workers(layer_plan):

@@ -32,11 +32,11 @@ from temperd.daemon import status_report
 from temperd.daemon.control_commands import ControlCommands
 from temperd.daemon.instance_lock import AlreadyRunning, InstanceLock
 from temperd.daemon.main_loop import REPLAN, STOP, RELOAD, MainLoop, Requests
-from temperd.decide.sizing import NO_SIZING, GroupKey, Sizing
+from temperd.decide.sizing import NO_SIZING, GroupKey, Sizing, sized_workloads
 from temperd.daemon.notify import Notifier
 from temperd.daemon.reload import ReloadResult, ViewLoader, restart_only_changes, summary_of
 from temperd.daemon.services import Services
-from temperd.decide.hostview import HostView, decide, make_matcher
+from temperd.decide.hostview import HostView, all_profiles, decide, make_matcher
 from temperd.decide.planner import PlanMemo
 from temperd.decide.matcher import Matcher, MatchResult, RuntimeBinding
 from temperd.observe.journal import Journal
@@ -252,7 +252,8 @@ class Daemon:
         """Exclusive groups sized by what their threads were measured to use ([rightsizing])."""
         if self.watch is None or not self.watch.settings.rightsizing:
             return NO_SIZING
-        return Sizing(self.watch.group_demands(workloads), self._sizes)
+        sized = sized_workloads(workloads, all_profiles(self.view, self.matcher))
+        return Sizing(self.watch.group_demands(sized), self._sizes)
 
     def resize_if_due(self) -> None:
         """Replan when an exclusive group's measured use asks for another size than the plan in

@@ -7,7 +7,7 @@ CLI shows is what the daemon would do.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from temperd.config.daemon_config import (DEFAULT_CONFIG_DIR, DaemonConfig, check_binding_profiles, load_config)
 from temperd.config.errors import ConfigError, ConfigProblem
@@ -16,6 +16,7 @@ from temperd.decide.matcher import Matcher, MatchResult, Workload
 from temperd.plan import LayerPlan
 from temperd.decide.planner import PlanMemo, PlannerSettings, plan
 from temperd.decide.sizing import NO_SIZING, Sizing
+from temperd.config.profile import Profile
 from temperd.config.profileset import HostShape, ProfileSet, load_profile_set
 from temperd.sources.shape import SYSFS_ROOT, MachineShape, read_shape
 
@@ -57,9 +58,13 @@ def decide(view: HostView, matcher: Matcher, processes: Iterable,
     """sizing(workloads): what the matched workloads' exclusive groups were measured to use.
     memo: the daemon's, kept from one replan to the next (one per matcher: a reload makes both anew)."""
     match = matcher.match(processes)
-    profiles = {**view.profiles.active, **matcher.runtime_profiles()}
-    return match, plan(view.shape, match.workloads, profiles, planner_settings(view.config), sizing(match.workloads),
-                       memo)
+    return match, plan(view.shape, match.workloads, all_profiles(view, matcher), planner_settings(view.config),
+                       sizing(match.workloads), memo)
 
 
-__all__ = ["ConfigError", "HostView", "decide", "load_host_view", "make_matcher", "planner_settings"]
+def all_profiles(view: HostView, matcher: Matcher) -> Dict[str, Profile]:
+    """The profiles a plan is made of: the host's and the runtime bindings' (per process)."""
+    return {**view.profiles.active, **matcher.runtime_profiles()}
+
+
+__all__ = ["ConfigError", "HostView", "all_profiles", "decide", "load_host_view", "make_matcher", "planner_settings"]

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from temperd.plan import EXCLUSIVE
 
 
 MIN_SAMPLES = 30  # samples (1 s each by default) before a measured demand is trusted
@@ -61,6 +63,14 @@ class Sizing:
 
 
 NO_SIZING = Sizing({}, {})
+
+
+def sized_workloads(workloads: Sequence[Any], profiles: Mapping[str, Any]) -> List[Any]:
+    """The workloads that measurement sizes: those whose profile has an exclusive group. The
+    others' use is watched but sizes nothing, and a fork storm's hundreds of workloads replan ten
+    times a second."""
+    return [w for w in workloads if w.profile_id in profiles
+            and any(group.treatment == EXCLUSIVE for group in profiles[w.profile_id].thread_groups)]
 
 
 def cores_for(cpus: float) -> int:

@@ -17,8 +17,9 @@ drift left to whoever made it, restored at the end.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Container, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from temperd.backends.native.held import HeldSettings, HostSettingResult, Setting
 from temperd.backends.native.sched import NICE_MAX, NICE_MIN
@@ -120,22 +121,30 @@ class SessionCache:
     """Which autogroup each process is in, read from /proc once per process where that is safe.
 
     A process leaves its autogroup only by setsid(), into a new session of its own; no process
-    event says so. So a process is read again on every pass while it, or a process cached in the
-    same autogroup, is treated: a treated process that moved, or a child read in its parent's
-    treated session just before its setsid, is seen right on the next pass. Processes of
-    untreated sessions are read once: their move cannot change a treated session's mix. A pass
-    over the whole host's threads then reads a handful of files instead of one per process."""
+    event says so. So a process is read again while it, or a process cached in the same autogroup,
+    is treated: a treated process that moved, or a child read in its parent's treated session just
+    before its setsid, is seen. Processes of untreated sessions are read once: their move cannot
+    change a treated session's mix. Between whole applies (`touched`: the processes of the batch
+    at hand) only the batch's processes are read on every pass, and the treated sessions' others
+    every RECHECK_S: a fork storm's batches come ten a second, and each used to read every process
+    of the storm's session."""
 
-    def __init__(self) -> None:
+    RECHECK_S = 5.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._groups: Dict[Tuple[int, int], Optional[Tuple[str, int]]] = {}  # (pid, start) -> autogroup
         self._mattering: Set[str] = set()  # autogroups with a treated thread, as of the last pass
+        self._clock = clock
+        self._checked_at: Optional[float] = None  # the last pass that read every treated session's processes
 
     def clear(self) -> None:
         self._groups.clear()
         self._mattering.clear()
+        self._checked_at = None
 
     def sessions(self, threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
-                 is_kernel_thread: Callable[[Any], bool]) -> Dict[str, Session]:
+                 is_kernel_thread: Callable[[Any], bool],
+                 touched: Optional[Container[int]] = None) -> Dict[str, Session]:
         threads = list(threads)
         starts: Dict[int, int] = {}  # pid -> the process's start time (its leader's, where seen)
         treated: Set[int] = set()
@@ -144,11 +153,16 @@ class SessionCache:
                 starts[thread.pid] = thread.start_time
         keys = {pid: (pid, start) for pid, start in starts.items()}
         groups = self._groups
+        now = self._clock()
+        recheck = touched is None or self._checked_at is None or now - self._checked_at >= self.RECHECK_S
+        if recheck:
+            self._checked_at = now
 
         def group_of(pid: int) -> Optional[Tuple[str, int]]:
             key = keys[pid]
             cached = groups.get(key, _UNREAD)
-            if cached is _UNREAD or pid in treated or (cached is not None and cached[0] in self._mattering):
+            if cached is _UNREAD or (touched is not None and pid in touched) or (recheck and (
+                    pid in treated or (cached is not None and cached[0] in self._mattering))):
                 groups[key] = cached = read_autogroup(pid)
             return cached
 
@@ -243,12 +257,14 @@ class Autogroups(HeldSettings[str, int]):
 
     def apply(self, threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
               is_kernel_thread: Callable[[Any], bool],
-              before_write: Optional[Callable[[], None]] = None, reread: bool = True) -> HostSettingResult:
+              before_write: Optional[Callable[[], None]] = None, reread: bool = True,
+              touched: Optional[Container[int]] = None) -> HostSettingResult:
         """Weigh the autogroups of these threads (the host's) as their members' layers ask.
-        reread: read every process's autogroup anew (else SessionCache decides which)."""
+        reread: read every process's autogroup anew (else SessionCache decides which; touched:
+        the processes of the batch at hand, between whole applies)."""
         if reread:
             self.cache.clear()
-        found = self.cache.sessions(threads, layer_for, is_kernel_thread)
+        found = self.cache.sessions(threads, layer_for, is_kernel_thread, None if reread else touched)
         wanted = wanted_nices(found)
         self.mixed = {name: session for name, session in found.items() if session.mixed}
         for name, session in found.items():

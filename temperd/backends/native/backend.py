@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set
 
 from temperd import paths
 from temperd.backends.native import sched
@@ -150,7 +150,8 @@ class NativeBackend:
         self.treatment.treat(threads, result, functools.partial(self._save, result), new)
         if self.autogroup and self.treatment.membership is not None and self.autogroups.cache.changes_mix(
                 threads, self.treatment.layer_for, self.treatment.is_kernel_thread):
-            self._apply_autogroups(result, reread=False)  # a new thread or process changed a session's mix
+            # A new thread or process changed a session's mix: the batch's processes are read again.
+            self._apply_autogroups(result, reread=False, touched={thread.pid for thread in threads})
         # The state file was written before the first change of this call (treat's before_write);
         # written again only where the writes did not go as recorded or records came or went
         # without a write (each write serialises the whole ledger, and events come ten batches a second).
@@ -282,14 +283,15 @@ class NativeBackend:
 
     # ---- steps ---------------------------------------------------------------------------------
 
-    def _apply_autogroups(self, result: ApplyResult, reread: bool) -> None:
+    def _apply_autogroups(self, result: ApplyResult, reread: bool, touched: Optional[Set[int]] = None) -> None:
         """reread: every process's autogroup read anew (a whole apply); else only the few that
-        can have changed (autogroup.SessionCache): a new process costs file reads for itself."""
+        can have changed (autogroup.SessionCache; touched: the batch's processes): a new process
+        costs file reads for itself."""
         if self.autogroup and self.treatment.membership is not None:
             save = functools.partial(self._save, result)
             result.take_counts(AUTOGROUP, self.autogroups.apply(
                 self._universe.values(), self.treatment.layer_for, self.treatment.is_kernel_thread,
-                save, reread=reread))
+                save, reread=reread, touched=touched))
             mixed = self.autogroups.mixed
             if not self.idle_cgroup.supported:
                 result.notes.extend(mixed_note(name, session, self.idle_cgroup.why_not)

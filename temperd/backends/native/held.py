@@ -97,25 +97,27 @@ class HeldSettings(Generic[K, V]):
         return self.setting.kind
 
     def hold(self, desired: Mapping[K, V], before_write: Optional[Callable[[], None]] = None,
-             trusted: Container[K] = ()) -> HostSettingResult:
+             trusted: Container[K] = (), read: Optional[Mapping[K, Optional[V]]] = None) -> HostSettingResult:
         """Make `desired` hold, and restore what is held but no longer desired.
 
         before_write is called once, after the originals and intended values are recorded and
         before the first write (the caller saves its state file there). trusted: keys whose value
         temperd wrote is taken as current without reading it (drift is found at the next call
-        that does not trust them)."""
+        that does not trust them). read: values the caller has just read, not read again."""
         result = HostSettingResult()
         for key in sorted(set(self.written) - set(desired)):
             self._restore(key, result)
         pending = self._intend({k: v for k, v in desired.items()
-                                if not (k in trusted and self.written.get(k) == v and k not in self.drifted)}, result)
+                                if not (k in trusted and self.written.get(k) == v and k not in self.drifted)}, result,
+                               read or {})
         if pending and before_write is not None:
             before_write()
         for key, value, previous in pending:
             self._write(key, value, previous, result)
         return result
 
-    def _intend(self, desired: Mapping[K, V], result: HostSettingResult) -> List[Tuple[K, V, Optional[V]]]:
+    def _intend(self, desired: Mapping[K, V], result: HostSettingResult,
+                read: Mapping[K, Optional[V]]) -> List[Tuple[K, V, Optional[V]]]:
         """Read each desired setting, find drift, and record the original and the value to write.
         Returns (key, value, the value written before) for each write to make."""
         pending: List[Tuple[K, V, Optional[V]]] = []
@@ -124,7 +126,7 @@ class HeldSettings(Generic[K, V]):
                 continue
             value = desired[key]
             try:
-                current = self.setting.read(key)
+                current = read[key] if key in read else self.setting.read(key)
             except (OSError, Refused) as exc:
                 result.failed += 1
                 result.errors.append(f"{self.setting.where(key)}: cannot read the current value: {_why(exc)}")

@@ -127,20 +127,21 @@ class IdleCgroup(HeldSettings[Key, str]):
             return result
         desired = {}
         trusted = set()
+        read = {}
         for thread in threads:
             key = (thread.tid, thread.start_time)
             if not verify and self.written.get(key) == self.path and key not in self.drifted:
                 desired[key] = self.path
                 trusted.add(key)
                 continue
-            current = self._read_quietly(key)
+            read[key] = current = self._read_quietly(key)
             if current == self.path:
                 self._as_moved(key)  # inherited from a thread temperd moved
             if current in (ROOT, self.path):
                 desired[key] = self.path
         for key in self._inherited_strays(desired):
             self._as_moved(key)
-        return self.hold(desired, before_write, trusted)
+        return self.hold(desired, before_write, trusted, read)
 
     def restore_all(self) -> HostSettingResult:
         result = super().restore_all()

@@ -2,11 +2,10 @@
 
 Every thread is keyed by (tid, start_time), so a recycled tid is never "restored" with another
 thread's values. The original affinity/policy/nice/slice is recorded once, before the first
-change; `applied` holds what temperd set. The ledger is written atomically to a JSON state file
-after each round of changes, so a temperd that was killed can be undone by the next start. The
+change; `applied` holds what temperd set. The ledger is kept in the state file (state_file.py)
+before each round of changes, so a temperd that was killed can be undone by the next start. The
 state file also carries the sections of the host settings temperd holds (held.py: PM QoS
-bounds, cgroup weights, autogroup nices) in `extras`. A write that a kill cut short leaves a temp
-file beside the state file; the next start removes it.
+bounds, cgroup weights, autogroup nices, the idle cgroup) in `extras`.
 
 Drift: when a re-read value differs from what temperd set, someone else changed it. The ledger
 marks that setting as theirs (temperd stops enforcing it: no fight loop) and does not restore
@@ -19,15 +18,13 @@ sched_getattr reads a thread's policy, nice and slice, and one sched_setattr wri
 from __future__ import annotations
 
 import copy
-import errno
-import json
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from temperd.backends.native import sched
-from temperd.files import remove_unfinished_writes, write_atomically
+from temperd.backends.native.state_file import StateFile, StateFileError
 from temperd.sources import procfs
 
 AFFINITY = "affinity"
@@ -38,7 +35,6 @@ THREAD_KINDS = (AFFINITY, POLICY, NICE, SLICE)
 _SCHED_KINDS = (POLICY, NICE, SLICE)
 
 STATE_FILE = "native-state.json"
-STATE_VERSION = 1
 CLOCK_TICKS = procfs.CLOCK_TICKS
 
 
@@ -187,7 +183,7 @@ class RestoreLedger:
         self.records: Dict[Tuple[int, int], ThreadRecord] = {}  # add with record() or add()
         self._by_pid: Dict[int, Dict[Tuple[int, int], ThreadRecord]] = {}
         self.extras: Dict[str, Any] = {}  # the held host settings' sections (PM QoS, cgroup weights, autogroups)
-        self._written: Optional[str] = None  # what the file holds now (threads and extras), as written
+        self.file = StateFile(self.path)
         # Told (record, kind) before a value temperd wrote is given back (given_back.GivenBack.note).
         self.on_give_back: Optional[Callable[[ThreadRecord, str], None]] = None
 
@@ -333,67 +329,38 @@ class RestoreLedger:
             out.merge(self.restore(rec, online=online))
         return out
 
-    # ---- state file ---------------------------------------------------------------------------
-
-    def as_json(self) -> dict:
-        return {"version": STATE_VERSION, "writer_pid": os.getpid(), "written_at": time.time(),
-                "threads": [rec.as_json() for rec in self.records.values() if rec.applied or rec.drifted],
-                **{name: value for name, value in self.extras.items() if value}}
+    # ---- state file ----------------------------------------------------------------------------
 
     def is_empty(self) -> bool:
         return not any(rec.applied for rec in self.records.values()) and not any(self.extras.values())
 
     def save(self) -> None:
-        """Write the state atomically (temp file, fsync, rename); remove it when nothing is left to undo."""
+        """Bring the state file up to date (state_file.py: this call's changes appended, or the
+        file written whole); remove it when nothing is left to undo."""
         if self.is_empty():
             self.delete()
             return
-        state = self.as_json()
-        stamp = {k: state.pop(k) for k in ("writer_pid", "written_at")}
-        # Compact JSON: json's C encoder (an indented dump runs in Python, a cost per record on
-        # every write, and a fork storm writes every batch).
-        content = json.dumps(state, sort_keys=True)
-        if content == self._written and os.path.exists(self.path):
-            return  # unchanged: no write and fsync per batch of process events on a busy host
-        os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
-        # The stamp spliced in rather than a second dump of every record (key order means nothing to a reader).
-        stamped = content[:-1] + "".join(f", {json.dumps(k)}: {json.dumps(v)}" for k, v in stamp.items()) + "}"
-        write_atomically(self.path, stamped, mode=0o600, sync_dir=True)
-        self._written = content
+        self.file.save((rec for rec in self.records.values() if rec.applied or rec.drifted), self.extras)
 
     def delete(self) -> None:
-        self._written = None
-        try:
-            os.unlink(self.path)
-        except OSError as exc:
-            if exc.errno != errno.ENOENT:
-                raise
+        self.file.delete()
 
     def remove_stale_temp_files(self) -> List[str]:
-        """Remove the temp files of state-file writes that a killed run never finished: the
-        `.native-state.json.tmp-XXXX` of write_atomically, and `native-state.json.tmp.PID` of older
-        versions. Only one run uses a state directory at a time, so none of them is being written.
-        Returns the names removed."""
-        return remove_unfinished_writes(self.path, older_prefixes=(f"{os.path.basename(self.path)}.tmp.",))
+        return self.file.remove_stale_temp_files()
 
     def load(self) -> bool:
         """Read a state file left by an earlier run into this ledger; False when there is none."""
         try:
-            with open(self.path, "rb") as handle:
-                data = json.loads(handle.read())
-        except FileNotFoundError:
+            found = self.file.load()
+        except StateFileError as exc:
+            raise LedgerError(str(exc)) from None
+        if found is None:
             return False
-        except (OSError, ValueError) as exc:
-            raise LedgerError(f"{self.path}: unreadable state file: {exc}") from None
-        if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
-            found = data.get("version") if isinstance(data, dict) else type(data).__name__
-            raise LedgerError(f"{self.path}: version: expected {STATE_VERSION}, found {found!r}")
-        try:
-            for item in data.get("threads", []):
+        threads, sections = found
+        for where, item in threads:
+            try:
                 self.add(ThreadRecord.from_json(item))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise LedgerError(f"{self.path}: threads: malformed entry: {exc}") from None
-        for name, value in data.items():
-            if name not in ("version", "writer_pid", "written_at", "threads"):
-                self.extras[name] = value
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise LedgerError(f"{self.path}: {where}: malformed entry: {exc}") from None
+        self.extras.update(sections)
         return True

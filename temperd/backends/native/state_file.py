@@ -1,0 +1,235 @@
+"""The state file: what temperd changed and what was there before, on disk, for the next start.
+
+A journal of JSON lines. The first is a header ({"version": 2, "writer_pid", "written_at"});
+each later one says what changed since the lines before it:
+
+- {"thread": {...}}: a thread's record as it is now (restore_ledger.ThreadRecord.as_json);
+- {"gone": [tid, start_time]}: a thread no longer held;
+- {"section": kind, "set": {part: {key: value}}, "drop": {part: [key, ...]}}: the entries of a
+  held setting's section (held.py: its originals, written values, ...) that changed.
+
+A batch of process events appends the lines of its own changes (one write, one fdatasync): a
+fork storm makes ten batches a second, and a whole rewrite at each one cost a core's tenth at
+a thousand held threads. The file is written whole (temp file, fsync, rename) when it is new or
+when its appended lines outnumber twice its live entries, so it stays within a few times the
+size of what it holds.
+
+Each line is written before the change it records is made, so a line that a kill cut short (the
+last one, without its newline) announced a change that never happened: it is dropped on load.
+A file of version 1 (one JSON document, written by an earlier release) is read as well.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from temperd.files import remove_unfinished_writes, write_atomically
+
+STATE_VERSION = 2
+READ_VERSIONS = (1, STATE_VERSION)
+COMPACT_AFTER = 256  # appended lines before a whole rewrite is considered (and at least twice the live entries)
+
+ThreadKey = Tuple[int, int]
+Sections = Dict[str, Dict[str, Dict[str, Any]]]  # kind -> part -> key -> value
+
+
+class StateFileError(Exception):
+    """The state file exists but cannot be used; the message names the file and the problem."""
+
+
+def _line(entry: Mapping[str, Any]) -> str:
+    # Compact JSON: the C encoder (an indented dump runs in Python).
+    return json.dumps(entry, sort_keys=True) + "\n"
+
+
+class _Written:
+    """One thread's line as the file holds it, and what it was made from."""
+
+    __slots__ = ("record", "applied", "drifted", "text")
+
+    def __init__(self, record: Any):
+        self.record = record
+        self.applied = dict(record.applied)
+        self.drifted = dict(record.drifted)
+        self.text = _line({"thread": record.as_json()})
+
+    def matches(self, record: Any) -> bool:
+        # A record's identity, original, pid and start never change; what it holds does.
+        return record is self.record and record.applied == self.applied and record.drifted == self.drifted
+
+
+class StateFile:
+    def __init__(self, path: str):
+        self.path = path
+        self.directory = os.path.dirname(path) or "."
+        self._threads: Dict[ThreadKey, _Written] = {}  # what the file holds, by thread
+        self._sections: Sections = {}
+        self._appended = 0  # lines after the last whole write
+        self.whole_writes = 0  # since this object was made: how often the file was rewritten
+        self.appends = 0
+
+    # ---- writing ------------------------------------------------------------------------------
+
+    def save(self, records: Iterable[Any], sections: Mapping[str, Mapping[str, Any]]) -> None:
+        """Make the file hold these thread records and held-setting sections: append what
+        changed, or write it whole. Removed when both are empty."""
+        lines: List[str] = []
+        live: Dict[ThreadKey, _Written] = {}
+        for record in records:
+            written = self._threads.get(record.key)
+            if written is None or not written.matches(record):
+                written = _Written(record)
+                lines.append(written.text)
+            live[record.key] = written
+        lines.extend(_line({"gone": list(key)}) for key in self._threads if key not in live)
+        now = {kind: {part: dict(values) for part, values in section.items() if values}
+               for kind, section in sections.items() if section}
+        lines.extend(_section_lines(self._sections, now))
+        if not live and not now:
+            self.delete()
+            return
+        if not lines and os.path.exists(self.path):
+            return  # unchanged: no write and no sync
+        entries = len(live) + sum(len(values) for section in now.values() for values in section.values())
+        if self._appended + len(lines) > max(COMPACT_AFTER, 2 * entries) or not self._append(lines):
+            self._write_whole(live, now)
+        self._threads, self._sections = live, now
+
+    def _append(self, lines: List[str]) -> bool:
+        """Append to the file as it stands; False where there is none to append to."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            data = "".join(lines).encode()
+            while data:
+                data = data[os.write(fd, data):]
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        self._appended += len(lines)
+        self.appends += 1
+        return True
+
+    def _write_whole(self, threads: Mapping[ThreadKey, _Written], sections: Sections) -> None:
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        header = _line({"version": STATE_VERSION, "writer_pid": os.getpid(), "written_at": time.time()})
+        body = [written.text for written in threads.values()]
+        body.extend(_line({"section": kind, "set": section}) for kind, section in sorted(sections.items()))
+        write_atomically(self.path, header + "".join(body), mode=0o600, sync_dir=True)
+        self._appended = 0
+        self.whole_writes += 1
+
+    def delete(self) -> None:
+        self._threads, self._sections, self._appended = {}, {}, 0
+        try:
+            os.unlink(self.path)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+
+    def remove_stale_temp_files(self) -> List[str]:
+        """Remove the temp files of whole writes that a killed run never finished: the
+        `.native-state.json.tmp-XXXX` of write_atomically, and `native-state.json.tmp.PID` of older
+        versions. Only one run uses a state directory at a time, so none of them is being written.
+        Returns the names removed."""
+        return remove_unfinished_writes(self.path, older_prefixes=(f"{os.path.basename(self.path)}.tmp.",))
+
+    # ---- reading ------------------------------------------------------------------------------
+
+    def load(self) -> Optional[Tuple[List[Tuple[str, dict]], Sections]]:
+        """What an earlier run's file holds: ([(where, thread record JSON)], sections), where
+        `where` names the entry for messages; None when there is no file. StateFileError names
+        the file and what is wrong with it."""
+        try:
+            with open(self.path, "rb") as handle:
+                text = handle.read().decode()
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise StateFileError(f"{self.path}: unreadable state file: {exc}") from None
+        first, _, rest = text.partition("\n")
+        header = _parse(first)
+        if isinstance(header, dict) and header.get("version") == STATE_VERSION:
+            return self._replay(rest)
+        try:
+            whole = json.loads(text)
+        except ValueError as exc:
+            raise StateFileError(f"{self.path}: unreadable state file: {exc}") from None
+        found = whole.get("version") if isinstance(whole, dict) else type(whole).__name__
+        if found != 1:
+            raise StateFileError(f"{self.path}: version: expected one of {READ_VERSIONS}, found {found!r}")
+        threads = whole.get("threads", [])
+        if not isinstance(threads, list):
+            raise StateFileError(f"{self.path}: threads: expected a list")
+        sections = {name: value for name, value in whole.items()
+                    if name not in ("version", "writer_pid", "written_at", "threads")}
+        return [("threads", item) for item in threads], sections
+
+    def _replay(self, text: str) -> Tuple[List[Tuple[str, dict]], Sections]:
+        threads: Dict[ThreadKey, Tuple[str, dict]] = {}
+        sections: Sections = {}
+        # What follows the last newline is empty, or a line a kill cut short: dropped.
+        lines = text.split("\n")[:-1]
+        for number, line in enumerate(lines, start=2):
+            where = f"line {number}"
+            try:
+                entry = json.loads(line)
+                if "thread" in entry:
+                    record = entry["thread"]
+                    threads[(int(record["tid"]), int(record["start_time"]))] = (where, record)
+                elif "gone" in entry:
+                    tid, start_time = entry["gone"]
+                    threads.pop((int(tid), int(start_time)), None)
+                elif "section" in entry:
+                    _apply_section_line(sections, entry)
+                else:
+                    raise ValueError("expected thread, gone or section")
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise StateFileError(f"{self.path}: {where}: malformed entry: {exc}") from None
+        return list(threads.values()), sections
+
+
+def _parse(line: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def _section_lines(before: Sections, now: Sections) -> List[str]:
+    """The lines that turn `before` into `now`: per section, the entries set and dropped."""
+    lines = []
+    for kind in sorted(set(before) | set(now)):
+        old, new = before.get(kind, {}), now.get(kind, {})
+        if old == new:
+            continue
+        changed: Dict[str, Dict[str, Any]] = {}
+        dropped: Dict[str, List[str]] = {}
+        for part in set(old) | set(new):
+            was, is_now = old.get(part, {}), new.get(part, {})
+            if was == is_now:
+                continue
+            values = {key: value for key, value in is_now.items() if key not in was or was[key] != value}
+            gone = [key for key in was if key not in is_now]
+            if values:
+                changed[part] = values
+            if gone:
+                dropped[part] = gone
+        lines.append(_line({"section": kind, "set": changed, "drop": dropped}))
+    return lines
+
+
+def _apply_section_line(sections: Sections, entry: Mapping[str, Any]) -> None:
+    section = sections.setdefault(str(entry["section"]), {})
+    for part, values in (entry.get("set") or {}).items():
+        section.setdefault(part, {}).update(values)
+    for part, keys in (entry.get("drop") or {}).items():
+        table = section.get(part, {})
+        for key in keys:
+            table.pop(key, None)

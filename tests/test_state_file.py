@@ -1,0 +1,120 @@
+"""The state file's journal: a change appends its own lines, a load replays them, a torn last
+line is dropped, the file is rewritten whole before it outgrows what it holds, and a file of the
+earlier one-document format is still read."""
+
+import json
+import os
+
+from temperd.backends.native import state_file
+from temperd.backends.native.restore_ledger import NICE, Original, RestoreLedger, ThreadRecord
+
+ORIGINAL = Original(affinity=(0, 1), policy=0, priority=0, nice=0, slice_ns=0)
+
+
+def _ledger(tmp_path, count):
+    ledger = RestoreLedger(str(tmp_path))
+    for tid in range(100, 100 + count):
+        ledger.add(ThreadRecord(tid, 100, 5000 + tid, f"t{tid}", ORIGINAL, applied={NICE: 5}, since=1))
+    return ledger
+
+
+def _lines(path):
+    with open(path) as handle:
+        return handle.read().splitlines()
+
+
+def _reloaded(tmp_path):
+    again = RestoreLedger(str(tmp_path))
+    assert again.load() is True
+    return again
+
+
+def test_a_change_appends_only_its_own_record_and_a_load_sees_the_latest(tmp_path):
+    ledger = _ledger(tmp_path, 50)
+    ledger.save()
+    whole = _lines(ledger.path)
+    assert len(whole) == 1 + 50 and json.loads(whole[0])["version"] == state_file.STATE_VERSION
+    inode = os.stat(ledger.path).st_ino
+    ledger.get(107, 5107).applied[NICE] = 9
+    ledger.save()
+    after = _lines(ledger.path)
+    assert os.stat(ledger.path).st_ino == inode and after[:51] == whole  # appended, not rewritten
+    assert [json.loads(line)["thread"]["tid"] for line in after[51:]] == [107]
+    assert _reloaded(tmp_path).get(107, 5107).applied == {NICE: 9}
+
+
+def test_an_unchanged_state_writes_nothing_and_a_file_removed_behind_its_back_is_written_whole(tmp_path):
+    ledger = _ledger(tmp_path, 3)
+    ledger.save()
+    before = os.stat(ledger.path)
+    ledger.save()
+    assert os.stat(ledger.path).st_size == before.st_size and os.stat(ledger.path).st_mtime_ns == before.st_mtime_ns
+    os.unlink(ledger.path)
+    ledger.save()
+    assert len(_lines(ledger.path)) == 1 + 3
+
+
+def test_a_forgotten_thread_is_gone_after_a_load(tmp_path):
+    ledger = _ledger(tmp_path, 4)
+    ledger.save()
+    ledger.forget(ledger.get(101, 5101))
+    ledger.save()
+    assert json.loads(_lines(ledger.path)[-1]) == {"gone": [101, 5101]}
+    assert sorted(key[0] for key in _reloaded(tmp_path).records) == [100, 102, 103]
+
+
+def test_sections_append_the_entries_that_changed_and_load_as_they_stand(tmp_path):
+    ledger = _ledger(tmp_path, 1)
+    ledger.extras["idle_cgroup"] = {"originals": {f"{t}/1": "/" for t in range(200)},
+                                    "written": {f"{t}/1": "/temperd-yield" for t in range(200)}}
+    ledger.save()
+    ledger.extras["idle_cgroup"] = {"originals": {f"{t}/1": "/" for t in range(1, 201)},
+                                    "written": {f"{t}/1": "/temperd-yield" for t in range(1, 201)}}
+    ledger.extras["pmqos"] = {"originals": {"0": "0"}, "written": {"0": "20"}}
+    ledger.save()
+    last = [json.loads(line) for line in _lines(ledger.path)[-2:]]
+    idle = next(entry for entry in last if entry["section"] == "idle_cgroup")
+    assert idle["set"] == {"originals": {"200/1": "/"}, "written": {"200/1": "/temperd-yield"}}
+    assert idle["drop"] == {"originals": ["0/1"], "written": ["0/1"]}
+    again = _reloaded(tmp_path)
+    assert again.extras == ledger.extras
+
+
+def test_a_line_cut_short_by_a_kill_is_dropped(tmp_path):
+    ledger = _ledger(tmp_path, 2)
+    ledger.save()
+    with open(ledger.path, "a") as handle:
+        handle.write('{"thread": {"tid": 100, "start_ti')  # the write a kill cut short
+    assert sorted(key[0] for key in _reloaded(tmp_path).records) == [100, 101]
+
+
+def test_the_file_is_rewritten_whole_before_its_appends_outgrow_what_it_holds(tmp_path):
+    ledger = _ledger(tmp_path, 10)
+    ledger.save()
+    rounds = state_file.COMPACT_AFTER + 5
+    for n in range(rounds):
+        ledger.get(100 + n % 10, 5100 + n % 10).applied[NICE] = n % 7 + 1
+        ledger.save()
+    assert ledger.file.whole_writes >= 2 and ledger.file.appends >= state_file.COMPACT_AFTER - 1
+    assert len(_lines(ledger.path)) <= 1 + 10 + state_file.COMPACT_AFTER
+    again = _reloaded(tmp_path)
+    assert {key: rec.applied for key, rec in again.records.items()} == \
+        {key: rec.applied for key, rec in ledger.records.items()}
+
+
+def test_a_state_file_of_the_earlier_one_document_format_is_read(tmp_path):
+    record = ThreadRecord(42, 42, 777, "old", ORIGINAL, applied={NICE: 3}, since=1)
+    (tmp_path / "native-state.json").write_text(json.dumps(
+        {"version": 1, "writer_pid": 1, "written_at": 0, "threads": [record.as_json()],
+         "pmqos": {"originals": {"0": "0"}, "written": {"0": "20"}}}, indent=1))
+    again = _reloaded(tmp_path)
+    assert again.get(42, 777).applied == {NICE: 3} and again.extras["pmqos"]["written"] == {"0": "20"}
+
+
+def test_nothing_left_to_undo_removes_the_file(tmp_path):
+    ledger = _ledger(tmp_path, 2)
+    ledger.save()
+    for rec in list(ledger.records.values()):
+        rec.applied.clear()
+    ledger.save()
+    assert not os.path.exists(ledger.path)
