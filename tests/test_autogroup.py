@@ -199,6 +199,30 @@ def test_session_cache_sees_a_process_that_left_a_treated_session_by_setsid(move
 
 
 @needs_autogroup
+def test_between_whole_applies_a_setsid_is_seen_when_its_process_is_touched_or_at_the_recheck(movers):
+    start, move = movers
+    served, child = start(2)
+    threads = [_Thread(served.pid, served.pid), _Thread(child.pid, child.pid)]
+    layer = _layer("bg", YIELD, [served.pid], policy="idle")
+    layer_for = lambda t: layer if t.pid == served.pid else None  # noqa: E731
+    now = [100.0]
+    cache = autogroup.SessionCache(clock=lambda: now[0])
+    shared = read_autogroup(served.pid)[0]
+
+    def after(seconds, touched=()):
+        now[0] += seconds
+        return cache.sessions(threads, layer_for, lambda t: False, touched=set(touched))
+
+    assert after(0)[shared].classes == {YIELD, "none"}
+    move(child)
+    assert after(1)[shared].classes == {YIELD, "none"}  # neither touched nor due: the cache stands
+    assert after(autogroup.SessionCache.RECHECK_S - 1)[shared].classes == {YIELD}  # the recheck reads it
+    move(served)
+    found = after(1, touched=[served.pid])  # the batch's own process: read at once
+    assert shared not in found and found[read_autogroup(served.pid)[0]].classes == {YIELD}
+
+
+@needs_autogroup
 def test_only_a_treated_newcomer_or_one_in_a_treated_session_changes_the_mix(movers, children):
     start, _move = movers
     served, forked = start(2)  # forked: in served's session, as a fork of it is
