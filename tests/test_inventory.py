@@ -547,3 +547,20 @@ def test_parse_stat_with_an_awkward_name():
     stat = procfs.parse_stat(line)
     assert stat.comm == "a) b (c) " and stat.state == "S" and stat.ppid == 1
     assert (stat.nice, stat.start_time, stat.last_cpu, stat.policy) == (-5, 123456, 1, 3)
+
+
+def test_a_cgroups_quota_is_read_once_between_scans_and_again_after_one():
+    from temperd.sources.cgroups import QuotaCache
+    from temperd.sources.process_store import ProcessStore
+    from temperd.sources.scan import scan
+
+    reads = []
+    store = ProcessStore()
+    store.quotas = QuotaCache(lambda cgroup: reads.append(cgroup) or 1.5)
+    scan(store)
+    mine = store.procs[os.getpid()]
+    assert mine.on_demand.cpu_quota("/a") == 1.5 and mine.on_demand.cpu_quota("/a") == 1.5
+    other = next(proc for pid, proc in store.procs.items() if pid != os.getpid())
+    assert other.on_demand.cpu_quota("/a") == 1.5 and reads == ["/a"]  # shared by the processes of one store
+    scan(store)  # an operator may have set a quota since
+    assert mine.on_demand.cpu_quota("/a") == 1.5 and reads == ["/a", "/a"]

@@ -13,18 +13,18 @@ from typing import Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
 class OnDemand:
     """The facts of one program image that only some decisions need, read the first time one
-    asks and kept: a variable of its environment (an environment binding) and its cgroup's CPU
-    quota (a workload's budget). The inventory makes one per (pid, start time, exec count), so an
-    exec reads the new environment; a scan forgets the quota (an operator may change it)."""
+    asks: a variable of its environment (an environment binding; kept), and its cgroup's CPU
+    quota (a workload's budget; kept per cgroup by the inventory's cgroups.QuotaCache, which a
+    scan clears: an operator may change it). The inventory makes one per (pid, start time, exec
+    count), so an exec reads the new environment."""
 
-    __slots__ = ("_read_environ", "_read_quota", "_environ", "_quota")
+    __slots__ = ("_read_environ", "_read_quota", "_environ")
 
     def __init__(self, read_environ: Callable[[str], Optional[str]],
                  read_quota: Callable[[str], Optional[float]]):
         self._read_environ = read_environ
         self._read_quota = read_quota
         self._environ: Dict[str, Optional[str]] = {}
-        self._quota: Dict[str, Optional[float]] = {}
 
     @classmethod
     def known(cls, environ: Optional[Mapping[str, str]] = None,
@@ -39,12 +39,7 @@ class OnDemand:
         return self._environ[name]
 
     def cpu_quota(self, cgroup: str) -> Optional[float]:
-        if cgroup not in self._quota:
-            self._quota[cgroup] = self._read_quota(cgroup)
-        return self._quota[cgroup]
-
-    def forget_quota(self) -> None:
-        self._quota.clear()
+        return self._read_quota(cgroup)
 
 
 _NOTHING = OnDemand.known()

@@ -8,7 +8,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
 
 from temperd.sources import cgroups, procfs
 from temperd.sources.facts import OnDemand, ProcessFacts, ThreadFacts
@@ -40,6 +40,7 @@ class ProcessStore:
         self.tid_pid: Dict[int, int] = {}
         self.generation = 0
         self._cached: Optional[InventorySnapshot] = None
+        self.quotas = cgroups.QuotaCache()
 
     def process(self, pid: int) -> Optional[ProcessFacts]:
         proc = self.procs.get(pid)
@@ -130,7 +131,7 @@ class ProcessStore:
         leader = stats.get(pid)
         if leader is None:
             return None
-        proc = ProcessRecord(pid, leader)
+        proc = ProcessRecord(pid, leader, self.quotas)
         for tid, stat in stats.items():
             info = thread_facts(pid, tid, stat, None)
             if info is not None:
@@ -146,10 +147,10 @@ class ProcessRecord:
 
     __slots__ = (
         "pid", "start_time", "name", "exe", "cmdline", "cgroup", "cgroup_systemd",
-        "unit", "is_kernel_thread", "ppid", "threads", "frozen", "uid", "execs", "on_demand", "unreadable",
+        "unit", "is_kernel_thread", "ppid", "threads", "frozen", "uid", "execs", "on_demand", "unreadable", "quotas",
     )
 
-    def __init__(self, pid: int, stat: procfs.TaskStat):
+    def __init__(self, pid: int, stat: procfs.TaskStat, quotas: Callable[[str], Optional[float]]):
         self.pid = pid
         self.start_time = stat.start_time
         self.name = stat.comm
@@ -164,13 +165,14 @@ class ProcessRecord:
         self.execs = 0
         self.threads: Dict[int, ThreadFacts] = {}
         self.frozen: Optional[ProcessFacts] = None
-        self.on_demand = _on_demand(pid)
+        self.quotas = quotas  # the store's, shared: cgroups.QuotaCache
+        self.on_demand = _on_demand(pid, quotas)
         self.unreadable: Tuple[str, ...] = ()
 
     def exec_seen(self) -> None:
         """An exec found by a scan (its event lost): a new program image, its facts read anew."""
         self.execs += 1
-        self.on_demand = _on_demand(self.pid)
+        self.on_demand = _on_demand(self.pid, self.quotas)
 
     def live_tid(self) -> Optional[int]:
         """The thread to read process facts through: None (the process) unless the leader is gone."""
@@ -232,8 +234,8 @@ def _fact(read, name: str, denied: set, pid: int, via: Optional[int]):
     return None
 
 
-def _on_demand(pid: int) -> OnDemand:
-    return OnDemand(functools.partial(procfs.read_environ_var, pid), cgroups.cpu_quota)
+def _on_demand(pid: int, quotas: Callable[[str], Optional[float]]) -> OnDemand:
+    return OnDemand(functools.partial(procfs.read_environ_var, pid), quotas)
 
 
 def thread_facts(pid: int, tid: int, stat: procfs.TaskStat, runtime_ns: Optional[int],

@@ -16,6 +16,7 @@ def scan(store: ProcessStore) -> List[Change]:
     """Scan /proc and make the store equal to it; the changes made."""
     changes: List[Change] = []
     seen = set()
+    store.quotas.clear()  # an operator may have set one since
     for pid in procfs.list_pids():
         stats = procfs.read_thread_stats(pid)
         if stats is None:
@@ -61,7 +62,6 @@ def rescan_process(store: ProcessStore, proc: ProcessRecord, leader: procfs.Task
         # setuid() without an exec sends no event: the scan sees the new owner
         uid = procfs.read_uid(pid, via)
         uid = proc.uid if uid is None else uid
-        proc.on_demand.forget_quota()  # an operator may have set one since
         if exe != proc.exe:
             whole = EXEC  # an exec whose event was lost
             proc.exec_seen()
