@@ -77,7 +77,14 @@ def _wait_readable(loop_, limit_s=5.0):
     raise AssertionError("no process event arrived")
 
 
-def test_events_after_a_quiet_spell_are_handled_at_once_and_the_next_wait_for_the_batch(loop):
+def test_the_wait_for_the_next_batch_grows_with_what_the_last_pass_cost_up_to_the_batch():
+    assert main_loop.batch_wait(0.0) == 0.0
+    assert main_loop.batch_wait(0.004) == pytest.approx(main_loop.BATCH_WAIT_PER_CPU * 0.004)
+    assert main_loop.batch_wait(10.0) == main_loop.EVENT_BATCH_S
+
+
+def test_events_after_a_quiet_spell_are_handled_at_once_and_the_next_wait_for_the_batch(loop, monkeypatch):
+    monkeypatch.setattr(main_loop, "BATCH_WAIT_PER_CPU", 1e6)  # a dear pass: the whole batch
     loop_, side = loop
     _fork_one()
     _wait_readable(loop_)
@@ -97,7 +104,8 @@ def test_events_after_a_quiet_spell_are_handled_at_once_and_the_next_wait_for_th
     assert len(side.replans) == 2
 
 
-def test_a_title_recheck_due_inside_the_batch_does_not_make_the_loop_spin(loop):
+def test_a_title_recheck_due_inside_the_batch_does_not_make_the_loop_spin(loop, monkeypatch):
+    monkeypatch.setattr(main_loop, "BATCH_WAIT_PER_CPU", 1e6)
     loop_, side = loop
     _fork_one()
     _wait_readable(loop_)

@@ -31,11 +31,14 @@ WATCHDOG_DEFAULT_S = 10.0  # where the unit sets no WatchdogSec (systemd then ig
 STARVED_RETRY_S = 1.0
 OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 STARVED_LOG_EVERY_S = 600.0  # a spell that comes and goes is logged once in this long
-# After a pass that brought process events, the next events wait this long: a busy host's events
-# are then handled in batches (one match and plan per batch, not per fork), and a process that
-# forks, execs and exits within it costs a failed open instead of reads of /proc. The first event
-# after a quiet spell is handled at once.
+# After a pass that brought process events, the next events wait: a busy host's events are then
+# handled in batches (one match and plan per batch, not per fork), and a process that forks, execs
+# and exits within one costs a failed open instead of reads of /proc. The wait is
+# BATCH_WAIT_PER_CPU times the CPU time the pass took, at most EVENT_BATCH_S: handling events then
+# takes at most a quarter of a core until batches reach EVENT_BATCH_S, while a light stream of
+# events is treated within milliseconds. The first event after a quiet spell is handled at once.
 EVENT_BATCH_S = 0.1
+BATCH_WAIT_PER_CPU = 3.0
 
 log = logging.getLogger("temperd")
 
@@ -185,16 +188,17 @@ class MainLoop:
             return None
         try:
             changes = []
+            cpu_before = time.thread_time()
             if inventory.events_active and time.monotonic() >= self.events_not_before:
                 changes = inventory.handle_events()
-                if changes:
-                    self.events_not_before = time.monotonic() + EVENT_BATCH_S
             if RELOAD in pending:
                 daemon.reload(pending[RELOAD])
             elif REPLAN in pending:
                 daemon.replan(pending[REPLAN])  # a whole apply: the backend's situation changed
             elif changes:
                 daemon.replan("events", changes)
+            if changes:
+                self.events_not_before = time.monotonic() + batch_wait(time.thread_time() - cpu_before)
         except OSError:
             self._carried = pending  # asked again on the next pass
             raise
@@ -209,6 +213,11 @@ class MainLoop:
             daemon.resize_if_due()
             self.next_observe = now + daemon.observe_interval_s
         return now
+
+
+def batch_wait(pass_cpu_s: float) -> float:
+    """How long the next process events wait after a pass with events that took this much CPU."""
+    return min(EVENT_BATCH_S, BATCH_WAIT_PER_CPU * max(0.0, pass_cpu_s))
 
 
 def _due(last: Optional[float], now: float) -> bool:
