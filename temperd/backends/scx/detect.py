@@ -147,3 +147,31 @@ def start_blocker(sysfs_root: str, ours_just_exited: bool) -> Tuple[Optional[str
     if state is None and not os.path.isdir(sched_ext_dir(sysfs_root)):
         return f"no {sched_ext_dir(sysfs_root)}: kernel without CONFIG_SCHED_CLASS_EXT", ours_leaving
     return describe_loaded(state, ops, sysfs_root), ours_leaving
+
+
+class SchedExtGate:
+    """Whether scx_layered may start now. The kernel unloads a scheduler asynchronously after its
+    process is gone, so a busy sched_ext that may be our own scx_layered leaving is waited for,
+    grace_s at most; another scheduler holding the kernel refuses the start."""
+
+    def __init__(self, sysfs_root: str, grace_s: float):
+        self.sysfs_root = sysfs_root
+        self.grace_s = grace_s
+        self._exited_at: Optional[float] = None  # our scx_layered's last exit
+        self._busy_since: Optional[float] = None  # sched_ext busy with what may be ours leaving
+
+    def exited(self, now: float) -> None:
+        self._exited_at = now
+
+    def check(self, now: float) -> Tuple[Optional[str], bool]:
+        """(None, False): start. (reason, True): wait and ask again. (reason, False): refuse."""
+        ours_just_exited = self._exited_at is not None and now - self._exited_at < self.grace_s
+        reason, passing = start_blocker(self.sysfs_root, ours_just_exited)
+        if reason is None:
+            self._busy_since = None
+            return None, False
+        if passing:
+            self._busy_since = self._busy_since if self._busy_since is not None else now
+            if now - self._busy_since < self.grace_s:
+                return reason, True
+        return reason, False

@@ -1,10 +1,11 @@
-"""When the scx supervisor starts scx_layered again: its restart policy and crash history."""
+"""When the scx supervisor starts scx_layered again (its restart policy, the plan change waiting
+for a restart, the crash history), and what each restart costs the host."""
 
 from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import Deque
+from typing import Deque, Optional
 
 from temperd.config.daemon_config import ScxSettings
 
@@ -58,3 +59,64 @@ class CrashHistory:
 
     def clear(self) -> None:
         self._times.clear()
+
+
+class PlanChanges:
+    """The config asked for against the one scx_layered runs. scx_layered has no reload, so a
+    change means a restart: it waits batch_s for more changes (coalescing them into one restart),
+    and min_interval_s after the last start."""
+
+    def __init__(self, policy: RestartPolicy):
+        self.policy = policy
+        self.desired: Optional[str] = None  # canonical JSON of the config to run
+        self.running: Optional[str] = None  # ... and of the one the process runs
+        self.pending_since: Optional[float] = None
+        self.coalesced = 0  # changes that replaced one still waiting for its restart
+
+    def ask(self, text: str, process_runs: bool, now: float) -> bool:
+        """Ask for this config; True when it differs from what runs or waits."""
+        if text == self.desired:
+            return False
+        if self.pending_since is not None:
+            self.coalesced += 1
+        self.desired = text
+        if text == self.running:
+            self.pending_since = None  # back to what runs: nothing to do
+            return False
+        if process_runs and self.pending_since is None:
+            self.pending_since = now
+        return True
+
+    @property
+    def pending(self) -> bool:
+        return self.pending_since is not None
+
+    def restart_due(self, last_start: Optional[float]) -> float:
+        """When the waiting change restarts scx_layered: after the batch delay and the rate limit."""
+        assert self.pending_since is not None
+        last = last_start if last_start is not None else float("-inf")
+        return max(self.pending_since + self.policy.batch_s, last + self.policy.min_interval_s)
+
+    def started(self, text: str) -> None:
+        """scx_layered started with this config: nothing waits any more."""
+        self.running = text
+        self.pending_since = None
+
+
+class DefaultSchedulerGap:
+    """What restarts cost: the time the host runs on the kernel's default scheduler between the
+    exit of a scx_layered that had attached and the attach of the next one."""
+
+    def __init__(self) -> None:
+        self._since: Optional[float] = None
+        self.last_s: Optional[float] = None
+        self.total_s = 0.0
+
+    def begin(self, now: float) -> None:
+        self._since = now
+
+    def end(self, now: float) -> None:
+        if self._since is not None:
+            self.last_s = round(now - self._since, 3)
+            self.total_s += now - self._since
+            self._since = None
