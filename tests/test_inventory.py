@@ -564,3 +564,25 @@ def test_a_cgroups_quota_is_read_once_between_scans_and_again_after_one():
     assert other.on_demand.cpu_quota("/a") == 1.5 and reads == ["/a"]  # shared by the processes of one store
     scan(store)  # an operator may have set a quota since
     assert mine.on_demand.cpu_quota("/a") == 1.5 and reads == ["/a", "/a"]
+
+
+def test_a_process_that_forks_and_execs_within_one_batch_is_read_once_and_one_that_ends_not_at_all(spawn,
+                                                                                                     monkeypatch):
+    from temperd.sources.proc_connector import Batch, ProcEvent
+
+    inventory = Inventory()  # not started: the batches are given
+    reads = []
+    real_read = inventory._store.read_process
+    monkeypatch.setattr(inventory._store, "read_process", lambda pid, *a: reads.append(pid) or real_read(pid, *a))
+    execed, ended = spawn("tmpd-execed"), spawn("tmpd-ended")
+
+    def event(kind, pid):
+        return ProcEvent(kind, pid, pid, time.monotonic_ns(), 0)
+
+    changes = []
+    inventory._apply_batch(Batch(events=[event("fork", execed.pid), event("fork", ended.pid),
+                                         event("exec", execed.pid), event("exit", ended.pid)]), changes)
+    assert reads == [execed.pid]
+    assert [(c.kind, c.pid) for c in changes] == [(NEW_PROCESS, execed.pid)]
+    assert inventory.process(execed.pid).pid == execed.pid and inventory.process(ended.pid) is None
+    assert inventory.stats().events_received == 4

@@ -190,7 +190,15 @@ class Inventory:
             self._events_lost += 1
             self._resync_pending = True
             log.debug("process events lost (receive buffer overflow); rescanning /proc")
-        for event in batch.events:
+        # A task that execs or ends later in the same batch is read then (or not at all), not at its
+        # fork too: under a fork storm most new processes fork and exec within one batch.
+        settled = {event.tid: index for index, event in enumerate(batch.events) if event.kind in ("exec", "exit")}
+        for index, event in enumerate(batch.events):
+            if event.kind == "fork" and settled.get(event.tid, -1) > index:
+                self._events_received += 1
+                if event.tid == event.pid:
+                    self._rechecks.schedule(event.pid)
+                continue
             self.apply_event(event, changes)
         if batch.events:
             lag = max(0.0, (time.monotonic_ns() - batch.events[-1].timestamp_ns) / 1e9)
