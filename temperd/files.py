@@ -18,17 +18,20 @@ def read_stripped(path: str) -> Optional[str]:
         return None
 
 
-def write_atomically(path: str, data: Union[str, bytes], mode: int = 0o644, sync_dir: bool = False) -> None:
+def write_atomically(path: str, data: Union[str, bytes], mode: int = 0o644, sync_dir: bool = False,
+                     durable: bool = True) -> None:
     """Replace path with data so that a reader (or a restart after a crash) sees the old file or
     the new one, never a part: temp file in the same directory, fsync, rename; the directory
-    entry itself is synced on request (state that must survive a power cut)."""
+    entry itself is synced on request (state that must survive a power cut). durable False: no
+    fsync at all, for state that ends with the boot (a killed writer's data is in the page cache)."""
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=directory)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data.encode() if isinstance(data, str) else data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
@@ -37,7 +40,7 @@ def write_atomically(path: str, data: Union[str, bytes], mode: int = 0o644, sync
         except OSError:
             pass
         raise
-    if sync_dir:
+    if sync_dir and durable:
         dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dir_fd)

@@ -118,3 +118,16 @@ def test_nothing_left_to_undo_removes_the_file(tmp_path):
         rec.applied.clear()
     ledger.save()
     assert not os.path.exists(ledger.path)
+
+
+def test_nothing_waits_for_the_disk_what_the_file_describes_ends_with_the_boot(tmp_path, monkeypatch):
+    def refused(*_args):
+        raise AssertionError("the state file was synced to disk")
+
+    monkeypatch.setattr(os, "fsync", refused)
+    monkeypatch.setattr(os, "fdatasync", refused)
+    ledger = _ledger(tmp_path, 3)
+    ledger.save()  # whole
+    ledger.get(100, 5100).applied[NICE] = 7
+    ledger.save()  # appended
+    assert _reloaded(tmp_path).get(100, 5100).applied == {NICE: 7}

@@ -8,11 +8,14 @@ each later one says what changed since the lines before it:
 - {"section": kind, "set": {part: {key: value}}, "drop": {part: [key, ...]}}: the entries of a
   held setting's section (held.py: its originals, written values, ...) that changed.
 
-A batch of process events appends the lines of its own changes (one write, one fdatasync): a
-fork storm makes ten batches a second, and a whole rewrite at each one cost a core's tenth at
-a thousand held threads. The file is written whole (temp file, fsync, rename) when it is new or
-when its appended lines outnumber twice its live entries, so it stays within a few times the
-size of what it holds.
+A batch of process events appends the lines of its own changes (one write): a fork storm makes
+ten batches a second, and a whole rewrite at each one cost a core's tenth at a thousand held
+threads. The file is written whole (temp file, rename) when it is new or when its appended lines
+outnumber twice its live entries, so it stays within a few times the size of what it holds.
+
+Nothing is synced to disk: every setting the file describes (a thread's, an autogroup's, a v1
+cgroup's, a PM QoS bound, a --runtime cgroup weight) ends with the boot, so the file must outlive
+a killed temperd, not a power cut, and the page cache keeps it for the next start.
 
 Each line is written before the change it records is made, so a line that a kill cut short (the
 last one, without its newline) announced a change that never happened: it is dropped on load.
@@ -109,7 +112,6 @@ class StateFile:
             data = "".join(lines).encode()
             while data:
                 data = data[os.write(fd, data):]
-            os.fdatasync(fd)
         finally:
             os.close(fd)
         self._appended += len(lines)
@@ -121,7 +123,7 @@ class StateFile:
         header = _line({"version": STATE_VERSION, "writer_pid": os.getpid(), "written_at": time.time()})
         body = [written.text for written in threads.values()]
         body.extend(_line({"section": kind, "set": section}) for kind, section in sorted(sections.items()))
-        write_atomically(self.path, header + "".join(body), mode=0o600, sync_dir=True)
+        write_atomically(self.path, header + "".join(body), mode=0o600, durable=False)
         self._appended = 0
         self.whole_writes += 1
 
