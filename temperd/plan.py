@@ -7,6 +7,7 @@ The native backend reads the same plan as per-thread affinity, policy and nice.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, Optional, Tuple
 
@@ -98,6 +99,18 @@ class LayerPlan:
                 return layer
         raise KeyError(name)
 
+    @functools.cached_property
+    def treatment_by_tid(self) -> Dict[int, tuple]:
+        """tid -> what its layer asks of it (the first layer that names it, as the backends read
+        it). Kept: the plan in force is compared with the next one at every batch of events."""
+        out: Dict[int, tuple] = {}
+        for layer in self.layers:
+            treatment = (layer.name, layer.kind, layer.treatment, layer.cpus, layer.nice, layer.slice_us,
+                         layer.policy, layer.ownership)
+            for tid in layer.selector.tids:
+                out.setdefault(tid, treatment)
+        return out
+
 
 def host_wide(plan: LayerPlan) -> tuple:
     """What a plan asks of threads outside its layers and of the host itself: the reserve, the
@@ -115,18 +128,7 @@ def moved_members(old: LayerPlan, new: LayerPlan) -> Optional[FrozenSet[int]]:
     differ beyond their members (host_wide), so that every thread may be affected."""
     if host_wide(old) != host_wide(new):
         return None
-    before, after = _treatment_by_tid(old), _treatment_by_tid(new)
+    before, after = old.treatment_by_tid, new.treatment_by_tid
     moved = {tid for tid, treatment in after.items() if before.get(tid) != treatment}
     moved.update(tid for tid in before if tid not in after)
     return frozenset(moved)
-
-
-def _treatment_by_tid(plan: LayerPlan) -> Dict[int, tuple]:
-    """tid -> what its layer asks of it (the first layer that names it, as the backends read it)."""
-    out: Dict[int, tuple] = {}
-    for layer in plan.layers:
-        treatment = (layer.name, layer.kind, layer.treatment, layer.cpus, layer.nice, layer.slice_us,
-                     layer.policy, layer.ownership)
-        for tid in layer.selector.tids:
-            out.setdefault(tid, treatment)
-    return out
