@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 import cgroup_fixtures as F
 from thread_children import read_json_line, wait_for
 
@@ -224,7 +226,9 @@ def test_demand_reads_a_thread_as_cpu_bound_only_where_cpu_was_to_be_had():
     assert demand(0.15, 0.85, 1.0, room_cpus=0.0) == (0.15, True)  # behind on fixed work, or a spinner: unknown
     assert demand(0.15, 0.6, 1.0, room_cpus=0.0) == (0.15, False)  # it slept 25 %: it got what it wanted
     assert demand(0.95, 0.05, 1.0, room_cpus=0.0) == (0.95, False)  # hardly waited: it ran all along
-    assert demand(0.1, 0.3, 1.0, room_cpus=None)[0] == 0.1 / 0.7  # no host reading yet: as before
+    assert demand(0.1, 0.3, 1.0, room_cpus=None) == (0.1, False)  # it slept 60 %: its waits only delayed it
+    assert demand(0.15, 0.4, 1.0, room_cpus=1.0) == (0.15, False)  # queued behind siblings on a quiet host
+    assert demand(0.66, 0.33, 1.0, room_cpus=None)[0] == pytest.approx(0.66 / 0.67)  # hardly slept: as before
 
 
 def _crowded(history, label, threads, seconds=300):

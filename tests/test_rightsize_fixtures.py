@@ -132,26 +132,24 @@ def fixed(cgroup, binary, *threads):
     return proc
 
 
-@pytest.mark.skipif(F.needs("stress-ng") is not None, reason=str(F.needs("stress-ng")))
-def test_on_a_crowded_host_starved_threads_are_not_read_as_spinners(tmp_path, fixed_work):
-    """C threads with fixed CPU work per 100 ms, PHASE_S each, one after the other, beside two
-    stress-ng spinners in a cgroup temperd does not track. One hot thread + seven at 10 % needs one
-    exclusive core (the light threads fall behind now and then, and stay light); eight at 15 %
-    need none, between what they got and the host's CPUs. Nothing exceeds the host. (The same
-    structure on a quiet host: the first test of this file.)"""
-    host_cpus = os.cpu_count()
-    with F.cgroup_parent("temperd-crowded") as make:
-        hot, even = make("crowded-hot"), make("crowded-even")
+def fixed_phases(tmp_path, binary, spinners: int) -> dict:
+    """One hot thread + seven at 10 %, then eight at 15 % (C threads with fixed CPU work per 100
+    ms), PHASE_S each, with `spinners` stress-ng spinners beside in a cgroup temperd does not
+    track: each phase's rightsize answer, by cgroup path."""
+    with F.cgroup_parent(f"temperd-fixed-{spinners}") as make:
+        hot, even = make("fixed-hot"), make("fixed-even")
         settings = (f'[classify]\nwindow_s = {PHASE_S:g}\n[rightsizing]\nhistory_file = "{tmp_path}/h.json"\n'
                     + bindings(hot, even))
         daemon = WatchTemperd(tmp_path, settings)
         daemon.start()
         got = {}
         try:
-            make("spinners").spawn(["stress-ng", "--cpu", "2", "--timeout", f"{2 * PHASE_S + 20:g}", "--quiet"])
+            if spinners:
+                make("spinners").spawn(["stress-ng", "--cpu", str(spinners), "--timeout", f"{2 * PHASE_S + 20:g}",
+                                        "--quiet"])
             for cgroup, threads in ((hot, ["hot=100/100"] + [f"light{i}=10/100" for i in range(7)]),
                                     (even, [f"even{i}=15/100" for i in range(8)])):
-                proc = fixed(cgroup, fixed_work, *threads)
+                proc = fixed(cgroup, binary, *threads)
                 time.sleep(PHASE_S)
                 got[cgroup.path] = daemon.ask("rightsize", "--unit", cgroup.path)[cgroup.path]
                 proc.kill()
@@ -159,13 +157,36 @@ def test_on_a_crowded_host_starved_threads_are_not_read_as_spinners(tmp_path, fi
         finally:
             daemon.stop()
     for path, r in got.items():
-        print(f"\n{path}: needed {r['needed_cpus']}, exclusive {r['exclusive_cores']}, starved {r['starved_s']}, "
-              f"got {r['starved_got_cpus']}\n  {r['reason']}")
+        print(f"\n{path}: needed {r['needed_cpus']}, exclusive {r['exclusive_cores']}, shared {r['shared_cpus']}, "
+              f"starved {r['starved_s']}, got {r['starved_got_cpus']}\n  {r['reason']}")
+    return got
+
+
+def test_on_a_quiet_host_threads_released_together_are_read_by_their_work_not_their_queueing(tmp_path, fixed_work):
+    """Threads released together each period queue behind each other on 2 CPUs (each waits tens
+    of ms of every 100): that delays them, it does not make them want more. One hot thread +
+    seven at 10 % gets one exclusive core and under one shared CPU; eight at 15 % (1.2 CPUs of
+    work) need none, about what they do."""
+    got = fixed_phases(tmp_path, fixed_work, spinners=0)
+    one_hot, even = got.values()
+    assert one_hot["exclusive_cores"] == 1 and [t["comm"] for t in one_hot["hot_threads"]] == ["hot"], one_hot["reason"]
+    assert one_hot["shared_cpus"] < 1.0, one_hot["reason"]
+    assert even["exclusive_cores"] == 0 and 1.0 <= even["needed_cpus"] <= 1.6, even["reason"]
+    assert not one_hot["starved_s"] and not even["starved_s"]
+
+
+@pytest.mark.skipif(F.needs("stress-ng") is not None, reason=str(F.needs("stress-ng")))
+def test_on_a_crowded_host_starved_threads_are_not_read_as_spinners(tmp_path, fixed_work):
+    """The same threads beside two spinners. One hot thread + seven at 10 % needs one exclusive
+    core (the light threads fall behind now and then, and stay light); eight at 15 % need none,
+    between what they got and the host's CPUs. Nothing exceeds the host."""
+    host_cpus = os.cpu_count()
+    got = fixed_phases(tmp_path, fixed_work, spinners=2)
+    for r in got.values():
         assert r["needed_cpus"] <= host_cpus and r["per_container_cpus"] <= host_cpus
-    one_hot = got[hot.path]
+    one_hot, crowded = got.values()
     assert one_hot["exclusive_cores"] == 1 and [t["comm"] for t in one_hot["hot_threads"]] == ["hot"], one_hot["reason"]
     assert one_hot["starved_s"] and "starved" in one_hot["reason"]  # the spinners left it no CPU to spare
-    crowded = got[even.path]
     assert crowded["exclusive_cores"] == 0 and crowded["hot_threads"] == [], crowded["reason"]
     if crowded["starved_s"]:  # starved: the reason says so, and needed is bounded by the host
         assert "starved" in crowded["reason"] and crowded["starved_got_cpus"] <= crowded["needed_cpus"] <= host_cpus

@@ -103,18 +103,22 @@ def demand(ran_s: float, waited_s: float, interval_s: float, room_cpus: Optional
     """(the CPUs a thread wanted over an interval, whether it was starved).
 
     room_cpus: how idle the CPUs it may run on were (its affinity, which its cpuset and temperd's
-    plan narrow), on average over the interval; None where unknown. With room (at least
-    HOST_ROOM_CPUS), its waits were not for want of CPU: wanted_cpus. Without, a thread that slept
-    got what it wanted (its run share); one that hardly slept and waited at least
-    STARVED_WAIT_SHARE of the interval was starved: a spinner and a thread behind on fixed work
-    look alike then, so its demand is unknown, at least its run share (returned, marked starved)."""
+    plan narrow), on average over the interval; None where unknown. A thread that slept (at least
+    STARVED_SLEEP_SHARE of the interval) had run out of work each time: its waits delayed it, they
+    did not take CPU it would have used, so it wanted its run share (threads released together
+    each period queue behind each other even on a quiet host). One that hardly slept wanted what
+    it ran of the time it was not kept waiting (wanted_cpus: a spinner wants 1.0) where its CPUs
+    had room (at least HOST_ROOM_CPUS); without room, if it waited at least STARVED_WAIT_SHARE of
+    the interval, it was starved: a spinner and a thread behind on fixed work look alike then, so
+    its demand is unknown, at least its run share (returned, marked starved)."""
     if interval_s <= 0:
         return 0.0, False
+    got = min(1.0, ran_s / interval_s)
+    if interval_s - ran_s - waited_s >= STARVED_SLEEP_SHARE * interval_s:
+        return got, False
     if room_cpus is None or room_cpus >= HOST_ROOM_CPUS:
         return wanted_cpus(ran_s, waited_s, interval_s), False
-    got = min(1.0, ran_s / interval_s)
-    slept = interval_s - ran_s - waited_s
-    return got, slept < STARVED_SLEEP_SHARE * interval_s and waited_s >= STARVED_WAIT_SHARE * interval_s
+    return got, waited_s >= STARVED_WAIT_SHARE * interval_s
 
 
 def _room(idle_by_cpu: Optional[Sequence[float]], thread: "_Thread", tid: int) -> Optional[float]:
