@@ -193,13 +193,16 @@ class Inventory:
         # A task that execs or ends later in the same batch is read then (or not at all), not at its
         # fork too: under a fork storm most new processes fork and exec within one batch.
         settled = {event.tid: index for index, event in enumerate(batch.events) if event.kind in ("exec", "exit")}
+        unread_forks = []
         for index, event in enumerate(batch.events):
             if event.kind == "fork" and settled.get(event.tid, -1) > index:
                 self._events_received += 1
                 if event.tid == event.pid:
-                    self._rechecks.schedule(event.pid)
+                    unread_forks.append(event.pid)
                 continue
             self.apply_event(event, changes)
+        for pid in unread_forks:  # read at its exec (if it did not end): its title is rechecked as any new process's
+            self._rechecks.schedule(pid)
         if batch.events:
             lag = max(0.0, (time.monotonic_ns() - batch.events[-1].timestamp_ns) / 1e9)
             self._last_lag_s = lag
