@@ -497,3 +497,17 @@ def test_an_untrusted_binary_is_never_run(env, tmp_path, owner, mode, expected):
     directory.chmod(0o777)  # the file is fine now, its directory is not
     from temperd.backends.scx.detect import binary_trust_problem
     assert "writable by others" in binary_trust_problem(str(binary))
+
+
+def test_a_config_asked_for_while_scx_layered_starts_waits_for_its_restart():
+    from temperd.backends.scx.restarts import PlanChanges, RestartPolicy
+
+    changes = PlanChanges(RestartPolicy())
+    assert changes.ask("A", process_runs=False, now=0.0)
+    starting = changes.desired  # the start reads the config to run ...
+    assert changes.ask("B", process_runs=False, now=0.5)  # ... and a newer one comes before it has started
+    changes.started(starting, now=1.0)
+    assert changes.running == "A" and changes.pending
+    assert changes.restart_due(last_start=1.0) >= 1.0
+    changes.started("B", now=9.0)
+    assert not changes.pending

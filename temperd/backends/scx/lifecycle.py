@@ -175,7 +175,7 @@ class ScxLifecycle:
         log.info("started %s (pid %d)", " ".join(argv), proc.pid)
         with self._lock:
             self._proc = proc
-            self._changes.started(text)
+            self._changes.started(text, now)
             self._started_at = now
             self._attach_deadline = now + self.policy.attach_timeout_s
             self.state = STARTING

@@ -97,10 +97,11 @@ class PlanChanges:
         last = last_start if last_start is not None else float("-inf")
         return max(self.pending_since + self.policy.batch_s, last + self.policy.min_interval_s)
 
-    def started(self, text: str) -> None:
-        """scx_layered started with this config: nothing waits any more."""
+    def started(self, text: str, now: float) -> None:
+        """scx_layered started with this config: nothing waits any more, unless another was asked
+        for while it started (that one waits for its restart from now)."""
         self.running = text
-        self.pending_since = None
+        self.pending_since = None if self.desired == text else now
 
 
 class DefaultSchedulerGap:
