@@ -33,6 +33,8 @@ from typing import Dict, List
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import HostMonitor, host_description, running_temperd  # noqa: E402
 
+from temperd.sources import procfs  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARMS = ("stock", "by-hand", "temperd-owned", "temperd-fenced", "temperd-owned-batch")
 OWNER_CPU = 1
@@ -58,11 +60,8 @@ yield_policy = "{yield_policy}"
 
 
 def tids(pid: int) -> Dict[str, int]:
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/comm") as handle:
-            out[handle.read().strip()] = int(tid)
-    return out
+    """The program's threads by name."""
+    return {stat.comm: tid for tid, stat in (procfs.read_thread_stats(pid) or {}).items()}
 
 
 def treated(pid: int) -> bool:
