@@ -128,6 +128,22 @@ def test_the_usage_thread_samples_each_interval_only_while_a_workload_is_tracked
     assert watch._next_wait_s() == settings.sample_interval_s
 
 
+def test_a_workload_is_tracked_once_its_oldest_process_has_run_a_while():
+    """A fork storm's processes of a few seconds are not sampled: their use says nothing yet."""
+    from types import SimpleNamespace as NS
+
+    ticks = procfs.CLOCK_TICKS
+    now = 100_000
+    young = NS(key="young", pids=(10,))
+    old = NS(key="old", pids=(20,))
+    mixed = NS(key="mixed", pids=(30, 31))  # a unit whose old process forks young ones
+    unknown = NS(key="unknown", pids=(40,))  # gone from the inventory since the match
+    processes = {10: NS(start_time=now - ticks), 20: NS(start_time=now - int(workload_watch.TRACK_AFTER_S * ticks)),
+                 30: NS(start_time=now - 60 * ticks), 31: NS(start_time=now)}
+    kept = workload_watch.settled((young, old, mixed, unknown), processes, now)
+    assert [w.key for w in kept] == ["old", "mixed"]
+
+
 # Says so once its start-up is behind it, then sleeps.
 SLEEPER = "import time; print('{}', flush=True); time.sleep(120)"
 

@@ -42,8 +42,9 @@ from temperd.decide.matcher import Matcher, MatchResult, RuntimeBinding
 from temperd.observe.journal import Journal
 from temperd.observe.metrics import Metrics
 from temperd.observe.sampler import Sampler
-from temperd.observe.workload_watch import WorkloadWatch
+from temperd.observe.workload_watch import WorkloadWatch, settled
 from temperd.plan import LayerPlan
+from temperd.sources import procfs
 from temperd.sources.inventory import Inventory
 from temperd.sources.runqlat import Telemetry
 from temperd.sources.shape import SYSFS_ROOT, ShapeError
@@ -169,14 +170,8 @@ class Daemon:
     def _load_watch(self, view: HostView) -> None:
         if not view.config.watch.sampling:
             return
-        self.watch = WorkloadWatch(view.config.watch, len(view.shape.cpus), self._tracked, self.metrics.watch)
+        self.watch = WorkloadWatch(view.config.watch, len(view.shape.cpus), lambda: _tracked(self), self.metrics.watch)
         self.watch.load()
-
-    def _tracked(self):
-        """For the watch thread: the workloads, the plan and the profiles, read under the lock."""
-        with self.lock:
-            assert self.view is not None
-            return tuple(self.match.workloads), self.plan, self.view.profiles.active
 
     def run(self) -> None:
         """The main loop, until a stop request (SIGTERM, SIGINT)."""
@@ -358,6 +353,14 @@ class Daemon:
 
     def _notify_status(self) -> None:
         self.notifier.notify(f"STATUS={self.status_line()}")
+
+
+def _tracked(daemon: Daemon):
+    """For the watch thread, read under the lock: the workloads old enough to track, the plan, the profiles."""
+    with daemon.lock:
+        assert daemon.view is not None
+        processes = daemon.inventory.snapshot().processes
+        return settled(daemon.match.workloads, processes, procfs.boot_ticks()), daemon.plan, daemon.view.profiles.active
 
 
 def _refresh_busiest(inventory: Inventory, match: MatchResult, profiles) -> None:

@@ -31,6 +31,7 @@ from temperd.observe.workload_labels import workload_labels
 from temperd.plan import EXCLUSIVE
 from temperd.sources import cgroups, host_cpu, nvml, perf, psi, rapl
 from temperd.sources.delayacct import delayacct_state
+from temperd.sources.procfs import CLOCK_TICKS
 from temperd.sources.shape import parse_cpulist
 
 log = logging.getLogger("temperd.watch")
@@ -42,7 +43,19 @@ SAVE_EVERY_S = 300.0
 # host's temperd then wakes for nothing; a workload that appears waits at most this for its first sample.
 NOTHING_TRACKED_WAIT_S = 5.0
 SHORT_WARN_EVERY_S = 60.0
+# A workload is tracked once its oldest process has run this long: what a process of a few
+# seconds used says nothing to classification or rightsizing, and a fork storm's hundreds of
+# short-lived workloads would each cost reads every sample (bench/churn.py).
+TRACK_AFTER_S = 5.0
 _NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
+
+
+def settled(workloads: Sequence, processes: Mapping[int, object], now_ticks: int) -> Tuple:
+    """The workloads whose oldest process started TRACK_AFTER_S or more before now_ticks
+    (processes: the inventory's facts by pid; start times in clock ticks after boot)."""
+    latest = now_ticks - TRACK_AFTER_S * CLOCK_TICKS
+    return tuple(w for w in workloads
+                 if any(pid in processes and processes[pid].start_time <= latest for pid in w.pids))
 
 
 class WorkloadWatch:

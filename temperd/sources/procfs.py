@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -21,6 +22,11 @@ from temperd.sources.facts import systemd_cgroup, unit_from_cgroup
 
 PROC = "/proc"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # the unit of stat's times (USER_HZ)
+
+
+def boot_ticks() -> int:
+    """Now, in the clock of a task's start time in /proc/PID/stat (clock ticks after boot)."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * CLOCK_TICKS)
 
 # Errors that mean "the task is gone" (EINVAL: a file of a task being torn down) or "not ours to
 # read": expected, silent.

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set
 
-from temperd.backends.native.restore_ledger import Original, ThreadRecord, boot_ticks, reported
+from temperd.backends.native.restore_ledger import Original, ThreadRecord, reported
+from temperd.sources import procfs
 from temperd.sources.procfs import CLOCK_TICKS
 
 KEEP_S = 120.0  # a thread made before the change is seen within a pass or two; stop sweeps at once
@@ -40,7 +41,7 @@ class GivenBack:
         """`rec`'s value of `kind` is replaced or given back (now, or within WRITE_SLACK_S)."""
         if kind not in rec.applied:
             return
-        now = boot_ticks()
+        now = procfs.boot_ticks()
         kept = _recent(self._by_pid.get(rec.pid, ()), now)
         kept.append(GivenBackValue(kind, rec.applied[kind], rec.original,
                                    rec.since or rec.start_time, now + int(WRITE_SLACK_S * CLOCK_TICKS)))
@@ -58,7 +59,7 @@ class GivenBack:
 
     def prune(self) -> None:
         """Drop what is older than KEEP_S (processes that ended included)."""
-        now = boot_ticks()
+        now = procfs.boot_ticks()
         for pid in list(self._by_pid):
             kept = _recent(self._by_pid[pid], now)
             if kept:

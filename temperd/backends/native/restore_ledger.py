@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
@@ -35,12 +34,6 @@ THREAD_KINDS = (AFFINITY, POLICY, NICE, SLICE)
 _SCHED_KINDS = (POLICY, NICE, SLICE)
 
 STATE_FILE = "native-state.json"
-CLOCK_TICKS = procfs.CLOCK_TICKS
-
-
-def boot_ticks() -> int:
-    """Now, in the clock of a thread's start time in /proc (clock ticks after boot)."""
-    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * CLOCK_TICKS)
 
 
 class LedgerError(Exception):
@@ -198,7 +191,7 @@ class RestoreLedger:
         from when it may carry temperd's treatment; now by default)."""
         rec = self.records.get((tid, start_time))
         if rec is None:
-            rec = ThreadRecord(tid, pid, start_time, comm, original, since=boot_ticks() if since is None else since)
+            rec = ThreadRecord(tid, pid, start_time, comm, original, since=procfs.boot_ticks() if since is None else since)
             self.add(rec)
         return rec
 
