@@ -130,6 +130,9 @@ def test_a_killed_runs_idle_cgroup_is_emptied_at_the_next_start(tmp_path, childr
     crashed.apply(plan_of(yield_layer([mixed.pid, mixed.threads["bg-c"]])), scan_threads([mixed.pid]))
     late = mixed.spawn("late")  # inherited, and in no state file
     assert cpu_cgroup(mixed.pid, late) != "/"
+    # The moves are not written down (a fork storm makes hundreds a second): the start empties the cgroup.
+    with open(tmp_path / "native-state.json") as handle:
+        assert IDLE_CGROUP not in handle.read()
     (tmp_path / "native-state.json").unlink()  # even without the state file
     result = backends(tmp_path).recover()
     assert not result.failed, result.errors

@@ -151,6 +151,8 @@ class SessionCache:
         for thread in threads:
             if thread.tid == thread.pid or thread.pid not in starts:
                 starts[thread.pid] = thread.start_time
+            if thread.pid not in treated and layer_for(thread) is not None:
+                treated.add(thread.pid)
         keys = {pid: (pid, start) for pid, start in starts.items()}
         groups = self._groups
         now = self._clock()
@@ -166,9 +168,6 @@ class SessionCache:
                 groups[key] = cached = read_autogroup(pid)
             return cached
 
-        for thread in threads:
-            if layer_for(thread) is not None:
-                treated.add(thread.pid)
         found = sessions(threads, layer_for, is_kernel_thread, group_of)
         live = set(keys.values())
         for key in [k for k in groups if k not in live]:

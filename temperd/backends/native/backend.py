@@ -297,7 +297,7 @@ class NativeBackend:
                 result.notes.extend(mixed_note(name, session, self.idle_cgroup.why_not)
                                     for name, session in mixed.items())
             result.take_counts(IDLE_CGROUP, self.idle_cgroup.apply(
-                [t for session in mixed.values() for t in session.yielding], save, verify=reread))
+                [t for session in mixed.values() for t in session.yielding], verify=reread))
 
     def _finish(self, result: ApplyResult, save: bool = True) -> ApplyResult:
         if save:

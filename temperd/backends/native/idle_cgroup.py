@@ -21,13 +21,17 @@ moves it back. Threads created by a moved thread inherit its cgroup; they are he
 had moved them, so they go back too when they should not be there. restore_all() then moves
 whatever is left in the cgroup to the root and removes it; the cgroup found at start is what a
 killed predecessor left, and is emptied the same way.
+
+So the state file names none of these threads: every original is the root, and the next start
+empties the cgroup whatever the file says. A move is not preceded by a state-file write (a fork
+storm moves hundreds of threads a second, and each write serialised the whole section).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from typing import Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from temperd.sources.mounts import MOUNTINFO, cgroup1_cpu_mount
 from temperd.backends.native.held import HeldSettings, HostSettingResult, Setting
@@ -114,7 +118,11 @@ class IdleCgroup(HeldSettings[Key, str]):
     def supported(self) -> bool:
         return not self.why_not
 
-    def apply(self, threads: Iterable, before_write=None, verify: bool = True) -> HostSettingResult:
+    def state(self) -> Dict[str, Any]:
+        """Nothing for the state file (see above): a start empties the cgroup."""
+        return {}
+
+    def apply(self, threads: Iterable, verify: bool = True) -> HostSettingResult:
         """Hold these threads (with tid, start_time) in the idle cgroup, where they sit in the
         hierarchy's root or in it already; everything else temperd holds there goes back.
         verify False (between whole applies): a thread temperd already holds there is not read
@@ -141,7 +149,7 @@ class IdleCgroup(HeldSettings[Key, str]):
                 desired[key] = self.path
         for key in self._inherited_strays(desired):
             self._as_moved(key)
-        return self.hold(desired, before_write, trusted, read)
+        return self.hold(desired, None, trusted, read)
 
     def restore_all(self) -> HostSettingResult:
         result = super().restore_all()

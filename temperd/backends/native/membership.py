@@ -89,11 +89,15 @@ class Membership:
                 self._by_cgroup.append((place, layer))
         self._titles: Dict[int, str] = {}
         self._cgroups: Dict[int, Tuple[Optional[str], Optional[str]]] = {}
+        # A thread's layer by what decides it beyond the cached title and cgroup of its process:
+        # a pass asks for every host thread's layer several times (treatment, autogroups).
+        self._found: Dict[Tuple[int, int, str], Optional[Layer]] = {}
 
     def forget_processes(self) -> None:
         """Drop cached titles and cgroups (pids get reused)."""
         self._titles.clear()
         self._cgroups.clear()
+        self._found.clear()
 
     def _title(self, pid: int) -> str:
         if pid not in self._titles:
@@ -118,6 +122,12 @@ class Membership:
         layer = self.by_tid.get(thread.tid)
         if layer is not None:
             return layer
+        key = (thread.tid, thread.pid, thread.comm)
+        if key not in self._found:
+            self._found[key] = self._by_rules(thread)
+        return self._found[key]
+
+    def _by_rules(self, thread: Any) -> Optional[Layer]:
         candidates = self._workload_layers(thread.pid)
         for layer in candidates:
             sel = layer.selector
