@@ -88,6 +88,12 @@ def _treatment(workload, layers: Sequence[Layer]) -> Tuple[Tuple[str, int, str],
     return tuple(out)
 
 
+def _same_objects(before: Optional[Tuple], now: Tuple) -> bool:
+    """(workload, layers) of two applies are the same objects (immutable: nothing to say again)."""
+    return (before is not None and before[0] is now[0] and len(before[1]) == len(now[1])
+            and all(a is b for a, b in zip(before[1], now[1])))
+
+
 def _counts(table: Mapping[str, int]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in sorted(table.items()) if n)
 
@@ -105,6 +111,7 @@ class Journal:
         self._minute_lines = 0
         self._suppressed = 0
         self._layers: Dict[str, Tuple] = {}
+        self._inputs: Dict[str, Tuple] = {}  # each workload's (workload, layers) at the last apply
 
     # ---- the events -----------------------------------------------------------------------------
 
@@ -114,9 +121,13 @@ class Journal:
         current = {w.key: w for w in match.workloads}
         layers = _layers_by_workload(plan)
         said = set()  # workloads whose matched/left line already says their layers came or went
+        inputs = {}
         for key, workload in current.items():
-            seen = _Seen(workload.profile_id, workload.tier, workload.source, _treatment(workload, layers.get(key, ())))
             before = self._seen.get(key)
+            made_of = inputs[key] = (workload, tuple(layers.get(key, ())))
+            if before is not None and _same_objects(self._inputs.get(key), made_of):
+                continue  # the very workload and layers of the last apply (a match reuses untouched ones)
+            seen = _Seen(workload.profile_id, workload.tier, workload.source, _treatment(workload, made_of[1]))
             if before is None:
                 said.add(key)
                 pids = len(workload.pids)
@@ -136,6 +147,7 @@ class Journal:
                 lines.append(((key, "retiered"), f"workload {key} now profile {seen.profile or 'none'}, tier {seen.tier} "
                                                  f"(was {before.profile or 'none'}, {before.tier})"))
             self._seen[key] = seen
+        self._inputs = inputs
         restored = dict(getattr(result, "restored", None) or {})
         for key in [k for k in self._seen if k not in current]:
             del self._seen[key]
