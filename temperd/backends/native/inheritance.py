@@ -55,7 +55,7 @@ class Creators:
     """The threads that may have created a new one, found by value: each process's held threads
     indexed by what temperd wrote of each kind, leader first, then by tid. One is made per pass
     over new threads (a fork storm in a process with hundreds of treated threads then costs a
-    lookup per new thread, not a pass over them all); `forget` a process whose records change."""
+    lookup per new thread, not a pass over them all); `add` a record made during the pass."""
 
     def __init__(self, ledger: RestoreLedger, online: FrozenSet[int], given_back: Optional[GivenBack] = None):
         self.ledger = ledger
@@ -63,8 +63,19 @@ class Creators:
         self.given_back = given_back
         self._index: Dict[int, Dict[str, Dict[Any, List[ThreadRecord]]]] = {}
 
-    def forget(self, pid: int) -> None:
-        self._index.pop(pid, None)
+    def add(self, rec: ThreadRecord) -> None:
+        """A record made during the pass, in its place (its process's index, where one is built,
+        would hold it had it been built now). Only what it holds already counts: what the pass
+        intends for it is unwritten until the pass's writes, and `find` passes over it."""
+        index = self._index.get(rec.pid)
+        if index is None:
+            return  # built from the ledger, this record included, when first asked
+        for kind, value in rec.applied.items():
+            same = index.setdefault(kind, {}).setdefault(reported(kind, value, self.online), [])
+            at = len(same)
+            while at and _creator_order(same[at - 1]) > _creator_order(rec):
+                at -= 1
+            same.insert(at, rec)
 
     def find(self, pid: int, thread: Any, kind: str, current: Any,
              unwritten: Mapping[ThreadKey, Container[str]]) -> Optional[Tuple[Original, Any]]:
@@ -86,10 +97,15 @@ class Creators:
 
     def _build(self, pid: int) -> Dict[str, Dict[Any, List[ThreadRecord]]]:
         index: Dict[str, Dict[Any, List[ThreadRecord]]] = {}
-        for rec in sorted(self.ledger.by_pid(pid), key=lambda r: (r.tid != r.pid, r.tid)):
+        for rec in sorted(self.ledger.by_pid(pid), key=_creator_order):
             for kind, value in rec.applied.items():
                 index.setdefault(kind, {}).setdefault(reported(kind, value, self.online), []).append(rec)
         return index
+
+
+def _creator_order(rec: ThreadRecord) -> Tuple[bool, int]:
+    """The leader first (the usual creator), then by tid."""
+    return rec.tid != rec.pid, rec.tid
 
 
 def uninherited(ledger: RestoreLedger, thread: Any, original: Original, current: Dict[str, Any],

@@ -254,7 +254,7 @@ class ThreadTreatment:
             rec.applied.update(inherited)  # temperd's treatment, come by inheritance: held (and undone) as such
             self._held_pids.add(thread.pid)
             if self._creators is not None:
-                self._creators.forget(thread.pid)  # a creator of threads later in this pass
+                self._creators.add(rec)  # a creator of threads later in this pass
         rec.comm = thread.comm
         return self._changes(rec, want, current, online, result)
 
