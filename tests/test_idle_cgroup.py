@@ -191,3 +191,18 @@ def test_yield_spinner_beside_an_untreated_thread_yields_to_another_session(tmp_
     used = ticks_used_until([fg.pid, bg.pid], 100)  # 1 s of the CPU they share
     share = used[bg.pid] / max(1, used[fg.pid] + used[bg.pid])
     assert share < 0.15, used
+
+
+@needs_v1_cpu
+def test_an_ended_thread_leaves_the_hold_when_its_end_is_told(tmp_path, children, backends):
+    """Between whole applies the event path tells the backend which threads ended: the idle
+    cgroup forgets them then, rather than reading each one again at the next pass."""
+    mixed = children.spawn(["srv-a", "bg-c"])
+    backend = backends(tmp_path)
+    tid = mixed.threads["bg-c"]
+    backend.apply(plan_of(yield_layer([tid])), scan_threads([mixed.pid]))
+    assert [key[0] for key in backend.idle_cgroup.written] == [tid]
+    mixed.proc.kill()
+    mixed.proc.wait(10)
+    backend.forget_threads([mixed.pid, tid])
+    assert backend.idle_cgroup.written == {} and backend.idle_cgroup.originals == {}

@@ -162,10 +162,10 @@ class NativeBackend:
     def forget_threads(self, tids: Iterable[int], live: Optional[Mapping[int, Any]] = None) -> None:
         """Ended threads, between whole applies: out of the host's picture, so that the passes over
         it (autogroups) stay the size of the host, and out of the ledger (their settings ended
-        with them), so that it does not grow with every thread a fork storm made. Called after
-        the apply of their batch, so that a thread one of them created in that batch was treated
-        with its creator still on record. live: tid -> the thread alive now (a reused id names a
-        new thread, which stays)."""
+        with them) and the idle cgroup's hold, so that neither grows with every thread a fork
+        storm made nor reads an ended one again. Called after the apply of their batch, so that a
+        thread one of them created in that batch was treated with its creator still on record.
+        live: tid -> the thread alive now (a reused id names a new thread, which stays)."""
         gone = set(tids)
         if not gone:
             return
@@ -180,6 +180,7 @@ class NativeBackend:
         dead = [key for key in self._universe if ended(key)]
         for key in dead:
             del self._universe[key]
+            self.idle_cgroup.forget(key)
             rec = self.ledger.get(*key)
             if rec is not None:
                 self.ledger.forget(rec)

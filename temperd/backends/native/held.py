@@ -201,6 +201,10 @@ class HeldSettings(Generic[K, V]):
             return
         result.restored += 1
 
+    def forget(self, key: K) -> None:
+        """The thing the key names ended (a thread that exited): nothing to hold, nothing to restore."""
+        self._forget(key)
+
     def _forget(self, key: K) -> None:
         self.originals.pop(key, None)
         self.written.pop(key, None)
