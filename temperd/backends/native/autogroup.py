@@ -101,7 +101,9 @@ def sessions(threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
         group = groups[thread.pid]
         if group is None:
             continue
-        session = found.setdefault(group[0], Session(thread.pid))
+        session = found.get(group[0])
+        if session is None:
+            session = found[group[0]] = Session(thread.pid)
         if thread.pid == thread.tid:
             session.pid = thread.pid
         layer = layer_for(thread)

@@ -333,7 +333,7 @@ class RestoreLedger:
         if self.is_empty():
             self.delete()
             return
-        self.file.save((rec for rec in self.records.values() if rec.applied or rec.drifted), self.extras)
+        self.file.save(self.records, self.extras)
 
     def delete(self) -> None:
         self.file.delete()

@@ -28,7 +28,7 @@ import errno
 import json
 import os
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from temperd.files import remove_unfinished_writes, write_atomically
 
@@ -77,18 +77,22 @@ class StateFile:
 
     # ---- writing ------------------------------------------------------------------------------
 
-    def save(self, records: Iterable[Any], sections: Mapping[str, Mapping[str, Any]]) -> None:
-        """Make the file hold these thread records and held-setting sections: append what
-        changed, or write it whole. Removed when both are empty."""
+    def save(self, records: Mapping[ThreadKey, Any], sections: Mapping[str, Mapping[str, Any]]) -> None:
+        """Make the file hold these thread records (by key; those that hold or found nothing are
+        left out) and held-setting sections: append what changed, or write it whole. Removed
+        when both are empty."""
         lines: List[str] = []
         live: Dict[ThreadKey, _Written] = {}
-        for record in records:
-            written = self._threads.get(record.key)
+        held = self._threads
+        for key, record in records.items():
+            if not (record.applied or record.drifted):
+                continue
+            written = held.get(key)
             if written is None or not written.matches(record):
                 written = _Written(record)
                 lines.append(written.text)
-            live[record.key] = written
-        lines.extend(_line({"gone": list(key)}) for key in self._threads if key not in live)
+            live[key] = written
+        lines.extend(_line({"gone": list(key)}) for key in held if key not in live)
         now = {kind: {part: dict(values) for part, values in section.items() if values}
                for kind, section in sections.items() if section}
         lines.extend(_section_lines(self._sections, now))
