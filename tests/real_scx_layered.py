@@ -28,7 +28,7 @@ import os
 import platform
 import subprocess
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNEL_TOO_OLD = "sched_ext_ops.dump() missing, kernel too old?"
@@ -127,15 +127,15 @@ def _why(output: str) -> str:
     return " | ".join((picked or lines[-3:])[:6])[:600]
 
 
-def print_and_exit(prefix: List[str], config_path: str, timeout: float = 30) -> Outcome:
-    """`scx_layered --print-and-exit f:FILE`: accepted when it exits 0 and prints the specs."""
-    code, out = _run([*prefix, "--print-and-exit", f"f:{config_path}"], timeout)
+def print_and_exit(prefix: List[str], config_path: str, timeout: float = 30, options: Sequence[str] = ()) -> Outcome:
+    """`scx_layered [OPTIONS] --print-and-exit f:FILE`: accepted when it exits 0 and prints the specs."""
+    code, out = _run([*prefix, *options, "--print-and-exit", f"f:{config_path}"], timeout)
     accepted = code == 0 and "specs=" in out
     return Outcome(accepted, code, "parsed" if accepted else _why(out))
 
 
-def normal_start(prefix: List[str], config_path: str, timeout: float = 30) -> Outcome:
-    """`scx_layered f:FILE` on a kernel without sched_ext: accepted when it gets as far as the kernel check."""
-    code, out = _run([*prefix, f"f:{config_path}"], timeout)
+def normal_start(prefix: List[str], config_path: str, timeout: float = 30, options: Sequence[str] = ()) -> Outcome:
+    """`scx_layered [OPTIONS] f:FILE` on a kernel without sched_ext: accepted when it gets as far as the kernel check."""
+    code, out = _run([*prefix, *options, f"f:{config_path}"], timeout)
     accepted = KERNEL_TOO_OLD in out
     return Outcome(accepted, code, "rule checks passed (stopped at: kernel too old)" if accepted else _why(out))

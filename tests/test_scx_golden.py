@@ -84,7 +84,8 @@ def test_builtin_profile_on_fixture_shape_renders_the_golden_valid_config(shape_
     golden(f"{shape_name}--{profile_id}{OWNERSHIP_SUFFIX[ownership]}", config)
 
     # The exclusive group's layer holds the planner's whole cores: fenced, a protected Confined
-    # layer; owned, a Grouped one others may borrow from, whose owners preempt borrowers.
+    # layer; owned, a Grouped one others may borrow from, whose owners preempt borrowers, holding
+    # one CPU of each core (scx_layered run with --allow-partial-core: the siblings stay everyone's).
     exclusive = [l for l in layer_plan.layers if l.treatment == EXCLUSIVE]
     assert len(exclusive) == 1
     layer = exclusive[0]
@@ -95,11 +96,15 @@ def test_builtin_profile_on_fixture_shape_renders_the_golden_valid_config(shape_
     whole_cores = len(layer.cpus) + len(layer.idle_siblings)
     assert whole_cores == cores * shape.threads_per_core
     (kind, body), = spec["kind"].items()
-    assert body["cpus_range"] == [whole_cores, whole_cores]
     if ownership == FENCED:
         assert kind == CONFINED and body["protected"] is True
+        assert body["cpus_range"] == [whole_cores, whole_cores] and rendered.options == ()
     else:
         assert kind == GROUPED and body["protected"] is False and body["preempt"] and body["preempt_first"]
+        partial = shape.threads_per_core > 1
+        assert rendered.options == (("--allow-partial-core",) if partial else ())
+        held_cpus = len(layer.cpus) if partial else whole_cores
+        assert body["cpus_range"] == [held_cpus, held_cpus] and ("exclusive" in body) is False
     held = [s["kind"].get(CONFINED, s["kind"].get(GROUPED, {})).get("cpus_range", [0])[0] for s in config]
     assert sum(held) <= shape.n_cpus - 1
     # Yield groups hold no CPUs: they run from the low fallback queue, below the standard tier.

@@ -18,6 +18,7 @@ import dataclasses
 import glob
 import json
 import os
+from typing import Sequence
 
 import pytest
 from fixture_shapes import fixture_names, load_fixture_shape
@@ -73,17 +74,19 @@ def rendered_config(shape_name: str, profile_id: str, ownership: str):
         layer_plan = dataclasses.replace(layer_plan, layers=tuple(
             dataclasses.replace(l, ownership=ownership) for l in layer_plan.layers))
         try:
-            return render_plan(layer_plan, shape.n_cpus).config, shape.n_cpus
+            rendered = render_plan(layer_plan, shape.n_cpus)
+            return rendered.config, shape.n_cpus, rendered.options
         except RenderError:
             continue
     pytest.fail(f"{profile_id} cannot be planned and rendered on {shape_name} with any budget tried")
 
 
-def assert_accepted(path: str) -> None:
-    parsed = print_and_exit(PREFIX, path)
+def assert_accepted(path: str, options: Sequence[str] = ()) -> None:
+    """Accepted with the options it was rendered for (--allow-partial-core)."""
+    parsed = print_and_exit(PREFIX, path, options=options)
     assert parsed.accepted, f"scx_layered --print-and-exit rejected {path} (exit {parsed.code}): {parsed.message}"
     if START_SKIP is None:
-        started = normal_start(PREFIX, path)
+        started = normal_start(PREFIX, path, options=options)
         assert started.accepted, f"scx_layered rejected {path} at start (exit {started.code}): {started.message}"
 
 
@@ -115,11 +118,11 @@ def test_golden_config_is_accepted_by_the_real_scx_layered(path):
 @pytest.mark.parametrize("shape_name", SHAPES)
 def test_builtin_profile_rendered_on_fixture_shape_is_accepted_by_the_real_scx_layered(shape_name, profile_id, ownership,
                                                                                         tmp_path):
-    config, cpus = rendered_config(shape_name, profile_id, ownership)
+    config, cpus, options = rendered_config(shape_name, profile_id, ownership)
     assert validate_config(config, cpu_count=cpus) == []
     path = tmp_path / f"{shape_name}--{profile_id}--{ownership}.json"
     path.write_text(json.dumps(config, indent=2) + "\n")
-    assert_accepted(str(path))
+    assert_accepted(str(path), options)
 
 
 @needs_binary

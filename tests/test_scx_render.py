@@ -88,22 +88,43 @@ def owned(plan):
 
 def test_owned_exclusive_layer_is_grouped_unprotected_and_takes_its_cpus_back_first():
     """OWNED: others borrow the layer's CPUs while its queue is empty (not protected), and a waking
-    owner preempts a non-preempting borrower on its previous CPU first (preempt + preempt_first)."""
+    owner preempts a non-preempting borrower on its previous CPU first (preempt + preempt_first).
+    It holds one CPU of each of its cores; the SMT siblings stay every layer's, as under the native
+    backend, with scx_layered allocating single CPUs (--allow-partial-core)."""
     rendered = render_plan(owned(mysql_plan(smt=True)), 8)
     assert rendered.config[0]["kind"] == {"Grouped": {
-        "util_range": [0.0, 1.0], "cpus_range": [4, 4], "protected": False, "preempt": True, "preempt_first": True,
-        "exclusive": True, "weight": 1000}}
+        "util_range": [0.0, 1.0], "cpus_range": [2, 2], "protected": False, "preempt": True, "preempt_first": True,
+        "weight": 1000}}
+    assert rendered.options == ("--allow-partial-core",)
     assert validate_config(rendered.config, cpu_count=8) == []
-    flat = render(owned(mysql_plan(smt=False)), 4)[0]["kind"]["Grouped"]
-    assert flat["cpus_range"] == [2, 2] and "exclusive" not in flat
+    flat = render_plan(owned(mysql_plan(smt=False)), 4)
+    assert flat.config[0]["kind"]["Grouped"]["cpus_range"] == [2, 2] and "exclusive" not in flat.config[0]["kind"]["Grouped"]
+    assert flat.options == ()  # no siblings to leave: whole cores are single CPUs
     # Only the exclusive group changes with ownership.
     assert render(owned(mysql_plan()), 8)[1:] == render(mysql_plan(), 8)[1:]
+    assert render_plan(mysql_plan(), 8).options == ()
+
+
+def test_beside_a_fenced_group_an_owned_one_keeps_its_whole_cores():
+    """Single-CPU allocation could split the fenced group's cores (scx_layered's alloc_cpus takes
+    what a core has left and moves on): with one in the plan, the owned group holds whole cores,
+    its siblings idle while a member runs, and scx_layered allocates whole cores."""
+    fenced = mysql_plan(smt=True)
+    other = dataclasses.replace(fenced.layers[0], name="pg.backends", ownership=OWNED, cpus=(8,), idle_siblings=(9,),
+                                selector=MemberSelector(tids=(5101,), pids=(5100,)))
+    rendered = render_plan(dataclasses.replace(fenced, layers=fenced.layers + (other,)), 12)
+    kinds = {spec["name"]: spec["kind"] for spec in rendered.config}
+    assert kinds["pg.backends"]["Grouped"]["cpus_range"] == [2, 2] and kinds["pg.backends"]["Grouped"]["exclusive"]
+    assert kinds["mysql.connections"]["Confined"]["cpus_range"] == [4, 4]
+    assert rendered.options == ()
 
 
 def test_owned_layers_count_against_the_host_like_fenced_ones():
     plan = owned(mysql_plan(smt=True))
-    with pytest.raises(RenderError, match="Grouped on 4 CPUs but the host has 2"):
-        render(plan, 2)
+    with pytest.raises(RenderError, match="Grouped on 2 CPUs but the host has 1"):
+        render(plan, 1)
+    with pytest.raises(RenderError, match="Confined on 4 CPUs but the host has 2"):
+        render(mysql_plan(smt=True), 2)
 
 
 def test_latency_layer_preempts_and_open_layers_carry_no_weight():

@@ -269,6 +269,22 @@ def test_restart_on_plan_change_is_batched_and_rate_limited(env):
     assert sup.status().restarts == 2 and env.events("attach")[-1]["specs"] == config("a")
 
 
+def test_the_options_a_config_was_rendered_for_are_on_its_command_line(env):
+    """--allow-partial-core comes with the config that needs it (render.py): the same layers with
+    other options are another run, and a restart."""
+    clock = FakeClock()
+    sup = env.supervisor(clock=clock, policy=RestartPolicy(min_interval_s=0, batch_s=0))
+    sup.apply(config("a"), ("--allow-partial-core",))
+    until(lambda: sup.state == RUNNING, sup)
+    first = sup.pid
+    assert env.events("attach")[0]["argv"] == ["--allow-partial-core", f"f:{sup.config_path}"]
+    assert sup.status().args == ("--allow-partial-core",)
+    assert not sup.apply(config("a"), ("--allow-partial-core",))
+    assert sup.apply(config("a"))
+    until(lambda: sup.state == RUNNING and sup.pid != first, sup)
+    assert env.events("attach")[-1]["argv"] == [f"f:{sup.config_path}"] and sup.status().args == ()
+
+
 def test_change_back_to_the_running_config_cancels_the_restart(env):
     clock = FakeClock()
     sup = env.supervisor(clock=clock, policy=RestartPolicy(min_interval_s=10, batch_s=1))

@@ -74,7 +74,7 @@ class ScxBackend:
             return self._carry_natively(plan, threads, self.supervisor.safe_mode_reason or "scx_layered safe mode",
                                         changed)
         try:
-            self.supervisor.apply(rendered.config)
+            self.supervisor.apply(rendered.config, rendered.options)
         except ScxConfigError as exc:  # render_plan validates too: this is a disagreement between the two
             self.render_problems = exc.problems
             return self._carry_natively(plan, threads, str(exc), changed)

@@ -33,6 +33,12 @@ Exclusive groups, by Layer.ownership:
   layers borrow them while that queue is empty, and a waking owner preempts a non-preempting
   borrower on its previous CPU at once. A preempting borrower (a latency group) is not
   preempted. It keeps the CPU while its own queue is empty, up to 20 slices (docs/scx-layered.md).
+  Where no fenced layer holds SMT siblings, n is the layer's CPUs alone and scx_layered runs with
+  `--allow-partial-core` (alloc_unit 1: single CPUs, not whole cores; lib.rs
+  round_targets_to_alloc_units): the siblings stay every layer's, as the native backend leaves
+  them to others, instead of being held by a group that may use a quarter of one CPU. Beside a
+  fenced layer the flag could split that layer's cores (alloc_cpus takes what a core has left
+  and moves on), so there owned layers keep their whole cores.
 Grouped layers that hold CPUs (demoted exclusive groups, critical-tier layers) get a fixed count
 `[k, k]` and `preempt` when they serve a latency or exclusive group.
 """
@@ -61,9 +67,21 @@ def level_of(layer: Layer) -> str:
     return STANDARD
 
 
-def fixed_cpus(layer: Layer) -> int:
-    """The CPU count a Confined or Grouped layer is held at: its CPUs and the SMT siblings kept idle."""
-    return len(layer.cpus) + len(layer.idle_siblings) if layer.kind in (CONFINED, GROUPED) else 0
+def fixed_cpus(layer: Layer, partial_cores: bool = False) -> int:
+    """The CPU count a Confined or Grouped layer is held at: its CPUs and the SMT siblings kept idle;
+    an owned layer's CPUs alone where scx_layered allocates single CPUs (partial_cores)."""
+    if layer.kind not in (CONFINED, GROUPED):
+        return 0
+    if partial_cores and is_owned(layer):
+        return len(layer.cpus)
+    return len(layer.cpus) + len(layer.idle_siblings)
+
+
+def partial_cores(layers) -> bool:
+    """Whether scx_layered may allocate single CPUs (--allow-partial-core): some owned layer has
+    SMT siblings to leave to others, and no fenced layer holds siblings whose cores it could split."""
+    exclusive = [l for l in layers if l.treatment == EXCLUSIVE and l.kind in (CONFINED, GROUPED) and l.idle_siblings]
+    return any(is_owned(l) for l in exclusive) and not any(not is_owned(l) for l in exclusive)
 
 
 def is_owned(layer: Layer) -> bool:
@@ -71,11 +89,13 @@ def is_owned(layer: Layer) -> bool:
     return layer.treatment == EXCLUSIVE and layer.ownership == OWNED and layer.kind in (CONFINED, GROUPED)
 
 
-def render_kind(layer: Layer, cpu_count: int, notes: List[str], errors: List[str]) -> Dict[str, dict]:
-    """The layer's `kind` object; what it cannot express goes to notes, what is wrong to errors."""
+def render_kind(layer: Layer, cpu_count: int, notes: List[str], errors: List[str],
+                partial: bool = False) -> Dict[str, dict]:
+    """The layer's `kind` object; what it cannot express goes to notes, what is wrong to errors.
+    partial: scx_layered runs with --allow-partial-core (see partial_cores)."""
     weight = max(1, min(MAX_WEIGHT, int(layer.weight)))
     level = level_of(layer)
-    n = fixed_cpus(layer)
+    n = fixed_cpus(layer, partial)
     body: Dict[str, object] = {}
     kind = OPEN
     if level == LOW_FALLBACK:
@@ -100,7 +120,11 @@ def render_kind(layer: Layer, cpu_count: int, notes: List[str], errors: List[str
         body.update(util_range=list(FIXED_UTIL_RANGE), cpus_range=[n, n], protected=bool(layer.protected) and not owned)
         if owned:
             body.update(preempt=True, preempt_first=True)
-            if layer.idle_siblings:
+            if layer.idle_siblings and partial:
+                notes.append(f"cpus_range [{n}, {n}]: one CPU of each of its {len(layer.cpus)} core(s) owned, "
+                             f"the {len(layer.idle_siblings)} SMT sibling(s) left to every layer "
+                             "(--allow-partial-core)")
+            elif layer.idle_siblings:
                 body["exclusive"] = True
                 notes.append(f"cpus_range [{n}, {n}]: {len(layer.cpus)} core(s) owned, their "
                              f"{len(layer.idle_siblings)} SMT sibling(s) idle while a member runs (exclusive)")

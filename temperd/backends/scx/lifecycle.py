@@ -17,7 +17,7 @@ from typing import Callable, Dict, Mapping, Optional, Sequence
 
 from temperd.backends.scx.detect import SchedExtGate, binary_trust_problem
 from temperd.backends.scx.process import STOPPED_BY_SIGNAL, exit_reason, keep_crash_log, spawn, terminate
-from temperd.backends.scx.restarts import CrashHistory, DefaultSchedulerGap, PlanChanges, RestartPolicy
+from temperd.backends.scx.restarts import CrashHistory, DefaultSchedulerGap, PlanChanges, RestartPolicy, ScxRun
 from temperd.backends.scx.stats import StatsReader
 from temperd.backends.scx.status import (BACKOFF, COUNTERS, IDLE, REFUSED, RUNNING, SAFE_MODE, STARTING, STOPPED,
                                          ExitRecord, SupervisorStatus)
@@ -71,10 +71,10 @@ class ScxLifecycle:
         proc = self._proc
         return proc.pid if proc is not None else None
 
-    def ask(self, text: str) -> bool:
-        """Run this config (canonical JSON); True when it differs from what runs or waits."""
+    def ask(self, run: ScxRun) -> bool:
+        """Run this config with these options; True when it differs from what runs or waits."""
         with self._lock:
-            return self._changes.ask(text, self._proc is not None, self.clock())
+            return self._changes.ask(run, self._proc is not None, self.clock())
 
     def stop_process(self) -> None:
         """Stop scx_layered as asked (SIGTERM, SIGKILL after stop_timeout_s); a later tick may start it."""
@@ -104,7 +104,7 @@ class ScxLifecycle:
                 state=self.state,
                 pid=self.pid,
                 binary=self.binary,
-                args=self.args,
+                args=self.args + (self._changes.running.options if self._changes.running is not None else ()),
                 config_path=self.config_path,
                 log_path=self.log_path,
                 stats_socket=self.stats_socket_path,
@@ -162,11 +162,11 @@ class ScxLifecycle:
             self._enter_safe_mode(SAFE_MODE, f"refusing to run scx_layered: {untrusted}")
             return
         with self._lock:
-            text = self._changes.desired
-        assert text is not None
+            run = self._changes.desired
+        assert isinstance(run, ScxRun)
         os.makedirs(self.state_dir, exist_ok=True)
-        write_atomically(self.config_path, text)
-        argv = [self.binary, *self.args, f"f:{self.config_path}"]
+        write_atomically(self.config_path, run.config)
+        argv = [self.binary, *self.args, *(o for o in run.options if o not in self.args), f"f:{self.config_path}"]
         try:
             proc = spawn(argv, self.log_path, self.env or {})
         except OSError as exc:
@@ -175,7 +175,7 @@ class ScxLifecycle:
         log.info("started %s (pid %d)", " ".join(argv), proc.pid)
         with self._lock:
             self._proc = proc
-            self._changes.started(text, now)
+            self._changes.started(run, now)
             self._started_at = now
             self._attach_deadline = now + self.policy.attach_timeout_s
             self.state = STARTING

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from temperd.plan import OPEN, Layer, LayerPlan
-from temperd.backends.scx.kinds import exclusive_count, render_kind
+from temperd.backends.scx.kinds import exclusive_count, partial_cores, render_kind
 from temperd.backends.scx.validate import MAX_COMM_BYTES, MAX_LAYERS, MAX_ORS, errors_of, validate_config
 
 CATCH_ALL_NAME = "rest"
@@ -64,10 +64,14 @@ class RenderError(ValueError):
         super().__init__("the plan cannot be expressed as a scx_layered config: " + "; ".join(self.problems))
 
 
+PARTIAL_CORE_OPTION = "--allow-partial-core"
+
+
 @dataclass(frozen=True)
 class Rendered:
     config: List[dict]
     notes: Tuple[RenderNote, ...]
+    options: Tuple[str, ...] = ()  # scx_layered command-line options this config is meant to run with
 
     def to_json(self) -> str:
         return json.dumps(self.config, indent=2) + "\n"
@@ -193,8 +197,8 @@ class _LayerRender:
             self.errors.append("no member threads to match")
         return [[{"TGIDEquals": t}] for t in leaders] + [[{"PIDEquals": t}] for t in threads]
 
-    def kind(self, cpu_count: int) -> dict:
-        return render_kind(self.layer, cpu_count, self.notes, self.errors)
+    def kind(self, cpu_count: int, partial: bool) -> dict:
+        return render_kind(self.layer, cpu_count, self.notes, self.errors, partial)
 
 
 def _comment(layer: Layer) -> str:
@@ -222,10 +226,11 @@ def render_plan(plan: LayerPlan, shape_cpu_count: int, *, gpu_support: bool = Fa
         rest = "temperd-" + rest
     config: List[dict] = []
     exclusive_cpus = 0
+    partial = partial_cores(ordered)
     for layer in ordered:
         part = _LayerRender(layer)
         matches = part.matches()
-        kind = part.kind(shape_cpu_count)
+        kind = part.kind(shape_cpu_count, partial)
         if len(matches) > MAX_ORS:
             part.errors.append(f"needs {len(matches)} OR blocks, scx_layered takes at most {MAX_ORS} "
                                "(too many processes or thread-name globs for one layer)")
@@ -249,7 +254,10 @@ def render_plan(plan: LayerPlan, shape_cpu_count: int, *, gpu_support: bool = Fa
                       for p in errors_of(validate_config(config, cpu_count=shape_cpu_count, gpu_support=gpu_support)))
     if errors:
         raise RenderError(errors)
-    return Rendered(config, tuple(notes))
+    if partial:
+        notes.append(RenderNote("", f"scx_layered runs with {PARTIAL_CORE_OPTION}: owned groups hold one CPU of "
+                                    "each core, their SMT siblings stay every layer's"))
+    return Rendered(config, tuple(notes), (PARTIAL_CORE_OPTION,) if partial else ())
 
 
 def render(plan: LayerPlan, shape_cpu_count: int) -> List[dict]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import Deque, Optional
+from typing import Deque, Hashable, NamedTuple, Optional, Tuple
 
 from temperd.config.daemon_config import ScxSettings
 
@@ -61,20 +61,28 @@ class CrashHistory:
         self._times.clear()
 
 
+class ScxRun(NamedTuple):
+    """What scx_layered runs: a config (canonical JSON) and the command-line options it was
+    rendered for (--allow-partial-core), beyond temperd.toml's [scx] args."""
+
+    config: str
+    options: Tuple[str, ...] = ()
+
+
 class PlanChanges:
-    """The config asked for against the one scx_layered runs. scx_layered has no reload, so a
-    change means a restart: it waits batch_s for more changes (coalescing them into one restart),
-    and min_interval_s after the last start."""
+    """The run (ScxRun) asked for against the one scx_layered runs. scx_layered has no reload, so
+    a change means a restart: it waits batch_s for more changes (coalescing them into one
+    restart), and min_interval_s after the last start."""
 
     def __init__(self, policy: RestartPolicy):
         self.policy = policy
-        self.desired: Optional[str] = None  # canonical JSON of the config to run
-        self.running: Optional[str] = None  # ... and of the one the process runs
+        self.desired: Optional[Hashable] = None  # the run asked for
+        self.running: Optional[Hashable] = None  # ... and the one the process runs
         self.pending_since: Optional[float] = None
         self.coalesced = 0  # changes that replaced one still waiting for its restart
 
-    def ask(self, text: str, process_runs: bool, now: float) -> bool:
-        """Ask for this config; True when it differs from what runs or waits."""
+    def ask(self, text: Hashable, process_runs: bool, now: float) -> bool:
+        """Ask for this run; True when it differs from what runs or waits."""
         if text == self.desired:
             return False
         if self.pending_since is not None:
@@ -97,8 +105,8 @@ class PlanChanges:
         last = last_start if last_start is not None else float("-inf")
         return max(self.pending_since + self.policy.batch_s, last + self.policy.min_interval_s)
 
-    def started(self, text: str, now: float) -> None:
-        """scx_layered started with this config: nothing waits any more, unless another was asked
+    def started(self, text: Hashable, now: float) -> None:
+        """scx_layered started with this run: nothing waits any more, unless another was asked
         for while it started (that one waits for its restart from now)."""
         self.running = text
         self.pending_since = None if self.desired == text else now

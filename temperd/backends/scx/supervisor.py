@@ -33,7 +33,7 @@ import time
 from typing import Callable, List, Mapping, Optional, Sequence
 
 from temperd.backends.scx.lifecycle import ScxLifecycle
-from temperd.backends.scx.restarts import RestartPolicy
+from temperd.backends.scx.restarts import RestartPolicy, ScxRun
 from temperd.backends.scx.stats import SysStats
 from temperd.backends.scx.status import SupervisorStatus
 from temperd.backends.scx.validate import errors_of, validate_config
@@ -78,15 +78,16 @@ class ScxSupervisor:
 
     # ---- what the daemon calls -------------------------------------------------------------------
 
-    def apply(self, config: List[dict]) -> bool:
-        """Ask for this config. Returns True when it differs from what is running or pending.
+    def apply(self, config: List[dict], options: Sequence[str] = ()) -> bool:
+        """Ask for this config, to run with these scx_layered options (the render's, beyond
+        [scx] args). Returns True when it differs from what is running or pending.
 
         The restart happens in tick(), batched and rate-limited. Raises ScxConfigError for a
         config the validator rejects (the running one stays)."""
         problems = errors_of(validate_config(config, cpu_count=self.cpu_count, gpu_support=self.gpu_support))
         if problems:
             raise ScxConfigError([f"{p.path}: {p.message} [{p.rule}]" for p in problems])
-        return self._life.ask(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        return self._life.ask(ScxRun(json.dumps(config, indent=2, sort_keys=True) + "\n", tuple(options)))
 
     def start(self) -> None:
         """Run tick() on a thread of its own until stop()."""
