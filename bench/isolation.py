@@ -13,6 +13,8 @@ Usage (root, from the checkout):
   .venv/bin/python bench/isolation.py --train 20 --arms stock,temperd+bg,trained --ladder 0,4 --reps 5
   and a hand-edited variant of a trained profile beside it, in the same interleaved runs:
   .venv/bin/python bench/isolation.py --server jvm --trained-profile jvm.toml --profile-arm edited=jvm-edited.toml
+  an untagged CPU-busy service beside the server (2 stress-ng workers, standard tier) in every run:
+  .venv/bin/python bench/isolation.py --neighbour 2 --arms stock,by-hand,temperd+bg
 
 What runs (bench/workloads.py has each server and its load; bench/arms.py each arm):
 - The server in its own session (as a service manager starts it) and in a cgroup v2 directory
@@ -108,9 +110,12 @@ class Bench:
 
     def __init__(self, workload: W.Workload, server, under: A.ServerUnderTest, arms: Dict[str, A.BenchArm],
                  amounts: Dict[str, int], timeout_s: float, pmqos_originals: Dict[int, str],
-                 spinners_own_session: bool = False):
+                 spinners_own_session: bool = False, neighbour: int = 0,
+                 neighbour_cgroup: Optional[T.ScratchCgroup] = None):
         self.workload = workload
         self.spinners_own_session = spinners_own_session
+        self.neighbour = neighbour  # CPU-busy workers of an untagged service beside the server
+        self.neighbour_cgroup = neighbour_cgroup
         self.server = server
         self.under = under
         self.arms = arms
@@ -133,15 +138,19 @@ class Bench:
             run.error = A.restored_host(self.under.pids(), self.pmqos_originals)
             if run.error:
                 return run
-        metrics = tempfile.NamedTemporaryFile(prefix="temperd-bench-spinners-", suffix=".yaml", delete=False)
-        metrics.close()
-        os.unlink(metrics.name)  # stress-ng writes it when the spinners end
+        metrics, neighbour_metrics = _metrics_path("spinners"), _metrics_path("neighbour")
         try:
             with contextlib.ExitStack() as stack:
+                # The neighbour runs first, as a service that was there before any arm: untagged, its
+                # own session and cgroup, no wrapper (an operator tuning the server leaves it alone).
+                neighbour = stack.enter_context(T.spinners(
+                    self.neighbour, self.timeout_s + 60, self.neighbour_cgroup, own_session=True,
+                    metrics=neighbour_metrics))
+
                 def start_spinners() -> List[int]:
                     return stack.enter_context(
                         T.spinners(bg, self.timeout_s + 30, self.under.spinner_cgroup, arm.spinner_wrapper,
-                                   own_session=self.spinners_own_session, metrics=metrics.name))
+                                   own_session=self.spinners_own_session, metrics=metrics))
 
                 workers = start_spinners() if arm.spinners_first else None
                 notes = stack.enter_context(arm.enter())
@@ -161,10 +170,10 @@ class Bench:
                         return run
                 time.sleep(self.settle_s)
                 if arm.during is None:
-                    self._measure(run, variant, workers)
+                    self._measure(run, variant, workers, neighbour)
                 else:
                     with arm.during() as during:
-                        self._measure(run, variant, workers)
+                        self._measure(run, variant, workers, neighbour)
                     run.notes.update(during)
                 others = other_temperds()
                 if others and run.ok:
@@ -172,15 +181,19 @@ class Bench:
         except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
             run.error = str(exc)
         finally:
-            ops_per_cpu_s = T.bogo_ops_per_cpu_s(metrics.name) if bg else 0.0
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(metrics.name)
-        spun = run.waits.get("spinners")
-        if run.ok and spun is not None and spun.seconds > 0 and ops_per_cpu_s is not None:
-            # The background work done in the window: the spinners' CPU seconds in it, at the
-            # bogo-ops per CPU second stress-ng reported for its whole run.
-            run.metrics["bg_ops_s"] = spun.run_s * ops_per_cpu_s / spun.seconds
-            run.notes["bg_ops_per_cpu_s"] = round(ops_per_cpu_s, 1)
+            ops_per_cpu_s = T.bogo_ops_per_cpu_s(metrics) if bg else 0.0
+            neighbour_ops_per_cpu_s = T.bogo_ops_per_cpu_s(neighbour_metrics) if self.neighbour else None
+            for path in (metrics, neighbour_metrics):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        # The background work done in the window: the spinners' CPU seconds in it, at the bogo-ops
+        # per CPU second stress-ng reported for its whole run; the neighbour's the same way.
+        for label, key, per_cpu_s in (("spinners", "bg_ops_s", ops_per_cpu_s),
+                                      ("neighbour", "neighbour_ops_s", neighbour_ops_per_cpu_s)):
+            spun = run.waits.get(label)
+            if run.ok and spun is not None and spun.seconds > 0 and per_cpu_s is not None:
+                run.metrics[key] = spun.run_s * per_cpu_s / spun.seconds
+                run.notes[f"{key[:-2]}_per_cpu_s"] = round(per_cpu_s, 1)
         return run
 
     @staticmethod
@@ -194,14 +207,14 @@ class Bench:
                 return f"spinners did not get {POLICY_NAMES.get(arm.spinner_policy)} within 5 s"
         return ""
 
-    def _measure(self, run: T.Run, variant: str, spinners: Sequence[int] = ()) -> None:
+    def _measure(self, run: T.Run, variant: str, spinners: Sequence[int] = (), neighbour: Sequence[int] = ()) -> None:
         workload = self.workload
         sampler = PlacementSampler()
         monitor = T.HostMonitor()
         meter = T.WaitMeter()
         server_pids = self.under.pids()
         monitor.start()
-        meter.start(server=server_pids, client=[], spinners=list(spinners))
+        meter.start(server=server_pids, client=[], spinners=list(spinners), neighbour=list(neighbour))
         # Output into a file, not a pipe: a load generator that writes more than a pipe holds (pgbench's
         # per-transaction log) would block on it while this loop only polls.
         output = tempfile.TemporaryFile("w+")
@@ -247,6 +260,14 @@ class Bench:
 OTHER_TEMPERD_WAIT_S = 120.0
 
 
+def _metrics_path(what: str) -> str:
+    """A path for stress-ng's YAML metrics, absent until stress-ng ends and writes it."""
+    handle = tempfile.NamedTemporaryFile(prefix=f"temperd-bench-{what}-", suffix=".yaml", delete=False)
+    handle.close()
+    os.unlink(handle.name)
+    return handle.name
+
+
 def other_temperds() -> List[int]:
     """temperd daemons this benchmark did not start (another user's test on a shared host): while
     one runs, its plan keeps every process -- ours included -- off its exclusive CPUs."""
@@ -290,9 +311,9 @@ def mark(comparison: T.Comparison) -> str:
     return f"{comparison.ratio:5.2f}{'' if comparison.verdict == T.WITHIN_NOISE else '*'}"
 
 
-def background_ratio(bg_ops: Dict[Tuple[str, str], T.Spread], step: str, arm: str) -> str:
-    """The background work done under an arm over what it did by hand ("-" without spinners)."""
-    mine, hand = bg_ops.get((step, arm)), bg_ops.get((step, A.BY_HAND))
+def by_hand_ratio(work: Dict[Tuple[str, str], T.Spread], step: str, arm: str) -> str:
+    """The work done (the spinners', the neighbour's) under an arm over the same by hand ("-" without it)."""
+    mine, hand = work.get((step, arm)), work.get((step, A.BY_HAND))
     if mine is None or hand is None or not hand.median or hand.median != hand.median:
         return "-"
     return f"{mine.median / hand.median:.2f}"
@@ -305,13 +326,15 @@ def print_table(workload: W.Workload, variant: str, ladder: Sequence[int], arm_n
     p50 = T.summarise(runs, "p50_ms")
     p99 = T.summarise(runs, "p99_ms")
     bg_ops = T.summarise(runs, "bg_ops_s")
+    neighbour = T.summarise(runs, "neighbour_ops_s")
     print()
     print(f"{workload.name}, {workload.describe(variant, amount)}; medians over the runs "
           f"(p99 range in brackets; * = ranges apart and >= 5 % apart, 2+ runs each)")
     head = (f"{'bg':>3} {'arm':<16} {workload.rate_unit:>9} {'p50 ms':>7} {'p99 ms (range)':>22} "
             f"{'r/st':>6} {'p99/st':>6} {'r/hand':>6} {'p99/hd':>6} {'cwait%':>6} {'cdly%':>6} {'swait%':>6} "
-            f"{'runs':>4} {'noisy':>5} {'idle%':>5} {'bg ops/s':>9} {'bg/hd':>5} {'steal%':>6} {'frgn%':>5}  "
-            "client ran on (allowed); server ran on")
+            f"{'runs':>4} {'noisy':>5} {'idle%':>5} {'bg ops/s':>9} {'bg/hd':>5} "
+            + (f"{'nb ops/s':>9} {'nb/hd':>5} " if neighbour else "")
+            + f"{'steal%':>6} {'frgn%':>5}  client ran on (allowed); server ran on")
     print(head)
     print("-" * len(head))
     for bg in ladder:
@@ -336,7 +359,9 @@ def print_table(workload: W.Workload, variant: str, ladder: Sequence[int], arm_n
                   f"{wait_pct(group, 'client'):6.1f} {wait_pct(group, 'client', 'delay_pct'):6.1f} "
                   f"{wait_pct(group, 'server'):6.1f} {len(group):>4} {sum(r.noisy for r in group):>5} "
                   f"{window_median(group, 'idle_pct'):5.1f} {bg_ops[step, arm].median:9.0f} "
-                  f"{background_ratio(bg_ops, step, arm):>5} {window_median(group, 'steal_pct'):6.1f} "
+                  f"{by_hand_ratio(bg_ops, step, arm):>5} "
+                  + (f"{_median_of(neighbour, step, arm):9.0f} {by_hand_ratio(neighbour, step, arm):>5} " if neighbour else "")
+                  + f"{window_median(group, 'steal_pct'):6.1f} "
                   f"{window_median(group, 'foreign_core_pct'):5.1f}  "
                   f"{last.get('client_cpus', '-')} ({last.get('client_allowed', '-')}); {last.get('server_cpus', '-')}")
 
@@ -346,11 +371,13 @@ def markdown_table(workload_name: str, rate_unit: str, variant: str, ladder: Seq
     """The table docs/benchmarks.md shows: medians, p99 range, ratios to stock and by-hand (a * marks
     a difference that stands out of the runs' spread), runqueue waits and the host's noise."""
     groups = groups_of(runs)
-    rate, p50, p99, bg_ops = (T.summarise(runs, m) for m in ("rate", "p50_ms", "p99_ms", "bg_ops_s"))
+    rate, p50, p99, bg_ops, neighbour = (T.summarise(runs, m)
+                                         for m in ("rate", "p50_ms", "p99_ms", "bg_ops_s", "neighbour_ops_s"))
     lines = [f"| bg | arm | {rate_unit} | p50 ms | p99 ms (range) | {rate_unit} ÷ stock | p99 ÷ stock | "
              f"{rate_unit} ÷ by-hand | p99 ÷ by-hand | client wait % | server wait % | runs (noisy) | "
-             "idle % | background bogo-ops/s | background ÷ by-hand | steal % | foreign % of a core |",
-             "|" + "---|" * 17]
+             "idle % | background bogo-ops/s | background ÷ by-hand | "
+             + ("neighbour bogo-ops/s | neighbour ÷ by-hand | " if neighbour else "") + "steal % | foreign % of a core |",
+             "|" + "---|" * (19 if neighbour else 17)]
     for bg in ladder:
         step = step_name(variant, bg)
         for arm in arm_names:
@@ -369,9 +396,16 @@ def markdown_table(workload_name: str, rate_unit: str, variant: str, ladder: Seq
                          f"{q.median:.3f} ({q.low:.3f}–{q.high:.3f}) | {' | '.join(ratios)} | "
                          f"{wait_pct(group, 'client'):.1f} | {wait_pct(group, 'server'):.1f} | "
                          f"{len(group)} ({sum(r.noisy for r in group)}) | {window_median(group, 'idle_pct'):.0f} | "
-                         f"{bg_ops[step, arm].median:,.0f} | {background_ratio(bg_ops, step, arm)} | "
-                         f"{window_median(group, 'steal_pct'):.1f} | {window_median(group, 'foreign_core_pct'):.1f} |")
+                         f"{bg_ops[step, arm].median:,.0f} | {by_hand_ratio(bg_ops, step, arm)} | "
+                         + (f"{_median_of(neighbour, step, arm):,.0f} | {by_hand_ratio(neighbour, step, arm)} | "
+                            if neighbour else "")
+                         + f"{window_median(group, 'steal_pct'):.1f} | {window_median(group, 'foreign_core_pct'):.1f} |")
     return "\n".join(lines).replace(",", " ")
+
+
+def _median_of(table: Dict[Tuple[str, str], T.Spread], step: str, arm: str) -> float:
+    found = table.get((step, arm))
+    return found.median if found is not None else float("nan")
 
 
 def runs_from_json(path: str) -> Tuple[dict, List[T.Run]]:
@@ -395,8 +429,9 @@ def goals(variant: str, ladder: Sequence[int], runs: Sequence[T.Run], arm: str,
     - p99 <= 1.1x by-hand at every step, throughput >= 0.95x by-hand;
     - at 0 and 1 spinners: p99 <= 1.1x stock and throughput >= 0.95x stock;
     - at the top step: host idle <= 5 % and background work >= 0.9x by-hand's, and (redis c=50,
-      memcached, PostgreSQL) p99 at least 3x better than stock."""
-    rate, p99, bg_ops = (T.summarise(runs, m) for m in ("rate", "p99_ms", "bg_ops_s"))
+      memcached, PostgreSQL) p99 at least 3x better than stock;
+    - with an untagged neighbour (--neighbour): its work >= 0.9x what it does by hand, every step."""
+    rate, p99, bg_ops, neighbour = (T.summarise(runs, m) for m in ("rate", "p99_ms", "bg_ops_s", "neighbour_ops_s"))
     groups = groups_of(runs)
     out: List[Tuple[str, Optional[bool], str]] = []
     have = [bg for bg in ladder if (step_name(variant, bg), arm) in p99]
@@ -412,6 +447,11 @@ def goals(variant: str, ladder: Sequence[int], runs: Sequence[T.Run], arm: str,
         out.append(("p99 <= 1.1x by-hand and throughput >= 0.95x by-hand at every step",
                     all(p <= 1.1 and r >= 0.95 for _, p, r in ratios),
                     ", ".join(f"bg={bg} p99 {p:.2f}x, thr {r:.2f}x" for bg, p, r in ratios)))
+    beside = [bg for bg in have if at(neighbour, bg) and at(neighbour, bg, A.BY_HAND)]
+    if beside:
+        shares = [(bg, at(neighbour, bg).median / at(neighbour, bg, A.BY_HAND).median) for bg in beside]
+        out.append(("the untagged neighbour's work >= 0.9x by-hand's at every step", all(x >= 0.9 for _, x in shares),
+                    ", ".join(f"bg={bg} {x:.2f}x" for bg, x in shares)))
     for bg in (0, 1):
         if bg in have and at(p99, bg, A.STOCK):
             r99 = at(p99, bg).median / at(p99, bg, A.STOCK).median
@@ -491,6 +531,10 @@ def main() -> int:
     parser.add_argument("--spinner-session", choices=("beside", "own"), default="beside",
                         help="the spinners in this script's session beside the load generator (default), or in a "
                              "session of their own, as a service manager starts a batch job")
+    parser.add_argument("--neighbour", type=int, default=0, metavar="N",
+                        help="an untagged CPU-busy service beside the server in every run: N stress-ng workers in a "
+                             "session and cgroup of their own, in the standard tier (no binding; by hand left alone); "
+                             "its work in each window is reported beside the background's (default 0: none)")
     parser.add_argument("--warm", type=float, default=35.0, metavar="SECONDS",
                         help="before the runs, temperd watches the server under the first variant's load this long "
                              "(default 35 s; 0: not), so every temperd arm sizes the exclusive group from a history, "
@@ -548,7 +592,8 @@ def main() -> int:
     history_dir = tempfile.mkdtemp(prefix="temperd-bench-history-")  # the temperd arms' shared history
     try:
         with workload.server() as server, T.ScratchCgroup(T.scratch_name("server")) as server_cgroup, \
-                T.ScratchCgroup(T.scratch_name("spinners")) as spinner_cgroup:
+                T.ScratchCgroup(T.scratch_name("spinners")) as spinner_cgroup, \
+                T.ScratchCgroup(T.scratch_name("neighbour")) as neighbour_cgroup:
             under = A.ServerUnderTest(workload.name, workload.profile_id, workload.exclusive_group, server_cgroup,
                                       spinner_cgroup, lambda: workload.pids(server),
                                       lambda cpus: workload.treated(server, cpus), args.trained_profile,
@@ -571,10 +616,14 @@ def main() -> int:
             if unknown or A.STOCK not in arm_names:
                 parser.error(f"--arms: expected stock plus any of {', '.join(arms)}, found {args.arms!r}")
             bench = Bench(workload, server, under, arms, amounts, timeout_s, A.pmqos_values(),
-                          spinners_own_session=args.spinner_session == "own")
+                          spinners_own_session=args.spinner_session == "own", neighbour=args.neighbour,
+                          neighbour_cgroup=neighbour_cgroup)
             print(f"{workload.name} {workload.version(server)} pid {server.pid} in cgroup {server_cgroup.relative}, spinners in "
                   f"{spinner_cgroup.relative} and {'a session of their own' if bench.spinners_own_session else 'this session'}"
                   "; work per run: " + ", ".join(f"{v}: {a}" for v, a in amounts.items()))
+            if args.neighbour:
+                print(f"an untagged neighbour beside it: {args.neighbour} stress-ng worker(s) in {neighbour_cgroup.relative}, "
+                      "a session of their own, standard tier")
             for name in arm_names:
                 print(f"  arm {name}: {arms[name].description}")
             if A.BY_HAND in arm_names:
@@ -624,6 +673,7 @@ def main() -> int:
         with open(args.json, "w") as handle:
             json.dump({"host": C.host_description(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                        "workload": workload.name, "amounts": amounts, "spinner_session": args.spinner_session,
+                       "neighbour": args.neighbour,
                        "arms": {n: arms[n].description for n in arm_names},
                        "runs": [run_json(r) for r in runs]}, handle, indent=1)
     return 0
