@@ -67,12 +67,12 @@ def level_of(layer: Layer) -> str:
     return STANDARD
 
 
-def fixed_cpus(layer: Layer, partial_cores: bool = False) -> int:
+def fixed_cpus(layer: Layer, partial: bool = False) -> int:
     """The CPU count a Confined or Grouped layer is held at: its CPUs and the SMT siblings kept idle;
-    an owned layer's CPUs alone where scx_layered allocates single CPUs (partial_cores)."""
+    an owned layer's CPUs alone where scx_layered allocates single CPUs (partial: see partial_cores)."""
     if layer.kind not in (CONFINED, GROUPED):
         return 0
-    if partial_cores and is_owned(layer):
+    if partial and is_owned(layer):
         return len(layer.cpus)
     return len(layer.cpus) + len(layer.idle_siblings)
 
