@@ -326,7 +326,7 @@ def print_table(workload: W.Workload, variant: str, ladder: Sequence[int], arm_n
     p50 = T.summarise(runs, "p50_ms")
     p99 = T.summarise(runs, "p99_ms")
     bg_ops = T.summarise(runs, "bg_ops_s")
-    neighbour = T.summarise(runs, "neighbour_ops_s")
+    neighbour = _measured(runs, "neighbour_ops_s")
     print()
     print(f"{workload.name}, {workload.describe(variant, amount)}; medians over the runs "
           f"(p99 range in brackets; * = ranges apart and >= 5 % apart, 2+ runs each)")
@@ -371,8 +371,8 @@ def markdown_table(workload_name: str, rate_unit: str, variant: str, ladder: Seq
     """The table docs/benchmarks.md shows: medians, p99 range, ratios to stock and by-hand (a * marks
     a difference that stands out of the runs' spread), runqueue waits and the host's noise."""
     groups = groups_of(runs)
-    rate, p50, p99, bg_ops, neighbour = (T.summarise(runs, m)
-                                         for m in ("rate", "p50_ms", "p99_ms", "bg_ops_s", "neighbour_ops_s"))
+    rate, p50, p99, bg_ops = (T.summarise(runs, m) for m in ("rate", "p50_ms", "p99_ms", "bg_ops_s"))
+    neighbour = _measured(runs, "neighbour_ops_s")
     lines = [f"| bg | arm | {rate_unit} | p50 ms | p99 ms (range) | {rate_unit} ÷ stock | p99 ÷ stock | "
              f"{rate_unit} ÷ by-hand | p99 ÷ by-hand | client wait % | server wait % | runs (noisy) | "
              "idle % | background bogo-ops/s | background ÷ by-hand | "
@@ -403,6 +403,11 @@ def markdown_table(workload_name: str, rate_unit: str, variant: str, ladder: Seq
     return "\n".join(lines).replace(",", " ")
 
 
+def _measured(runs: Sequence[T.Run], metric: str) -> Dict[Tuple[str, str], T.Spread]:
+    """T.summarise of a metric only some benchmarks measure (--neighbour); empty where no run has it."""
+    return T.summarise(runs, metric) if any(metric in r.metrics for r in runs) else {}
+
+
 def _median_of(table: Dict[Tuple[str, str], T.Spread], step: str, arm: str) -> float:
     found = table.get((step, arm))
     return found.median if found is not None else float("nan")
@@ -431,7 +436,8 @@ def goals(variant: str, ladder: Sequence[int], runs: Sequence[T.Run], arm: str,
     - at the top step: host idle <= 5 % and background work >= 0.9x by-hand's, and (redis c=50,
       memcached, PostgreSQL) p99 at least 3x better than stock;
     - with an untagged neighbour (--neighbour): its work >= 0.9x what it does by hand, every step."""
-    rate, p99, bg_ops, neighbour = (T.summarise(runs, m) for m in ("rate", "p99_ms", "bg_ops_s", "neighbour_ops_s"))
+    rate, p99, bg_ops = (T.summarise(runs, m) for m in ("rate", "p99_ms", "bg_ops_s"))
+    neighbour = _measured(runs, "neighbour_ops_s")
     groups = groups_of(runs)
     out: List[Tuple[str, Optional[bool], str]] = []
     have = [bg for bg in ladder if (step_name(variant, bg), arm) in p99]
