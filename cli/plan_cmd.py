@@ -115,7 +115,8 @@ def plan_command(dry_run: bool, backend: str, config_dir: str, sysfs_root: str, 
     Without --dry-run, the plan the running temperd applies; with --dry-run, the plan temperd
     would make from --config on this host (or, with --shape/--sysfs, on the machine shape of
     another host's sysfs tree). With --backend scx, the scx_layered configuration of that plan:
-    `temperctl plan --backend scx > layered.json` is a file scx_layered takes as f:layered.json."""
+    `temperctl plan --backend scx > layered.json` is a file scx_layered takes as f:layered.json,
+    with the options a note names (--allow-partial-core)."""
     if backend == "scx":
         view, _, _, layer_plan = compute(config_dir, sysfs_root)
         print_scx_config(view, layer_plan)

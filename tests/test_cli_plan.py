@@ -104,8 +104,10 @@ def test_plan_backend_scx_prints_a_valid_scx_layered_config_for_a_fixture_shape(
     config = json.loads(result.stdout)
     assert validate_config(config, cpu_count=8) == []
     (hot,) = [s for s in config if s["name"].endswith(".hot") and f"pid{child.pid}" in s["name"]]
-    # 2 threads -> 2 whole cores of 2 siblings, owned by default: Grouped, so others borrow them
-    assert hot["kind"]["Grouped"]["cpus_range"] == [4, 4]
+    # 2 threads -> 2 whole cores of 2 siblings, owned by default: Grouped, so others borrow them,
+    # on one CPU of each core (the siblings every layer's), with scx_layered allocating single CPUs
+    assert hot["kind"]["Grouped"]["cpus_range"] == [2, 2]
+    assert "runs with --allow-partial-core" in result.stderr
     assert {"TGIDEquals": child.pid} in hot["matches"][0] and {"CommPrefix": "hot-"} in hot["matches"][0]
     assert config[-1]["matches"] == [[]]
     assert "note: " in result.stderr and "CPU numbers become CPU counts" in result.stderr
