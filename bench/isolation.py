@@ -188,12 +188,13 @@ class Bench:
                     os.unlink(path)
         # The background work done in the window: the spinners' CPU seconds in it, at the bogo-ops
         # per CPU second stress-ng reported for its whole run; the neighbour's the same way.
-        for label, key, per_cpu_s in (("spinners", "bg_ops_s", ops_per_cpu_s),
-                                      ("neighbour", "neighbour_ops_s", neighbour_ops_per_cpu_s)):
+        for label, metric, note, per_cpu_s in (
+                ("spinners", "bg_ops_s", "bg_ops_per_cpu_s", ops_per_cpu_s),
+                ("neighbour", "neighbour_ops_s", "neighbour_ops_per_cpu_s", neighbour_ops_per_cpu_s)):
             spun = run.waits.get(label)
             if run.ok and spun is not None and spun.seconds > 0 and per_cpu_s is not None:
-                run.metrics[key] = spun.run_s * per_cpu_s / spun.seconds
-                run.notes[f"{key[:-2]}_per_cpu_s"] = round(per_cpu_s, 1)
+                run.metrics[metric] = spun.run_s * per_cpu_s / spun.seconds
+                run.notes[note] = round(per_cpu_s, 1)
         return run
 
     @staticmethod

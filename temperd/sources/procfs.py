@@ -28,6 +28,7 @@ def boot_ticks() -> int:
     """Now, in the clock of a task's start time in /proc/PID/stat (clock ticks after boot)."""
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * CLOCK_TICKS)
 
+
 # Errors that mean "the task is gone" (EINVAL: a file of a task being torn down) or "not ours to
 # read": expected, silent.
 _GONE = frozenset((errno.ENOENT, errno.ESRCH, errno.EINVAL))

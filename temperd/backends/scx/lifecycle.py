@@ -13,7 +13,7 @@ import os
 import subprocess
 import threading
 import time
-from typing import Callable, Dict, Mapping, Optional, Sequence
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from temperd.backends.scx.detect import SchedExtGate, binary_trust_problem
 from temperd.backends.scx.process import STOPPED_BY_SIGNAL, exit_reason, keep_crash_log, spawn, terminate
@@ -104,7 +104,7 @@ class ScxLifecycle:
                 state=self.state,
                 pid=self.pid,
                 binary=self.binary,
-                args=self.args + (self._changes.running.options if self._changes.running is not None else ()),
+                args=self.args + self._options(self._changes.running),
                 config_path=self.config_path,
                 log_path=self.log_path,
                 stats_socket=self.stats_socket_path,
@@ -166,7 +166,7 @@ class ScxLifecycle:
         assert isinstance(run, ScxRun)
         os.makedirs(self.state_dir, exist_ok=True)
         write_atomically(self.config_path, run.config)
-        argv = [self.binary, *self.args, *(o for o in run.options if o not in self.args), f"f:{self.config_path}"]
+        argv = [self.binary, *self.args, *self._options(run), f"f:{self.config_path}"]
         try:
             proc = spawn(argv, self.log_path, self.env or {})
         except OSError as exc:
@@ -183,6 +183,10 @@ class ScxLifecycle:
             if self._after_crash:
                 self.counters["crash_restarts"] += 1
             self._after_crash = False
+
+    def _options(self, run: Optional[ScxRun]) -> Tuple[str, ...]:
+        """The options a run adds to [scx] args (those not given there already)."""
+        return tuple(o for o in run.options if o not in self.args) if run is not None else ()
 
     def _check_attached(self) -> None:
         if not self.stats.attach():

@@ -81,14 +81,14 @@ class PlanChanges:
         self.pending_since: Optional[float] = None
         self.coalesced = 0  # changes that replaced one still waiting for its restart
 
-    def ask(self, text: Hashable, process_runs: bool, now: float) -> bool:
+    def ask(self, run: Hashable, process_runs: bool, now: float) -> bool:
         """Ask for this run; True when it differs from what runs or waits."""
-        if text == self.desired:
+        if run == self.desired:
             return False
         if self.pending_since is not None:
             self.coalesced += 1
-        self.desired = text
-        if text == self.running:
+        self.desired = run
+        if run == self.running:
             self.pending_since = None  # back to what runs: nothing to do
             return False
         if process_runs and self.pending_since is None:
@@ -105,11 +105,11 @@ class PlanChanges:
         last = last_start if last_start is not None else float("-inf")
         return max(self.pending_since + self.policy.batch_s, last + self.policy.min_interval_s)
 
-    def started(self, text: Hashable, now: float) -> None:
+    def started(self, run: Hashable, now: float) -> None:
         """scx_layered started with this run: nothing waits any more, unless another was asked
         for while it started (that one waits for its restart from now)."""
-        self.running = text
-        self.pending_since = None if self.desired == text else now
+        self.running = run
+        self.pending_since = None if self.desired == run else now
 
 
 class DefaultSchedulerGap:
