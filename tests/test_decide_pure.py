@@ -116,6 +116,34 @@ def test_an_untouched_workload_is_reused_and_a_changed_one_rebuilt():
     assert len(second.workload_of(cc.pid).threads) == 2
 
 
+def test_a_changed_workloads_unchanged_threads_keep_their_matches_and_a_new_title_matches_again():
+    """A fork storm's creator gains a few threads per pass: its other threads' matches are reused,
+    not made again; a renamed thread and a new title are matched anew."""
+    host = FactsHost()
+    db = host.process("dbd", exe="/usr/sbin/dbd", threads=["dbd", "conn-1", "x"], unit="dbd.service")
+    m = matcher()
+    first = {t.tid: t for t in m.match(host.processes).workload_of(db.pid).threads}
+    x = host.tids(db, "x")[0]
+    grown = host.add_threads(host.rename_thread(db, x, "conn-2"), ["conn-3"])
+    second = {t.tid: t for t in m.match(host.processes).workload_of(db.pid).threads}
+    assert second[db.pid] is first[db.pid] and second[db.pid + 1] is first[db.pid + 1]
+    assert second[x].group == "conn" and first[x].group == "rest"
+    assert second[max(grown.threads)].group == "conn"
+    titled = host.replace(grown, cmdline=("dbd: io writer",))
+    third = {t.tid: t for t in m.match(host.processes).workload_of(db.pid).threads}
+    assert third[db.pid] is not second[db.pid] and third[db.pid].group == "io"
+
+
+def test_an_untrusted_process_keeps_no_raising_group_when_its_matches_are_reused():
+    host = FactsHost()
+    db = host.process("dbd", exe="/usr/sbin/dbd", threads=["dbd", "conn-1"], uid=5000)
+    m = matcher()
+    m.match(host.processes)
+    host.add_threads(db, ["conn-2"])
+    got = groups(m.match(host.processes), db)
+    assert got == {"dbd": "rest", "conn-1": None, "conn-2": None}
+
+
 def test_busiest_takes_the_thread_whose_runtime_grew_most():
     host = FactsHost()
     proc = host.process("hot", threads=["hot", "w1", "w2"])

@@ -206,3 +206,28 @@ def test_an_ended_thread_leaves_the_hold_when_its_end_is_told(tmp_path, children
     mixed.proc.wait(10)
     backend.forget_threads([mixed.pid, tid])
     assert backend.idle_cgroup.written == {} and backend.idle_cgroup.originals == {}
+
+
+@needs_v1_cpu
+def test_threads_read_in_this_pass_move_without_a_second_start_time_read_through_one_open_tasks_file(
+        tmp_path, children, monkeypatch):
+    """A fork storm's new yield threads cost one /proc read each (their cgroup): the inventory read
+    their start time within the pass, and the moves share the cgroup's tasks file."""
+    kid = children.spawn(["srv-a", "bg-1", "bg-2", "bg-3"])
+    threads = [t for t in scan_threads([kid.pid]) if t.comm.startswith("bg-")]
+    fresh = {(t.tid, t.start_time) for t in threads[:2]}
+    idle = IdleCgroup(cgroup_name(str(tmp_path), "/nowhere"), MOUNT)
+    stat_reads, opens = [], []
+    real_stat, real_open = procfs.read_task_stat, os.open
+    monkeypatch.setattr(procfs, "read_task_stat", lambda pid, tid: stat_reads.append(tid) or real_stat(pid, tid))
+    monkeypatch.setattr(os, "open", lambda path, *a, **kw: opens.append(path) or real_open(path, *a, **kw))
+    try:
+        result = idle.apply(threads, fresh=fresh)
+        assert result.applied == 3 and not result.errors, result
+        assert sorted(stat_reads) == [threads[2].tid]  # the one not read in this pass
+        assert [p for p in opens if p.endswith("/tasks")] == [os.path.join(idle_dir(tmp_path), "tasks")]
+        assert {cpu_cgroup(kid.pid, t.tid) for t in threads} == {idle.path}
+    finally:
+        monkeypatch.undo()
+        idle.restore_all()
+    assert {cpu_cgroup(kid.pid, t.tid) for t in threads} == {"/"}

@@ -173,6 +173,7 @@ class Matcher:
         self._last_runtime: Dict[Tuple[int, int], int] = {}
         self._built: Dict[str, _BuiltWorkload] = {}  # workload key -> the last match's workload
         self._selections: Dict[Tuple[int, str, str], Tuple[Profile, Optional[Tuple[str, str]]]] = {}
+        self._assigned: Dict[Tuple[int, int], _Assigned] = {}  # (pid, start) -> its threads' matches, last time
         self.runtime_bindings: Dict[int, RuntimeBinding] = {}  # pid -> binding (temperctl bind)
         self._bound: Dict[int, RuntimeBinding] = {}  # pid -> the binding of it or an ancestor, this match
 
@@ -249,10 +250,11 @@ class Matcher:
 
     def match(self, processes: Iterable) -> MatchResult:
         procs = {p.pid: p for p in processes}
-        if len(self._decisions) > 2 * len(procs) + 64:  # ended processes' decisions, now and then
+        if len(self._decisions) + len(self._assigned) > 4 * len(procs) + 128:  # ended processes', now and then
             live = {(p.pid, p.start_time) for p in procs.values()}
             self._decisions = {k: v for k, v in self._decisions.items() if (k[0], k[1]) in live}
             self._decided = {pid: d for pid, d in self._decided.items() if pid in procs}
+            self._assigned = {k: v for k, v in self._assigned.items() if k in live}
         self._bound = _bound_processes(procs, self.runtime_bindings) if self.runtime_bindings else {}
         decisions = {}
         for pid, proc in procs.items():
@@ -369,6 +371,42 @@ class Matcher:
         return found[1]
 
     def _assign(self, profile: Profile, proc, seen_runtime, distrust: Optional[str] = None) -> List[ThreadMatch]:
+        """The group of each thread of proc. Without a `busiest` group a thread's group depends
+        only on its name and the process's title: the matches of the process's last assignment
+        are reused for threads that kept their names (a fork storm's creator has thousands of
+        threads and gains a few per pass)."""
+        if any(group.busiest is not None for group in profile.thread_groups):
+            return self._assign_ranked(profile, proc, seen_runtime, distrust)
+        title = _cmdline_text(proc)
+        key = (proc.pid, proc.start_time)
+        before = self._assigned.get(key)
+        old = before.matches if before is not None and before.context == (profile, title, distrust) else {}
+        catch_all = next((g for g in profile.thread_groups if g.catch_all), None)
+        out: Dict[int, ThreadMatch] = {}
+        for thread in _threads(proc):
+            match = old.get(thread.tid)
+            if match is None or match.comm != thread.comm:
+                match = self._one(profile, proc.pid, thread, title, catch_all, distrust)
+            out[thread.tid] = match
+        self._assigned[key] = _Assigned((profile, title, distrust), out)
+        return list(out.values())
+
+    def _one(self, profile: Profile, pid: int, thread, title: str, catch_all: Optional[ThreadGroup],
+             distrust: Optional[str]) -> ThreadMatch:
+        """One thread's match in a profile without a `busiest` group."""
+        selected = self._selected(profile, thread.comm, title)
+        if selected is not None:
+            match = ThreadMatch(thread.tid, pid, thread.comm, *selected)
+        elif catch_all is not None:
+            match = ThreadMatch(thread.tid, pid, thread.comm, catch_all.name,
+                                f"no other group of {profile.id} claims it: catch-all {catch_all.name}")
+        else:
+            return ThreadMatch(thread.tid, pid, thread.comm, None,
+                               f"no group of {profile.id} selects it and the profile has no catch-all")
+        return _distrusted(profile, match, distrust) if distrust else match
+
+    def _assign_ranked(self, profile: Profile, proc, seen_runtime, distrust: Optional[str]) -> List[ThreadMatch]:
+        """_assign for a profile with a `busiest` group: ranked by the runtime grown since the last match."""
         threads = _threads(proc)
         title = _cmdline_text(proc)
         out: Dict[int, ThreadMatch] = {}
@@ -403,12 +441,22 @@ class Matcher:
                 out[thread.tid] = ThreadMatch(thread.tid, proc.pid, thread.comm, None,
                                               f"no group of {profile.id} selects it and the profile has no catch-all")
         if distrust:
-            treatment = {g.name: g.treatment for g in profile.thread_groups}
-            for tid, match in out.items():
-                if match.group is not None and raises(treatment[match.group]):
-                    out[tid] = ThreadMatch(tid, proc.pid, match.comm, None,
-                                           f"{match.reason}; {treatment[match.group]} not granted: {distrust}")
+            return [_distrusted(profile, match, distrust) for match in out.values()]
         return list(out.values())
+
+
+@dataclass(frozen=True)
+class _Assigned:
+    context: Tuple[Profile, str, Optional[str]]  # the profile, the title and the distrust they were made under
+    matches: Mapping[int, ThreadMatch]  # tid -> its match
+
+
+def _distrusted(profile: Profile, match: ThreadMatch, distrust: str) -> ThreadMatch:
+    """A match of an untrusted process: out of a group whose treatment would raise its standing."""
+    treatment = next(g.treatment for g in profile.thread_groups if g.name == match.group) if match.group else None
+    if treatment is None or not raises(treatment):
+        return match
+    return ThreadMatch(match.tid, match.pid, match.comm, None, f"{match.reason}; {treatment} not granted: {distrust}")
 
 
 def _instance(procs: Sequence) -> str:

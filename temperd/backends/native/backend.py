@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set
+from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set
 
 from temperd import paths
 from temperd.backends.native import sched
@@ -151,7 +151,7 @@ class NativeBackend:
         if self.autogroup and self.treatment.membership is not None and self.autogroups.cache.changes_mix(
                 threads, self.treatment.layer_for, self.treatment.is_kernel_thread):
             # A new thread or process changed a session's mix: the batch's processes are read again.
-            self._apply_autogroups(result, reread=False, touched={thread.pid for thread in threads})
+            self._apply_autogroups(result, reread=False, touched={thread.pid for thread in threads}, fresh=new)
         # The state file was written before the first change of this call (treat's before_write);
         # written again only where the writes did not go as recorded or records came or went
         # without a write (each write serialises the whole ledger, and events come ten batches a second).
@@ -284,10 +284,11 @@ class NativeBackend:
 
     # ---- steps ---------------------------------------------------------------------------------
 
-    def _apply_autogroups(self, result: ApplyResult, reread: bool, touched: Optional[Set[int]] = None) -> None:
+    def _apply_autogroups(self, result: ApplyResult, reread: bool, touched: Optional[Set[int]] = None,
+                          fresh: Container[ThreadKey] = ()) -> None:
         """reread: every process's autogroup read anew (a whole apply); else only the few that
         can have changed (autogroup.SessionCache; touched: the batch's processes): a new process
-        costs file reads for itself."""
+        costs file reads for itself. fresh: the threads the inventory read in this pass."""
         if self.autogroup and self.treatment.membership is not None:
             save = functools.partial(self._save, result)
             result.take_counts(AUTOGROUP, self.autogroups.apply(
@@ -298,7 +299,7 @@ class NativeBackend:
                 result.notes.extend(mixed_note(name, session, self.idle_cgroup.why_not)
                                     for name, session in mixed.items())
             result.take_counts(IDLE_CGROUP, self.idle_cgroup.apply(
-                [t for session in mixed.values() for t in session.yielding], verify=reread))
+                [t for session in mixed.values() for t in session.yielding], verify=reread, fresh=fresh))
 
     def _finish(self, result: ApplyResult, save: bool = True) -> ApplyResult:
         if save:

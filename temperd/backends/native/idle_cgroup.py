@@ -29,9 +29,10 @@ storm moves hundreds of threads a second, and each write serialised the whole se
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Container, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from temperd.sources.mounts import MOUNTINFO, cgroup1_cpu_mount
 from temperd.backends.native.held import HeldSettings, HostSettingResult, Setting
@@ -70,18 +71,49 @@ class ThreadCpuCgroup(Setting[Key, str]):
 
     def __init__(self, mount: str):
         self.mount = mount
+        self.fresh: Container[Key] = ()  # see batch()
+        self._tasks: Dict[str, int] = {}  # cgroup path -> its open tasks file, within batch()
 
     def read(self, key: Key) -> Optional[str]:
-        """None when the thread is gone (or its tid now names another thread)."""
+        """None when the thread is gone (or its tid now names another thread). A thread of
+        `fresh` is not checked for its start time: the inventory read it within this pass."""
         tid, start_time = key
-        stat = procfs.read_task_stat(tid, tid)  # /proc/TID/task/TID reaches any thread
-        if stat is None or stat.start_time != start_time:
-            return None
+        if key not in self.fresh:
+            stat = procfs.read_task_stat(tid, tid)  # /proc/TID/task/TID reaches any thread
+            if stat is None or stat.start_time != start_time:
+                return None
         paths = procfs.read_cgroup(tid, tid)
         return paths.cpu_v1 if paths is not None else None
 
     def write(self, key: Key, path: str) -> None:
-        move(self.mount, path, key[0])
+        fd = self._tasks.get(path)
+        if fd is None:
+            move(self.mount, path, key[0])
+        else:
+            os.write(fd, str(key[0]).encode())
+
+    @contextlib.contextmanager
+    def batch(self, fresh: Container[Key]) -> Iterator[None]:
+        """Within: the `fresh` threads' start times are taken as read, and moves share one open
+        tasks file per cgroup (an open and close cost as much as the move itself)."""
+        self.fresh = fresh
+        try:
+            yield
+        finally:
+            self.fresh = ()
+            for fd in self._tasks.values():
+                os.close(fd)
+            self._tasks.clear()
+
+    def open_tasks(self, path: str) -> None:
+        """Keep the tasks file of the cgroup at `path` open until the batch ends (where it cannot
+        be opened, each move opens it and says why it failed)."""
+        if path not in self._tasks:
+            try:
+                self._tasks[path] = os.open(os.path.join(self.mount, path.lstrip("/"), "tasks"),
+                                            os.O_WRONLY | os.O_CLOEXEC)
+            except OSError:
+                pass
 
     def where(self, key: Key) -> str:
         return f"tid {key[0]}"
@@ -122,17 +154,23 @@ class IdleCgroup(HeldSettings[Key, str]):
         """Nothing for the state file (see above): a start empties the cgroup."""
         return {}
 
-    def apply(self, threads: Iterable, verify: bool = True) -> HostSettingResult:
+    def apply(self, threads: Iterable, verify: bool = True, fresh: Container[Key] = ()) -> HostSettingResult:
         """Hold these threads (with tid, start_time) in the idle cgroup, where they sit in the
         hierarchy's root or in it already; everything else temperd holds there goes back.
         verify False (between whole applies): a thread temperd already holds there is not read
-        again (each costs two /proc reads, and a fork storm's batches come ten a second)."""
+        again (each costs two /proc reads, and a fork storm's batches come ten a second).
+        fresh: the keys of threads the inventory read in this pass (their start time is not read again)."""
         result = HostSettingResult()
         if not self.supported:
             return result
         threads = list(threads)
         if threads and not self._ensure(result):
             return result
+        with self.setting.batch(fresh):
+            self.setting.open_tasks(self.path)
+            return self._apply(threads, verify)
+
+    def _apply(self, threads: List, verify: bool) -> HostSettingResult:
         desired = {}
         trusted = set()
         read = {}
