@@ -206,3 +206,58 @@ def test_an_unmatched_process_says_which_facts_were_denied():
     text = matcher().explain_unmatched(hidden)
     assert "exe not readable (permission denied)" in text
     assert "exe -" in matcher().explain_unmatched(host.process("plain"))
+
+
+def _shown(result):
+    return [(w.key, w.pids, w.tier, w.profile_id, w.reason, w.instance,
+             tuple((t.tid, t.comm, t.group, t.reason) for t in w.threads)) for w in result.workloads]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_match_that_keeps_its_grouping_equals_a_fresh_match_after_every_change(seed):
+    """The matcher builds again only the workloads whose processes changed (grouping.py): after
+    each of a random sequence of forks, exits, execs, renames, new threads and reparentings, its
+    result is the one a matcher that never saw the host before makes."""
+    import random
+    rng = random.Random(seed)
+    host = FactsHost(first_pid=1000, stride=10)
+    kinds = [dict(name="dbd", exe="/usr/sbin/dbd", threads=["dbd", "conn-1", "x"]),
+             dict(name="make", cmdline=("make ", "all")), dict(name="cc1"), dict(name="bash")]
+
+    def spawn():
+        parents = [p.pid for p in host.processes] + [1]
+        facts = dict(rng.choice(kinds))
+        unit = rng.choice([None, None, "a.service", "b.service"])
+        return host.process(facts.pop("name"), ppid=rng.choice(parents), unit=unit,
+                            uid=rng.choice([0, 0, 5000]), **facts)
+
+    for _ in range(12):
+        spawn()
+    m = matcher('[[binding]]\nunit = "b.service"\ntier = "critical"\n')
+    for step in range(60):
+        procs = host.processes
+        victim = rng.choice(procs)
+        action = rng.choice(["spawn", "exit", "exec", "rename", "threads", "reparent", "none"])
+        if action == "spawn":
+            spawn()
+        elif action == "exit" and len(procs) > 3:
+            host.remove(victim)
+            for child in [p for p in host.processes if p.ppid == victim.pid]:
+                host.replace(child, ppid=1)
+        elif action == "exec":
+            host.replace(victim, name="cc1", cmdline=("cc1", str(step)), execs=victim.execs + 1)
+        elif action == "rename":
+            tid = rng.choice(sorted(victim.threads))
+            host.rename_thread(victim, tid, rng.choice(["conn-7", "y", "make"]))
+        elif action == "threads":
+            host.add_threads(victim, ["conn-9", "z"], first_tid=max(victim.threads) + 1)
+        elif action == "reparent":  # to a process outside its own subtree, as the kernel does
+            below = {victim.pid}
+            while True:
+                more = {p.pid for p in procs if p.ppid in below} - below
+                if not more:
+                    break
+                below |= more
+            host.replace(victim, ppid=rng.choice([p.pid for p in procs if p.pid not in below] + [1]))
+        assert _shown(m.match(host.processes)) == _shown(matcher(
+            '[[binding]]\nunit = "b.service"\ntier = "critical"\n').match(host.processes)), (seed, step, action)

@@ -27,6 +27,7 @@ from temperd.config.daemon_config import Binding, DaemonConfig
 from temperd.config.profile import Profile, ThreadGroup
 from temperd.config.schema import glob_match
 from temperd.config import safe_regex
+from temperd.decide.grouping import Grouping
 from temperd.decide.trust import RAISING_TIERS, UNTRUSTED_TIER_CAP, TrustPolicy, raises, trust_policy
 from temperd.sources.facts import ProcessFacts
 
@@ -171,7 +172,11 @@ class Matcher:
         self._decisions: Dict[tuple, Optional[_ProcessDecision]] = {}
         self._decided: Dict[int, tuple] = {}  # pid -> (the facts, their binding, the decision) last decided
         self._last_runtime: Dict[Tuple[int, int], int] = {}
-        self._built: Dict[str, _BuiltWorkload] = {}  # workload key -> the last match's workload
+        self._built: Dict[str, _BuiltWorkload] = {}  # workload key -> the workload last built for it
+        self._grouping = Grouping()
+        self._workloads: Dict[str, Workload] = {}  # workload key -> the last match's workload
+        self._order: List[str] = []  # their keys, sorted
+        self._regroup = False  # the next match decides every process again
         self._selections: Dict[Tuple[int, str, str], Tuple[Profile, Optional[Tuple[str, str]]]] = {}
         self._assigned: Dict[Tuple[int, int], _Assigned] = {}  # (pid, start) -> its threads' matches, last time
         self.runtime_bindings: Dict[int, RuntimeBinding] = {}  # pid -> binding (temperctl bind)
@@ -179,6 +184,7 @@ class Matcher:
 
     def set_runtime_bindings(self, bindings: Mapping[int, RuntimeBinding]) -> None:
         self.runtime_bindings = dict(bindings)
+        self._regroup = True  # decisions made under the bindings before are made again
 
     def runtime_profiles(self) -> Dict[str, Profile]:
         """The profiles of the runtime bindings, by their (per-process) ids: the planner's too."""
@@ -249,51 +255,42 @@ class Matcher:
     # ---- whole host ------------------------------------------------------------------------
 
     def match(self, processes: Iterable) -> MatchResult:
+        """The host's workloads. Only the workloads whose processes changed since the last match
+        are built again (grouping.py); the others are the very objects it returned."""
         procs = {p.pid: p for p in processes}
         if len(self._decisions) + len(self._assigned) > 4 * len(procs) + 128:  # ended processes', now and then
             live = {(p.pid, p.start_time) for p in procs.values()}
             self._decisions = {k: v for k, v in self._decisions.items() if (k[0], k[1]) in live}
             self._decided = {pid: d for pid, d in self._decided.items() if pid in procs}
             self._assigned = {k: v for k, v in self._assigned.items() if k in live}
+            self._last_runtime = {k: v for k, v in self._last_runtime.items() if k[0] in procs}
         self._bound = _bound_processes(procs, self.runtime_bindings) if self.runtime_bindings else {}
-        decisions = {}
-        for pid, proc in procs.items():
-            decision = self.decide(proc)
-            if decision is not None:
-                decisions[pid] = decision
-        result = MatchResult()
-        groups: Dict[str, List[int]] = {}
-        for pid, decision in decisions.items():
-            groups.setdefault(self._workload_key(procs, decisions, pid), []).append(pid)
+        # A runtime binding reaches a process through its ancestors: every process is decided again.
+        dirty = self._grouping.update(procs, self.decide, everything=bool(self.runtime_bindings) or self._regroup)
+        self._regroup = False
         seen_runtime: Dict[Tuple[int, int], int] = {}
-        built, self._built = self._built, {}
-        for key in sorted(groups):
-            pids = sorted(groups[key])
-            first = decisions[pids[0]]
-            distrust = next((decisions[p].distrust for p in pids if decisions[p].distrust), None)
-            if distrust and first.tier in RAISING_TIERS:
-                # one untrusted member keeps the whole workload (one cgroup weight) from the tier
-                first = dataclasses.replace(first, tier=UNTRUSTED_TIER_CAP, reason=(
-                    f"{first.reason}; tier {first.tier} not granted, {UNTRUSTED_TIER_CAP} instead: {distrust}"))
-            workload = self._workload(key, [procs[p] for p in pids], first, seen_runtime,
-                                      {p: decisions[p].distrust for p in pids}, built.get(key))
-            result.workloads.append(workload)
-        self._last_runtime = seen_runtime
-        return result
+        for key in dirty:
+            pids = sorted(self._grouping.members.get(key, ()))
+            if pids:
+                self._workloads[key] = self._keyed_workload(key, pids, seen_runtime)
+            else:
+                self._workloads.pop(key, None)
+                self._built.pop(key, None)
+        self._last_runtime.update(seen_runtime)
+        if dirty:
+            self._order = sorted(self._workloads)
+        return MatchResult(workloads=[self._workloads[key] for key in self._order])
 
-    def _workload_key(self, procs, decisions, pid) -> str:
-        proc, decision = procs[pid], decisions[pid]
-        pid_of = decision.profile.id if decision.profile else "tier"
-        if proc.unit:
-            return f"{proc.unit}" if decision.source not in ("env", "bind") else f"{proc.unit}/{pid_of}"
-        # Without a unit: the topmost ancestor with the same decision roots the workload.
-        root = pid
-        parent = procs[root].ppid
-        while (parent in decisions and decisions[parent].profile == decision.profile
-               and bool(decisions[parent].distrust) == bool(decision.distrust) and parent != root):
-            root = parent
-            parent = procs[root].ppid
-        return f"{pid_of}:pid{root}"
+    def _keyed_workload(self, key: str, pids: Sequence[int], seen_runtime: Dict[Tuple[int, int], int]) -> Workload:
+        procs, decisions = self._grouping.procs, self._grouping.decisions
+        first = decisions[pids[0]]
+        distrust = next((decisions[p].distrust for p in pids if decisions[p].distrust), None)
+        if distrust and first.tier in RAISING_TIERS:
+            # one untrusted member keeps the whole workload (one cgroup weight) from the tier
+            first = dataclasses.replace(first, tier=UNTRUSTED_TIER_CAP, reason=(
+                f"{first.reason}; tier {first.tier} not granted, {UNTRUSTED_TIER_CAP} instead: {distrust}"))
+        return self._workload(key, [procs[p] for p in pids], first, seen_runtime,
+                              {p: decisions[p].distrust for p in pids}, self._built.get(key))
 
     def _workload(self, key: str, procs: Sequence, decision: _ProcessDecision,
                   seen_runtime: Dict[Tuple[int, int], int], distrust: Mapping[int, Optional[str]],
@@ -304,13 +301,14 @@ class Matcher:
         inputs = (tuple(procs), decision, budget, tuple(distrust.items()))
         if before is not None and before.inputs == inputs:
             seen_runtime.update(before.runtimes)
-            self._built[key] = before
             return before.workload
         runtimes: Dict[Tuple[int, int], int] = {}
         workload = self._build_workload(key, procs, decision, budget, runtimes, distrust)
         seen_runtime.update(runtimes)
         if _reusable(procs, decision.profile):
             self._built[key] = _BuiltWorkload(inputs, workload, runtimes)
+        else:
+            self._built.pop(key, None)
         return workload
 
     def _build_workload(self, key: str, procs: Sequence, decision: _ProcessDecision,

@@ -39,7 +39,13 @@ class PlannerSettings:
     tier_weights: Tuple[Tuple[str, int], ...] = tuple(sorted(DEFAULT_TIER_WEIGHTS.items()))
 
     def weight_of(self, tier: str) -> int:
-        return dict(self.tier_weights)[tier]
+        return _weights(self.tier_weights)[tier]
+
+
+@functools.lru_cache(maxsize=16)
+def _weights(tier_weights: Tuple[Tuple[str, int], ...]) -> Dict[str, int]:
+    """Asked once per workload per plan: made once per configuration."""
+    return dict(tier_weights)
 
 
 def exclusive_cores(budget: float, cpu_fraction: float) -> int:
