@@ -8,7 +8,7 @@ from fixture_shapes import load_fixture_shape
 
 from temperd.config.daemon_config import DaemonConfig, parse_config
 from temperd.decide.matcher import ENV_PROFILE, Matcher
-from temperd.decide.planner import PlannerSettings, plan
+from temperd.decide.planner import PlanMemo, PlannerSettings, plan
 from temperd.decide.trust import TrustPolicy
 from temperd.plan import CONFINED, OPEN, host_wide, moved_members
 
@@ -234,6 +234,7 @@ def test_a_match_that_keeps_its_grouping_equals_a_fresh_match_after_every_change
     for _ in range(12):
         spawn()
     m = matcher('[[binding]]\nunit = "b.service"\ntier = "critical"\n')
+    memo = PlanMemo()
     for step in range(60):
         procs = host.processes
         victim = rng.choice(procs)
@@ -259,5 +260,45 @@ def test_a_match_that_keeps_its_grouping_equals_a_fresh_match_after_every_change
                     break
                 below |= more
             host.replace(victim, ppid=rng.choice([p.pid for p in procs if p.pid not in below] + [1]))
-        assert _shown(m.match(host.processes)) == _shown(matcher(
-            '[[binding]]\nunit = "b.service"\ntier = "critical"\n').match(host.processes)), (seed, step, action)
+        fresh = matcher('[[binding]]\nunit = "b.service"\ntier = "critical"\n').match(host.processes)
+        kept = m.match(host.processes)
+        assert _shown(kept) == _shown(fresh), (seed, step, action)
+        assert plan(SHAPE, kept.workloads, PROFILES, memo=memo) == plan(SHAPE, fresh.workloads, PROFILES), (seed, step)
+
+
+@pytest.mark.parametrize("patterns,text", [
+    (("/usr/bin/a*", "/usr/sbin/db[dx]", "/usr/sbin/*"), "/usr/sbin/dbd"),
+    (("cc1*", "[!c]c1", "?c1"), "xc1"),
+    (("a.b", "a?b"), "a+b"),
+    (("*[*", "*\\\\*"), "x[y"),
+    (("postgres", "postgres:*"), "postgres: writer"),
+    (("x",), ""),
+])
+def test_one_expression_per_pattern_list_finds_the_first_pattern_fnmatch_finds(patterns, text):
+    """A profile's shell patterns are checked in one expression; the reason still names the first
+    pattern that matches, as fnmatchcase over the list in order would."""
+    import fnmatch
+    from temperd.decide.matcher import _first_glob
+    expected = next((p for p in patterns if fnmatch.fnmatchcase(text, p)), None)
+    assert _first_glob(patterns, text) == expected
+
+
+def test_a_remembered_layer_name_gives_way_when_the_workload_that_took_it_first_is_gone():
+    """Two workloads whose keys make the same layer name: the later one's layer is suffixed, named
+    plainly once the first is gone, and suffixed again when another takes the name back; with
+    the plan's memo as without it."""
+    host = FactsHost()
+    host.process("cc1", pid=1000)
+    first = host.process("cc1", pid=2000, unit="build-pid1000")  # its key sorts first: "-" before ":"
+    m, memo = matcher(), PlanMemo()
+    both = plan(SHAPE, m.match(host.processes).workloads, PROFILES, memo=memo)
+    assert [(layer.workload, layer.name) for layer in both.layers] == [
+        ("build-pid1000", "build-pid1000.all"), ("build:pid1000", "build-pid1000.all-2")]
+    host.remove(first)
+    alone = plan(SHAPE, m.match(host.processes).workloads, PROFILES, memo=memo)
+    assert [layer.name for layer in alone.layers] == ["build-pid1000.all"]
+    assert alone == plan(SHAPE, matcher().match(host.processes).workloads, PROFILES)
+    host.process("cc1", pid=3000, unit="build-pid1000")  # takes the name back: the remembered layer may not keep it
+    again = plan(SHAPE, m.match(host.processes).workloads, PROFILES, memo=memo)
+    assert [layer.name for layer in again.layers] == ["build-pid1000.all", "build-pid1000.all-2"]
+    assert again == plan(SHAPE, matcher().match(host.processes).workloads, PROFILES)

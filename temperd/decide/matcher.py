@@ -18,8 +18,10 @@ it the same way).
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import functools
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -128,22 +130,39 @@ def _cmdline_text(proc) -> str:
     return " ".join(proc.cmdline or ())
 
 
+@functools.lru_cache(maxsize=1024)
+def _any_glob(patterns: Tuple[str, ...]) -> Optional["re.Pattern[str]"]:
+    """One expression that matches what any of these shell patterns matches (fnmatchcase's
+    translation): a new process is checked against every loaded profile, and most reject it."""
+    if not patterns:
+        return None
+    return re.compile("|".join(f"(?:{fnmatch.translate(pattern)})" for pattern in patterns))
+
+
+def _first_glob(patterns: Tuple[str, ...], text: str) -> Optional[str]:
+    """The first of these patterns that matches text, or None."""
+    union = _any_glob(patterns)
+    if union is None or not union.match(text):
+        return None
+    return next(pattern for pattern in patterns if glob_match(pattern, text))
+
+
 def fingerprint_reason(profile: Profile, proc) -> Optional[str]:
     """Why the process matches the profile's fingerprint, or None."""
     fp = profile.fingerprint
     exe = proc.exe or ""
-    for pattern in fp.executables:
-        if exe and glob_match(pattern, exe):
-            return f"executable {exe} matches {pattern!r}"
-    for pattern in fp.units:
-        if proc.unit and glob_match(pattern, proc.unit):
-            return f"unit {proc.unit} matches {pattern!r}"
+    pattern = _first_glob(fp.executables, exe) if exe else None
+    if pattern is not None:
+        return f"executable {exe} matches {pattern!r}"
+    pattern = _first_glob(fp.units, proc.unit) if proc.unit else None
+    if pattern is not None:
+        return f"unit {proc.unit} matches {pattern!r}"
     for prefix in fp.cgroups:
         if proc.cgroup and (proc.cgroup == prefix or proc.cgroup.startswith(prefix.rstrip("/") + "/")):
             return f"cgroup {proc.cgroup} is under {prefix}"
-    for pattern in fp.process_names:
-        if glob_match(pattern, proc.name):
-            return f"process name {proc.name!r} matches {pattern!r}"
+    pattern = _first_glob(fp.process_names, proc.name)
+    if pattern is not None:
+        return f"process name {proc.name!r} matches {pattern!r}"
     text = _cmdline_text(proc)
     for pattern in fp.cmdline:
         if text and safe_regex.search(pattern, text):

@@ -86,29 +86,48 @@ class _CoreAllocator:
 
 
 class PlanMemo:
-    """The layers of the previous plan that need no CPUs of their own (Open: latency and yield
-    groups), by the workload object they were made for: the matcher hands back the same object
-    for a workload nothing changed in, so a replan after a foreign event rebuilds none of them.
-    Only a cache: a plan is the same with or without one."""
+    """What each workload that needs no CPUs of its own (Open layers only: latency and yield
+    groups, the background tier) added to the previous plan, by the workload object it was made
+    for: the matcher hands back the same object for a workload nothing changed in, so a replan
+    after a batch of process events plans again only the workloads the batch touched. Only a
+    cache: a plan is the same with or without one."""
 
     def __init__(self) -> None:
-        self._layers: Dict[Tuple[int, str, str], Tuple[Workload, ThreadGroup, Layer]] = {}
-        self._kept: Dict[Tuple[int, str, str], Tuple[Workload, ThreadGroup, Layer]] = {}
+        self._parts: Dict[int, _Part] = {}
+        self._kept: Dict[int, _Part] = {}
 
-    def get(self, workload: Workload, group: ThreadGroup, name: str) -> Optional[Layer]:
-        key = (id(workload), group.name, name)
-        entry = self._layers.get(key)
-        if entry is None or entry[0] is not workload or entry[1] is not group:
+    def get(self, workload: Workload, profile: Optional[Profile], weight: int) -> Optional["_Part"]:
+        part = self._parts.get(id(workload))
+        if part is None or part.workload is not workload or part.profile is not profile or part.weight != weight:
             return None
-        self._kept[key] = entry
-        return entry[2]
+        self._kept[id(workload)] = part
+        return part
 
-    def put(self, workload: Workload, group: ThreadGroup, layer: Layer) -> None:
-        self._kept[(id(workload), group.name, layer.name)] = (workload, group, layer)
+    def put(self, part: "_Part") -> None:
+        self._kept[id(part.workload)] = part
 
     def turn(self) -> None:
         """One plan done: what it did not use is dropped."""
-        self._layers, self._kept = self._kept, {}
+        self._parts, self._kept = self._kept, {}
+
+
+@dataclass(frozen=True)
+class _Part:
+    """What one workload added to a plan: its layers (named as they were asked for: no other
+    workload's layer had taken the name) and its lines of the plan's decisions."""
+
+    workload: Workload
+    profile: Optional[Profile]
+    weight: int
+    names: Tuple[str, ...]
+    layers: Tuple[Layer, ...]
+    decisions: Tuple[str, ...]
+
+
+def _needs_no_cpus(workload: Workload, profile: Optional[Profile]) -> bool:
+    if profile is None:
+        return workload.tier != "critical" or workload.budget is None
+    return all(group.treatment != EXCLUSIVE for group in profile.thread_groups)
 
 
 def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
@@ -116,7 +135,8 @@ def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
          memo: Optional[PlanMemo] = None) -> LayerPlan:
     """sizing: what the exclusive groups' threads were measured to use, and the size each was
     given by the previous plan (decide/sizing.py); without it, exclusive groups are sized from
-    their budgets. memo: the previous plan's Open layers (PlanMemo), or None."""
+    their budgets. memo: what the previous plan's workloads without CPUs of their own added
+    (PlanMemo), or None."""
     alloc = _CoreAllocator(shape, settings.reserve_cpus)
     reserve = tuple(sorted(cpu for core in alloc.cores[: alloc.reserve_cores] for cpu in core))
     decisions = [f"reserve for everything else: CPUs {_cpus(reserve)} ({alloc.reserve_cores} whole core(s) "
@@ -126,15 +146,18 @@ def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
     errors: List[str] = []
     weights: List[CgroupWeight] = []
     names: Dict[str, int] = {}
+    asked: List[Tuple[str, str]] = []  # (the name asked for, the name given), for the workload at hand
 
     def unique(name: str) -> str:
         name = name[:LAYER_NAME_MAX]
+        given = name
         if name in names:
             names[name] += 1
             suffix = f"-{names[name]}"
-            name = name[: LAYER_NAME_MAX - len(suffix)] + suffix
-        names.setdefault(name, 1)
-        return name
+            given = name[: LAYER_NAME_MAX - len(suffix)] + suffix
+        names.setdefault(given, 1)
+        asked.append((name, given))
+        return given
 
     ordered = sorted(workloads, key=lambda w: (TIER_RANK.get(w.tier, 99), w.key))
     for workload in ordered:
@@ -145,26 +168,42 @@ def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
         if workload.profile_id and profile is None:
             errors.append(f"workload {workload.key}: profile {workload.profile_id!r} is not loaded")
             continue
-        if profile is None:
-            if workload.tier == "critical":
-                layers.append(_tier_layer(workload, alloc, tier_weight, unique))
-            elif workload.tier == "background":
-                layers.append(_background_layer(workload, tier_weight, unique))
+        cached = memo is not None and _needs_no_cpus(workload, profile)
+        part = memo.get(workload, profile, tier_weight) if cached and memo is not None else None
+        if part is not None and not any(name in names for name in part.names):
+            names.update(dict.fromkeys(part.names, 1))
+            layers.extend(part.layers)
+            decisions.extend(part.decisions)
             continue
-        for group in profile.thread_groups:
-            name = unique(f"{_slug(workload.key)}.{group.name}")
-            reusable = memo is not None and group.treatment != EXCLUSIVE
-            layer = memo.get(workload, group, name) if reusable else None
-            if layer is None:
-                layer = _group_layer(workload, group, alloc, name, decisions, sizing)
-                if reusable and layer is not None and layer.kind == OPEN:
-                    memo.put(workload, group, layer)
-            if layer is not None:
-                layers.append(layer)
+        asked.clear()
+        made, said = _workload_layers(workload, profile, alloc, tier_weight, unique, sizing)
+        layers.extend(made)
+        decisions.extend(said)
+        if cached and memo is not None and all(name == given for name, given in asked):
+            memo.put(_Part(workload, profile, tier_weight, tuple(given for _name, given in asked), tuple(made),
+                           tuple(said)))
     if memo is not None:
         memo.turn()
     return LayerPlan(layers=tuple(layers), reserve_cpus=reserve, decisions=tuple(decisions),
                      errors=tuple(errors), cgroup_weights=tuple(weights))
+
+
+def _workload_layers(workload: Workload, profile: Optional[Profile], alloc: "_CoreAllocator", tier_weight: int,
+                     unique, sizing: Sizing) -> Tuple[List[Layer], List[str]]:
+    """One workload's layers, and the lines it adds to the plan's decisions."""
+    said: List[str] = []
+    if profile is None:
+        if workload.tier == "critical":
+            return [_tier_layer(workload, alloc, tier_weight, unique)], said
+        if workload.tier == "background":
+            return [_background_layer(workload, tier_weight, unique)], said
+        return [], said
+    made = []
+    for group in profile.thread_groups:
+        layer = _group_layer(workload, group, alloc, unique(f"{_slug(workload.key)}.{group.name}"), said, sizing)
+        if layer is not None:
+            made.append(layer)
+    return made, said
 
 
 def _selector(workload: Workload, group: Optional[ThreadGroup], tids: Tuple[int, ...]) -> MemberSelector:
