@@ -114,3 +114,12 @@ def test_a_title_recheck_due_inside_the_batch_does_not_make_the_loop_spin(loop, 
     assert side.inventory.poll_timeout() == 0.0  # a recheck is due ...
     fds, timeout = loop_._what_to_wait_for()
     assert timeout > 0.01 and side.inventory.fileno() not in fds  # ... and waits for the batch
+
+
+def test_the_loop_freezes_start_ups_objects_and_collects_young_garbage_less_often():
+    """In a process of its own: the collector's settings are the whole interpreter's."""
+    code = ("import gc; from temperd.daemon.main_loop import GC_YOUNG_THRESHOLD, settle_garbage_collector; "
+            "before = gc.get_threshold(); settle_garbage_collector(); after = gc.get_threshold(); "
+            "assert after == (GC_YOUNG_THRESHOLD,) + before[1:] and GC_YOUNG_THRESHOLD > before[0], (before, after); "
+            "assert gc.get_freeze_count() > 1000, gc.get_freeze_count()")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
