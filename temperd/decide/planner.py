@@ -95,10 +95,17 @@ class PlanMemo:
     def __init__(self) -> None:
         self._parts: Dict[int, _Part] = {}
         self._kept: Dict[int, _Part] = {}
+        self._settings: Optional[PlannerSettings] = None
 
-    def get(self, workload: Workload, profile: Optional[Profile], weight: int) -> Optional["_Part"]:
+    def begin(self, settings: "PlannerSettings") -> None:
+        """A plan starts: what was made under other settings is forgotten."""
+        if settings != self._settings:
+            self._parts = {}
+            self._settings = settings
+
+    def get(self, workload: Workload, profile: Optional[Profile]) -> Optional["_Part"]:
         part = self._parts.get(id(workload))
-        if part is None or part.workload is not workload or part.profile is not profile or part.weight != weight:
+        if part is None or part.workload is not workload or part.profile is not profile:
             return None
         self._kept[id(workload)] = part
         return part
@@ -118,7 +125,7 @@ class _Part:
 
     workload: Workload
     profile: Optional[Profile]
-    weight: int
+    weight: Optional[CgroupWeight]
     names: Tuple[str, ...]
     layers: Tuple[Layer, ...]
     decisions: Tuple[str, ...]
@@ -159,28 +166,33 @@ def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
         asked.append((name, given))
         return given
 
+    if memo is not None:
+        memo.begin(settings)
     ordered = sorted(workloads, key=lambda w: (TIER_RANK.get(w.tier, 99), w.key))
     for workload in ordered:
-        tier_weight = settings.weight_of(workload.tier)
-        if workload.unit or workload.cgroup:
-            weights.append(CgroupWeight(workload.key, workload.tier, tier_weight, workload.unit, workload.cgroup))
         profile = profiles.get(workload.profile_id) if workload.profile_id else None
-        if workload.profile_id and profile is None:
-            errors.append(f"workload {workload.key}: profile {workload.profile_id!r} is not loaded")
-            continue
-        cached = memo is not None and _needs_no_cpus(workload, profile)
-        part = memo.get(workload, profile, tier_weight) if cached and memo is not None else None
-        if part is not None and not any(name in names for name in part.names):
+        part = memo.get(workload, profile) if memo is not None else None
+        if part is not None and names.keys().isdisjoint(part.names):
+            if part.weight is not None:
+                weights.append(part.weight)
             names.update(dict.fromkeys(part.names, 1))
             layers.extend(part.layers)
             decisions.extend(part.decisions)
+            continue
+        tier_weight = settings.weight_of(workload.tier)
+        weight = CgroupWeight(workload.key, workload.tier, tier_weight, workload.unit, workload.cgroup) \
+            if workload.unit or workload.cgroup else None
+        if weight is not None:
+            weights.append(weight)
+        if workload.profile_id and profile is None:
+            errors.append(f"workload {workload.key}: profile {workload.profile_id!r} is not loaded")
             continue
         asked.clear()
         made, said = _workload_layers(workload, profile, alloc, tier_weight, unique, sizing)
         layers.extend(made)
         decisions.extend(said)
-        if cached and memo is not None and all(name == given for name, given in asked):
-            memo.put(_Part(workload, profile, tier_weight, tuple(given for _name, given in asked), tuple(made),
+        if memo is not None and _needs_no_cpus(workload, profile) and all(name == given for name, given in asked):
+            memo.put(_Part(workload, profile, weight, tuple(given for _name, given in asked), tuple(made),
                            tuple(said)))
     if memo is not None:
         memo.turn()
