@@ -83,6 +83,15 @@ def test_the_wait_for_the_next_batch_grows_with_what_the_last_pass_cost_up_to_th
     assert main_loop.batch_wait(10.0) == main_loop.EVENT_BATCH_S
 
 
+def test_the_cost_that_sets_the_wait_is_smoothed_so_a_cheap_pass_after_a_dear_one_does_not_cut_the_batch():
+    assert main_loop.smoothed(None, 0.02) == 0.02
+    cost = None
+    for pass_cpu in [0.02, 0.004] * 10:  # what passes cost when their waits take turns
+        cost = main_loop.smoothed(cost, pass_cpu)
+    assert 0.008 < cost < 0.016
+    assert main_loop.batch_wait(cost) > 3 * main_loop.batch_wait(0.004) / 2
+
+
 def test_events_after_a_quiet_spell_are_handled_at_once_and_the_next_wait_for_the_batch(loop, monkeypatch):
     monkeypatch.setattr(main_loop, "BATCH_WAIT_PER_CPU", 1e6)  # a dear pass: the whole batch
     loop_, side = loop
@@ -106,6 +115,7 @@ def test_events_after_a_quiet_spell_are_handled_at_once_and_the_next_wait_for_th
 
 def test_a_title_recheck_due_inside_the_batch_does_not_make_the_loop_spin(loop, monkeypatch):
     monkeypatch.setattr(main_loop, "BATCH_WAIT_PER_CPU", 1e6)
+    monkeypatch.setattr(main_loop, "EVENT_BATCH_S", 0.2)  # outlasts the first recheck
     loop_, side = loop
     _fork_one()
     _wait_readable(loop_)

@@ -35,11 +35,13 @@ STARVED_LOG_EVERY_S = 600.0  # a spell that comes and goes is logged once in thi
 # After a pass that brought process events, the next events wait: a busy host's events are then
 # handled in batches (one match and plan per batch, not per fork), and a process that forks, execs
 # and exits within one costs a failed open instead of reads of /proc. The wait is
-# BATCH_WAIT_PER_CPU times the CPU time the pass took, at most EVENT_BATCH_S: handling events then
-# takes at most a quarter of a core until batches reach EVENT_BATCH_S, while a light stream of
-# events is treated within milliseconds. The first event after a quiet spell is handled at once.
-EVENT_BATCH_S = 0.1
+# BATCH_WAIT_PER_CPU times the CPU time such passes took (smoothed()), at most EVENT_BATCH_S:
+# handling events then takes at most a quarter of a core until batches reach EVENT_BATCH_S, while
+# a light stream of events is treated within milliseconds. The first event after a quiet spell is
+# handled at once.
+EVENT_BATCH_S = 0.05
 BATCH_WAIT_PER_CPU = 3.0
+PASS_COST_SMOOTHING = 0.3  # the weight of the latest pass (smoothed())
 # The cyclic garbage collector: what the daemon holds is mostly acyclic (facts, records, layers:
 # reference counting frees them), but at the default threshold (700) a fork storm's allocations
 # made it run ~30 times a second and take a full pass over every object every few seconds (~36 ms
@@ -121,6 +123,7 @@ class MainLoop:
         self._starved_logged_at: Optional[float] = None
         self._recovered_logged_at: Optional[float] = None
         self.events_not_before = 0.0  # monotonic time; see EVENT_BATCH_S
+        self.pass_cpu_s: Optional[float] = None  # what a pass with events costs, smoothed
 
     def run(self) -> None:
         """Until a STOP request."""
@@ -206,7 +209,8 @@ class MainLoop:
             elif changes:
                 daemon.replan("events", changes)
             if changes:
-                self.events_not_before = time.monotonic() + batch_wait(time.thread_time() - cpu_before)
+                self.pass_cpu_s = smoothed(self.pass_cpu_s, time.thread_time() - cpu_before)
+                self.events_not_before = time.monotonic() + batch_wait(self.pass_cpu_s)
         except OSError:
             self._carried = pending  # asked again on the next pass
             raise
@@ -228,6 +232,13 @@ def settle_garbage_collector() -> None:
     gc.freeze()
     _young, middle, old = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+
+
+def smoothed(before: Optional[float], now: float) -> float:
+    """A pass's cost, smoothed over the last few: under a steady stream the wait settles, rather
+    than a dear pass's long wait and a cheap pass's short one taking turns (half the passes then
+    paid the per-pass costs for a handful of events)."""
+    return now if before is None else PASS_COST_SMOOTHING * now + (1 - PASS_COST_SMOOTHING) * before
 
 
 def batch_wait(pass_cpu_s: float) -> float:
