@@ -148,19 +148,18 @@ class SessionCache:
                  is_kernel_thread: Callable[[Any], bool],
                  touched: Optional[Container[int]] = None) -> Dict[str, Session]:
         threads = list(threads)
-        starts: Dict[int, int] = {}  # pid -> the process's start time (its leader's, where seen)
-        treated: Set[int] = set()
-        for thread in threads:
-            if thread.tid == thread.pid or thread.pid not in starts:
-                starts[thread.pid] = thread.start_time
-            if thread.pid not in treated and layer_for(thread) is not None:
-                treated.add(thread.pid)
-        keys = {pid: (pid, start) for pid, start in starts.items()}
-        groups = self._groups
         now = self._clock()
         recheck = touched is None or self._checked_at is None or now - self._checked_at >= self.RECHECK_S
         if recheck:
             self._checked_at = now
+        starts: Dict[int, int] = {}  # pid -> the process's start time (its leader's, where seen)
+        for thread in threads:
+            if thread.tid == thread.pid or thread.pid not in starts:
+                starts[thread.pid] = thread.start_time
+        # Processes with a treated thread: read again only at a recheck.
+        treated: Set[int] = {t.pid for t in threads if layer_for(t) is not None} if recheck else set()
+        keys = {pid: (pid, start) for pid, start in starts.items()}
+        groups = self._groups
 
         def group_of(pid: int) -> Optional[Tuple[str, int]]:
             key = keys[pid]

@@ -67,6 +67,10 @@ class GivenBack:
             else:
                 del self._by_pid[pid]
 
+    def holds(self, pid: int) -> bool:
+        """Whether anything given back in `pid` is remembered."""
+        return bool(self._by_pid.get(pid))
+
     def pids(self) -> Set[int]:
         return set(self._by_pid)
 

@@ -85,8 +85,11 @@ class Creators:
         index = self._index.get(pid)
         if index is None:
             index = self._index[pid] = self._build(pid)
+        by_value = index.get(kind)
+        if not by_value and not (self.given_back and self.given_back.holds(pid)):
+            return None  # nothing of this kind was written in the process: a new thread's usual case
         key = as_read(kind, current)
-        for cand in index.get(kind, {}).get(key, ()):
+        for cand in (by_value or {}).get(key, ()):
             if (cand.tid != thread.tid and (cand.since or cand.start_time) <= thread.start_time
                     and self.ledger.records.get(cand.key) is cand and kind in cand.applied
                     and kind not in unwritten.get(cand.key, ())
