@@ -23,7 +23,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 NETLINK_CONNECTOR = 11
 CN_IDX_PROC = 1
@@ -54,6 +54,7 @@ _ACK = struct.Struct("=I")
 
 _EVENT_OFFSET = _NLMSGHDR.size + _CN_MSG.size
 _DATA_OFFSET = _EVENT_OFFSET + _EVENT_HEAD.size
+_HEAD = struct.Struct("=" + "".join(part.format.lstrip("=") for part in (_NLMSGHDR, _CN_MSG, _EVENT_HEAD)))  # all three at once
 
 # Default receive buffer: the kernel's default (~200 KiB) holds only a few hundred events, which a
 # burst of short-lived processes fills in milliseconds.
@@ -65,9 +66,10 @@ class ConnectorUnavailable(Exception):
     """Process events cannot be had on this host; the message says why in one line."""
 
 
-@dataclass(frozen=True)
-class ProcEvent:
-    """One decoded process event. `pid` is the thread group (process) id, `tid` the thread's."""
+class ProcEvent(NamedTuple):
+    """One decoded process event. `pid` is the thread group (process) id, `tid` the thread's.
+    A tuple: a fork storm brings thousands a second, and a frozen dataclass costs several times
+    as much to make."""
 
     kind: str  # "fork" | "exec" | "comm" | "exit" | "ack" | "other"
     tid: int
@@ -93,13 +95,12 @@ def decode_event(data: bytes, offset: int = 0) -> Optional[ProcEvent]:
     """Decode the proc_event carried by the netlink message at `offset`; None if it is not one."""
     if len(data) < offset + _DATA_OFFSET:
         return None
-    _len, nl_type, _flags, _seq, _pid = _NLMSGHDR.unpack_from(data, offset)
+    (_len, nl_type, _flags, _seq, _pid, idx, val, _cseq, _ack, _clen, _cflags,
+     what, cpu, timestamp) = _HEAD.unpack_from(data, offset)
     if nl_type in (NLMSG_NOOP, NLMSG_ERROR, NLMSG_OVERRUN):
         return None
-    idx, val, _cseq, _ack, _clen, _cflags = _CN_MSG.unpack_from(data, offset + _NLMSGHDR.size)
     if idx != CN_IDX_PROC or val != CN_VAL_PROC:
         return None
-    what, cpu, timestamp = _EVENT_HEAD.unpack_from(data, offset + _EVENT_OFFSET)
     at = offset + _DATA_OFFSET
     if what == PROC_EVENT_FORK:
         parent_tid, parent_pid, child_tid, child_pid = _FORK.unpack_from(data, at)
