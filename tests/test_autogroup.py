@@ -235,3 +235,36 @@ def test_only_a_treated_newcomer_or_one_in_a_treated_session_changes_the_mix(mov
     assert not cache.changes_mix([_Thread(stranger.pid, stranger.pid)], layer_for, lambda t: False)
     assert cache.changes_mix([_Thread(forked.pid, forked.pid)], layer_for, lambda t: False)
     assert cache.changes_mix([_Thread(served.pid + 0, served.pid)], layer_for, lambda t: False)  # treated itself
+
+
+def test_a_batch_is_counted_into_its_sessions_only_where_every_sessions_classes_stay(monkeypatch):
+    """SessionCache.count, between whole passes: the batch's threads counted as the last pass
+    counted every thread; None (the whole pass) where a session gains or loses a class, a thread
+    is favoured, a session is new or a recheck is due."""
+    now = [0.0]
+    cache = autogroup.SessionCache(clock=lambda: now[0])
+    monkeypatch.setattr(autogroup, "read_autogroup", lambda pid: (f"/autogroup-{pid // 10}", 0))
+    bg = _layer("bg", YIELD, [], policy="idle")
+    fav = _layer("fav", LATENCY, [], nice=-5)
+    layers = {}
+    layer_for = lambda t: layers.get(t.tid)  # noqa: E731
+    host = [_Thread(10, 10), _Thread(11, 10), _Thread(20, 20)]  # session 1 mixed, session 2 untreated
+    layers[11] = bg
+    cache.sessions(host, layer_for, lambda t: False, touched=None)
+
+    layers[12] = bg
+    assert [(t.tid, kind, mixed) for t, kind, mixed in cache.count([_Thread(12, 10)], layer_for, lambda t: False)] \
+        == [(12, YIELD, True)]
+    layers.pop(11)  # 11 leaves the yield layer: 12 still yields, the mix stays
+    assert [(t.tid, kind, mixed) for t, kind, mixed in cache.count([_Thread(11, 10)], layer_for, lambda t: False)] \
+        == [(11, "none", True)]
+    layers[21] = bg  # session 2 gains a yield thread: its mix changes
+    assert cache.count([_Thread(21, 20)], layer_for, lambda t: False) is None
+    layers[13] = fav
+    assert cache.count([_Thread(13, 10)], layer_for, lambda t: False) is None
+    assert cache.count([_Thread(31, 30)], layer_for, lambda t: False) is None  # a session not seen
+    cache.forget([(12, 0)])  # the last yield thread of session 1 ended: a new one changes the mix again
+    layers[14] = bg
+    assert cache.count([_Thread(14, 10)], layer_for, lambda t: False) is None
+    now[0] += autogroup.SessionCache.RECHECK_S
+    assert cache.count([_Thread(15, 10)], layer_for, lambda t: False) is None

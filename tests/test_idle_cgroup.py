@@ -231,3 +231,40 @@ def test_threads_read_in_this_pass_move_without_a_second_start_time_read_through
         monkeypatch.undo()
         idle.restore_all()
     assert {cpu_cgroup(kid.pid, t.tid) for t in threads} == {"/"}
+
+
+def _threads_of(pid, *tids):
+    by_tid = {t.tid: t for t in scan_threads([pid])}
+    return [by_tid[tid] for tid in tids]
+
+
+@needs_v1_cpu
+def test_a_batch_that_leaves_every_sessions_mix_as_it_was_moves_only_its_own_threads(
+        tmp_path, children, backends, monkeypatch):
+    """Between whole applies, a new yield thread of a session that was mixed already goes into the
+    idle cgroup, and a thread that no longer yields comes out, without the pass over every thread
+    of the host (a fork storm's batches come ten a second); a favoured newcomer, which may change
+    an autogroup's nice, still gets the whole pass."""
+    mixed = children.spawn(["srv-a", "bg-c"])
+    backend = backends(tmp_path)
+    bg_c = mixed.threads["bg-c"]
+    backend.apply(plan_of(yield_layer([bg_c])), scan_threads([mixed.pid]))
+    where = cpu_cgroup(mixed.pid, bg_c)
+    assert where != "/"
+    whole_passes = []
+    real = backend.autogroups.cache.sessions
+    monkeypatch.setattr(backend.autogroups.cache, "sessions", lambda *a, **kw: whole_passes.append(1) or real(*a, **kw))
+
+    bg_d = mixed.spawn("bg-d")
+    result = backend.apply(plan_of(yield_layer([bg_c, bg_d])), scan_threads([mixed.pid]), _threads_of(mixed.pid, bg_d))
+    assert not result.failed, result.errors
+    assert cpu_cgroup(mixed.pid, bg_d) == where and not whole_passes
+
+    backend.apply(plan_of(yield_layer([bg_d])), scan_threads([mixed.pid]), [])  # bg-c moved out of the layer
+    assert cpu_cgroup(mixed.pid, bg_c) == "/" and cpu_cgroup(mixed.pid, bg_d) == where and not whole_passes
+
+    fav = mixed.spawn("fav-e")
+    favoured = Layer(name="fav", kind=OPEN, treatment="latency", tier="critical", workload="w", group="fav",
+                     selector=MemberSelector(tids=(fav,)), nice=-5)
+    backend.apply(plan_of(yield_layer([bg_d]), favoured), scan_threads([mixed.pid]), _threads_of(mixed.pid, fav))
+    assert whole_passes and cpu_cgroup(mixed.pid, fav) == "/" and cpu_cgroup(mixed.pid, bg_d) == where

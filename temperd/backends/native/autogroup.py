@@ -87,9 +87,11 @@ class Session:
 
 def sessions(threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
              is_kernel_thread: Callable[[Any], bool],
-             group_of: Optional[Callable[[int], Optional[Tuple[str, int]]]] = None) -> Dict[str, Session]:
+             group_of: Optional[Callable[[int], Optional[Tuple[str, int]]]] = None,
+             classes: Optional[Dict[Tuple[int, int], Tuple[str, str]]] = None) -> Dict[str, Session]:
     """The autogroups of these threads (kernel threads left out), by name. `group_of(pid)` finds a
-    process's autogroup (default: read it from /proc); it is asked once per process."""
+    process's autogroup (default: read it from /proc); it is asked once per process. classes:
+    filled with each counted thread's (autogroup, class), by (tid, start time)."""
     found: Dict[str, Session] = {}
     groups: Dict[int, Optional[Tuple[str, int]]] = {}  # pid -> its autogroup, asked once
     find = group_of or read_autogroup
@@ -107,16 +109,22 @@ def sessions(threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
         if thread.pid == thread.tid:
             session.pid = thread.pid
         layer = layer_for(thread)
-        if layer is None:
-            session.classes.add(_UNTREATED)
-        elif layer.treatment == YIELD:
-            session.classes.add(YIELD)
+        kind = class_of(layer)
+        session.classes.add(kind)
+        if kind == YIELD:
             session.yielding.append(thread)
-        else:
-            session.classes.add(_FAVOURED)
-            if layer.nice is not None:
-                session.nices.append(layer.nice)
+        elif kind == _FAVOURED and layer is not None and layer.nice is not None:
+            session.nices.append(layer.nice)
+        if classes is not None:
+            classes[(thread.tid, thread.start_time)] = (group[0], kind)
     return found
+
+
+def class_of(layer: Optional[Layer]) -> str:
+    """What a thread of this layer is to its session: yield, favoured, or untreated."""
+    if layer is None:
+        return _UNTREATED
+    return YIELD if layer.treatment == YIELD else _FAVOURED
 
 
 class SessionCache:
@@ -138,11 +146,15 @@ class SessionCache:
         self._mattering: Set[str] = set()  # autogroups with a treated thread, as of the last pass
         self._clock = clock
         self._checked_at: Optional[float] = None  # the last pass that read every treated session's processes
+        self._class_of: Dict[Tuple[int, int], Tuple[str, str]] = {}  # thread -> (autogroup, class), as counted
+        self._counts: Dict[str, Dict[str, int]] = {}  # autogroup -> class -> threads
 
     def clear(self) -> None:
         self._groups.clear()
         self._mattering.clear()
         self._checked_at = None
+        self._class_of.clear()
+        self._counts.clear()
 
     def sessions(self, threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
                  is_kernel_thread: Callable[[Any], bool],
@@ -169,12 +181,72 @@ class SessionCache:
                 groups[key] = cached = read_autogroup(pid)
             return cached
 
-        found = sessions(threads, layer_for, is_kernel_thread, group_of)
+        self._class_of = {}
+        found = sessions(threads, layer_for, is_kernel_thread, group_of, self._class_of)
         live = set(keys.values())
         for key in [k for k in groups if k not in live]:
             del groups[key]
         self._mattering = {name for name, session in found.items() if session.classes - {_UNTREATED}}
+        self._counts = {}
+        for name, kind in self._class_of.values():
+            counts = self._counts.setdefault(name, {})
+            counts[kind] = counts.get(kind, 0) + 1
         return found
+
+    def count(self, threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
+              is_kernel_thread: Callable[[Any], bool]) -> Optional[List[Tuple[Any, str, bool]]]:
+        """Between whole passes: these threads (new, or in another layer now) counted into their
+        sessions as the last pass counted every thread. Where that leaves every session with the
+        classes it had (so the autogroups' nices and which sessions are mixed stay as they are),
+        none of them is favoured (a favoured one may lower a session's nice) and no recheck is
+        due: each thread with its class and whether its session is mixed. Else None, nothing
+        counted: the caller makes the whole pass."""
+        if self._checked_at is None or self._clock() - self._checked_at >= self.RECHECK_S:
+            return None
+        moves = []  # (key, the (autogroup, class) it was counted as, the one it is now)
+        groups: Dict[int, Optional[Tuple[str, int]]] = {}  # the batch's processes, read now (as `touched`)
+        for thread in threads:
+            if is_kernel_thread(thread):
+                continue
+            key = (thread.tid, thread.start_time)
+            before = self._class_of.get(key)
+            kind = class_of(layer_for(thread))
+            if kind == _FAVOURED or (before is not None and before[1] == _FAVOURED):
+                return None
+            if thread.pid not in groups:
+                groups[thread.pid] = read_autogroup(thread.pid)
+            group = groups[thread.pid]
+            now = (group[0], kind) if group is not None else None
+            if now is not None and now[0] not in self._counts:
+                return None  # a session the last pass did not see
+            moves.append((key, before, now, thread))
+        names = {counted[0] for _key, before, now, _thread in moves for counted in (before, now) if counted is not None}
+        counts = {name: dict(self._counts[name]) for name in names if name in self._counts}
+        for _key, before, now, _thread in moves:
+            if before is not None and before[0] in counts:
+                counts[before[0]][before[1]] -= 1
+            if now is not None:
+                counts[now[0]][now[1]] = counts[now[0]].get(now[1], 0) + 1
+        for name, after in counts.items():
+            if {k for k, n in after.items() if n > 0} != {k for k, n in self._counts[name].items() if n > 0}:
+                return None
+        self._counts.update(counts)
+        out = []
+        for key, _before, now, thread in moves:
+            if now is None:
+                self._class_of.pop(key, None)
+                continue
+            self._class_of[key] = now
+            present = {k for k, n in self._counts[now[0]].items() if n > 0}
+            out.append((thread, now[1], YIELD in present and len(present) > 1))
+        return out
+
+    def forget(self, keys: Iterable[Tuple[int, int]]) -> None:
+        """Threads that ended: out of the counts."""
+        for key in keys:
+            before = self._class_of.pop(key, None)
+            if before is not None and before[0] in self._counts:
+                self._counts[before[0]][before[1]] -= 1
 
     def changes_mix(self, threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
                     is_kernel_thread: Callable[[Any], bool]) -> bool:

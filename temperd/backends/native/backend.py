@@ -36,7 +36,7 @@ from temperd.backends.native.restore_ledger import LedgerError, RestoreLedger
 from temperd.backends.result import ApplyResult, Drift, DriftRecord
 from temperd.backends.native.treatment import ThreadTreatment
 from temperd.backends.status import NATIVE, BackendStatus
-from temperd.plan import LayerPlan, moved_members
+from temperd.plan import YIELD, LayerPlan, moved_members
 
 __all__ = ["AUTOGROUP", "CPU_WEIGHT", "IDLE_CGROUP", "PMQOS", "ApplyResult", "DEFAULT_STATE_DIR", "NativeBackend", "ThreadRef",
            "scan_threads"]
@@ -149,7 +149,8 @@ class NativeBackend:
             self._universe[key] = thread
         self.treatment.treat(threads, result, functools.partial(self._save, result), new)
         if self.autogroup and self.treatment.membership is not None and self.autogroups.cache.changes_mix(
-                threads, self.treatment.layer_for, self.treatment.is_kernel_thread):
+                threads, self.treatment.layer_for, self.treatment.is_kernel_thread) \
+                and not self._idle_cgroup_only(threads, new, result):
             # A new thread or process changed a session's mix: the batch's processes are read again.
             self._apply_autogroups(result, reread=False, touched={thread.pid for thread in threads}, fresh=new)
         # The state file was written before the first change of this call (treat's before_write);
@@ -158,6 +159,21 @@ class NativeBackend:
         settled = (result.failed or result.restored or result.gone or result.drift
                    or len(self.ledger.records) != self._saved_records)
         return self._finish(result, save=bool(settled))
+
+    def _idle_cgroup_only(self, threads: List, new: Set[ThreadKey], result: ApplyResult) -> bool:
+        """Where this batch leaves every session's mix as it was (autogroup.SessionCache.count),
+        the autogroups' nices stay: only the batch's threads go into the idle cgroup or out of
+        it, and the whole autogroup pass is not made. False where it must be."""
+        if not self.idle_cgroup.supported:
+            return False  # the whole pass says which sessions stay mixed, and why
+        counted = self.autogroups.cache.count(threads, self.treatment.layer_for, self.treatment.is_kernel_thread)
+        if counted is None:
+            return False
+        yielding = [thread for thread, kind, mixed in counted if kind == YIELD and mixed]
+        others = [thread for thread, kind, mixed in counted if not (kind == YIELD and mixed)]
+        held_pids = {self._universe[key].pid for key in self.idle_cgroup.written if key in self._universe}
+        result.take_counts(IDLE_CGROUP, self.idle_cgroup.add(yielding, others, held_pids, fresh=new))
+        return True
 
     def forget_threads(self, tids: Iterable[int], live: Optional[Mapping[int, Any]] = None) -> None:
         """Ended threads, between whole applies: out of the host's picture, so that the passes over
@@ -178,6 +194,7 @@ class NativeBackend:
             return now is None or now.start_time != key[1]
 
         dead = [key for key in self._universe if ended(key)]
+        self.autogroups.cache.forget(dead)
         for key in dead:
             del self._universe[key]
             self.idle_cgroup.forget(key)

@@ -107,14 +107,19 @@ class HeldSettings(Generic[K, V]):
         result = HostSettingResult()
         for key in sorted(set(self.written) - set(desired)):
             self._restore(key, result)
-        pending = self._intend({k: v for k, v in desired.items()
-                                if not (k in trusted and self.written.get(k) == v and k not in self.drifted)}, result,
-                               read or {})
+        self._hold_more({k: v for k, v in desired.items()
+                         if not (k in trusted and self.written.get(k) == v and k not in self.drifted)},
+                        result, before_write, read or {})
+        return result
+
+    def _hold_more(self, desired: Mapping[K, V], result: HostSettingResult,
+                   before_write: Optional[Callable[[], None]], read: Mapping[K, Optional[V]]) -> None:
+        """Make `desired` hold as well, what else is held staying as it is."""
+        pending = self._intend(desired, result, read)
         if pending and before_write is not None:
             before_write()
         for key, value, previous in pending:
             self._write(key, value, previous, result)
-        return result
 
     def _intend(self, desired: Mapping[K, V], result: HostSettingResult,
                 read: Mapping[K, Optional[V]]) -> List[Tuple[K, V, Optional[V]]]:

@@ -189,6 +189,42 @@ class IdleCgroup(HeldSettings[Key, str]):
             self._as_moved(key)
         return self.hold(desired, None, trusted, read)
 
+    def add(self, yielding: Iterable, others: Iterable, held_pids: Container[int],
+            fresh: Container[Key] = ()) -> HostSettingResult:
+        """Between whole applies, where a batch left every session's mix as it was: `yielding`,
+        new yield threads of mixed sessions, held here as apply() would hold them; of `others`
+        (the batch's other threads), one held here goes back, and one of a process with
+        threads held here (held_pids) that inherited the cgroup from its creator goes back too.
+        What else is held is neither read nor written."""
+        result = HostSettingResult()
+        yielding = list(yielding)
+        if not self.supported or (yielding and not self._ensure(result)):
+            return result
+        with self.setting.batch(fresh):
+            self.setting.open_tasks(self.path)
+            desired, read = {}, {}
+            for thread in yielding:
+                key = (thread.tid, thread.start_time)
+                if self.written.get(key) == self.path and key not in self.drifted:
+                    continue
+                read[key] = current = self._read_quietly(key)
+                if current == self.path:
+                    self._as_moved(key)
+                if current in (ROOT, self.path):
+                    desired[key] = self.path
+            leaving = []
+            for thread in others:
+                key = (thread.tid, thread.start_time)
+                if key in self.written:
+                    leaving.append(key)
+                elif thread.pid in held_pids and self._read_quietly(key) == self.path:
+                    self._as_moved(key)
+                    leaving.append(key)
+            for key in leaving:
+                self._restore(key, result)
+            self._hold_more(desired, result, None, read)
+        return result
+
     def restore_all(self) -> HostSettingResult:
         result = super().restore_all()
         if self.supported:
