@@ -137,3 +137,42 @@ def test_gone_thread_is_dropped(tmp_path, children):
     children.kill_all()
     outcome = ledger.restore_all()
     assert outcome.gone == 1 and not outcome.failed and not ledger.records
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_save_that_compares_only_the_changed_records_leaves_the_file_a_whole_save_would(tmp_path, seed):
+    """The ledger tells the state file which records were added, forgotten or changed since its
+    last save (their applied and drifted values say so themselves); after each of a random
+    sequence of changes, what a later start loads is every record that holds something."""
+    import random
+    rng = random.Random(seed)
+    ledger = RestoreLedger(str(tmp_path / f"state-{seed}"))
+    original = Original((0, 1), 0, 0, 0, 0)
+    for step in range(120):
+        action = rng.choice(["new", "apply", "drop", "drift", "forget", "forget"])
+        recs = list(ledger.records.values())
+        if action == "new" or not recs:
+            tid = rng.randrange(100, 400)
+            rec = ledger.record(tid, tid, 1, "t", original)
+            rec.applied[NICE] = rng.choice([5, 19])
+        elif action == "apply":
+            rng.choice(recs).applied.update({POLICY: rng.choice([3, 5])})
+        elif action == "drop":
+            rng.choice(recs).applied.pop(NICE, None)
+        elif action == "drift":
+            rec = rng.choice(recs)
+            ledger.mark_drift(rec, NICE, 7) if NICE in rec.applied else rec.drifted.setdefault(AFFINITY, (1,))
+        else:
+            ledger.forget(rng.choice(recs))
+        if rng.random() < 0.5:
+            continue
+        ledger.save()
+        again = RestoreLedger(ledger.state_dir)
+        found = again.load()
+        expected = {key: (dict(rec.applied), dict(rec.drifted)) for key, rec in ledger.records.items()
+                    if rec.applied or rec.drifted}
+        if not any(rec.applied for rec in ledger.records.values()):
+            expected = {}  # nothing to undo: no file (drift alone is theirs)
+        assert found == bool(expected), (seed, step)
+        assert {key: (dict(rec.applied), dict(rec.drifted)) for key, rec in again.records.items()} == expected, \
+            (seed, step, action)

@@ -18,9 +18,10 @@ sched_getattr reads a thread's policy, nice and slice, and one sched_setattr wri
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
 
 from temperd.backends.native import sched
 from temperd.backends.native.state_file import StateFile, StateFileError
@@ -169,6 +170,48 @@ def _bump(table: Dict[str, int], kind: str, n: int = 1) -> None:
     table[kind] = table.get(kind, 0) + n
 
 
+class _Watched(dict):
+    """A record's applied or drifted values, saying when they change (the state file then
+    compares only the records that changed since its last save)."""
+
+    __slots__ = ("_changed",)
+
+    def __init__(self, values: Mapping[str, Any], changed: Callable[[], None]):
+        super().__init__(values)
+        self._changed = changed
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        self._changed()
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self._changed()
+
+    def pop(self, *args: Any) -> Any:
+        self._changed()
+        return super().pop(*args)
+
+    def popitem(self) -> Any:
+        self._changed()
+        return super().popitem()
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self._changed()
+        return super().setdefault(key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        self._changed()
+
+    def clear(self) -> None:
+        super().clear()
+        self._changed()
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Dict[str, Any]:
+        return copy.deepcopy(dict(self), memo)  # a copy is nobody's to watch
+
+
 class RestoreLedger:
     def __init__(self, state_dir: str, filename: str = STATE_FILE):
         self.state_dir = state_dir
@@ -177,6 +220,7 @@ class RestoreLedger:
         self._by_pid: Dict[int, Dict[Tuple[int, int], ThreadRecord]] = {}
         self.extras: Dict[str, Any] = {}  # the held host settings' sections (PM QoS, cgroup weights, autogroups)
         self.file = StateFile(self.path)
+        self._changed: Set[Tuple[int, int]] = set()  # records added, forgotten or changed since the last save
         # Told (record, kind) before a value temperd wrote is given back (given_back.GivenBack.note).
         self.on_give_back: Optional[Callable[[ThreadRecord, str], None]] = None
 
@@ -196,8 +240,13 @@ class RestoreLedger:
         return rec
 
     def add(self, rec: ThreadRecord) -> None:
-        self.records[rec.key] = rec
-        self._by_pid.setdefault(rec.pid, {})[rec.key] = rec
+        key = rec.key
+        mark = functools.partial(self._changed.add, key)
+        rec.applied = _Watched(rec.applied, mark)
+        rec.drifted = _Watched(rec.drifted, mark)
+        self.records[key] = rec
+        self._by_pid.setdefault(rec.pid, {})[key] = rec
+        self._changed.add(key)
 
     def by_pid(self, pid: int) -> List[ThreadRecord]:
         return [rec for rec in self._by_pid.get(pid, {}).values() if self.records.get(rec.key) is rec]
@@ -207,6 +256,7 @@ class RestoreLedger:
         return set(self._by_pid)
 
     def forget(self, rec: ThreadRecord) -> None:
+        self._changed.add(rec.key)
         self.records.pop(rec.key, None)
         same = self._by_pid.get(rec.pid)
         if same is not None:
@@ -215,6 +265,7 @@ class RestoreLedger:
                 del self._by_pid[rec.pid]
 
     def clear(self) -> None:
+        self._changed.update(self.records)
         self.records.clear()
         self._by_pid.clear()
 
@@ -330,10 +381,16 @@ class RestoreLedger:
     def save(self) -> None:
         """Bring the state file up to date (state_file.py: this call's changes appended, or the
         file written whole); remove it when nothing is left to undo."""
+        changed = set(self._changed)
+        self._changed.clear()  # the same set: the records' values hold its add()
         if self.is_empty():
             self.delete()
             return
-        self.file.save(self.records, self.extras)
+        try:
+            self.file.save(self.records, self.extras, changed)
+        except BaseException:
+            self._changed |= changed  # compared again at the next save
+            raise
 
     def delete(self) -> None:
         self.file.delete()

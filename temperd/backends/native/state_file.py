@@ -28,7 +28,7 @@ import errno
 import json
 import os
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from temperd.files import remove_unfinished_writes, write_atomically
 
@@ -72,27 +72,24 @@ class StateFile:
         self._threads: Dict[ThreadKey, _Written] = {}  # what the file holds, by thread
         self._sections: Sections = {}
         self._appended = 0  # lines after the last whole write
+        self._complete = False  # whether _threads is what the file holds of every record (after a save)
         self.whole_writes = 0  # since this object was made: how often the file was rewritten
         self.appends = 0
 
     # ---- writing ------------------------------------------------------------------------------
 
-    def save(self, records: Mapping[ThreadKey, Any], sections: Mapping[str, Mapping[str, Any]]) -> None:
+    def save(self, records: Mapping[ThreadKey, Any], sections: Mapping[str, Mapping[str, Any]],
+             changed: Optional[Iterable[ThreadKey]] = None) -> None:
         """Make the file hold these thread records (by key; those that hold or found nothing are
         left out) and held-setting sections: append what changed, or write it whole. Removed
-        when both are empty."""
+        when both are empty. changed: the keys of the only records that may differ from what
+        the last save wrote (a fork storm's batch touches dozens of a thousand held threads);
+        None: every record is compared."""
         lines: List[str] = []
-        live: Dict[ThreadKey, _Written] = {}
-        held = self._threads
-        for key, record in records.items():
-            if not (record.applied or record.drifted):
-                continue
-            written = held.get(key)
-            if written is None or not written.matches(record):
-                written = _Written(record)
-                lines.append(written.text)
-            live[key] = written
-        lines.extend(_line({"gone": list(key)}) for key in held if key not in live)
+        if changed is None or not self._complete:
+            live = self._compare_all(records, lines)
+        else:
+            live = self._compare(records, changed, lines)
         now = {kind: {part: dict(values) for part, values in section.items() if values}
                for kind, section in sections.items() if section}
         lines.extend(_section_lines(self._sections, now))
@@ -104,7 +101,38 @@ class StateFile:
         entries = len(live) + sum(len(values) for section in now.values() for values in section.values())
         if self._appended + len(lines) > max(COMPACT_AFTER, 2 * entries) or not self._append(lines):
             self._write_whole(live, now)
-        self._threads, self._sections = live, now
+        self._threads, self._sections, self._complete = live, now, True
+
+    def _compare_all(self, records: Mapping[ThreadKey, Any], lines: List[str]) -> Dict[ThreadKey, "_Written"]:
+        """What the file should hold of every record, and the lines that say what changed."""
+        live: Dict[ThreadKey, _Written] = {}
+        held = self._threads
+        for key, record in records.items():
+            if not (record.applied or record.drifted):
+                continue
+            written = held.get(key)
+            if written is None or not written.matches(record):
+                written = _Written(record)
+                lines.append(written.text)
+            live[key] = written
+        lines.extend(_line({"gone": list(key)}) for key in held if key not in live)
+        return live
+
+    def _compare(self, records: Mapping[ThreadKey, Any], changed: Iterable[ThreadKey],
+                 lines: List[str]) -> Dict[ThreadKey, "_Written"]:
+        """_compare_all for the `changed` records alone (the others are as the file holds them)."""
+        live = dict(self._threads)  # the file's picture changes only once the lines are written
+        for key in changed:
+            record = records.get(key)
+            if record is None or not (record.applied or record.drifted):
+                if live.pop(key, None) is not None:
+                    lines.append(_line({"gone": list(key)}))
+                continue
+            written = live.get(key)
+            if written is None or not written.matches(record):
+                live[key] = written = _Written(record)
+                lines.append(written.text)
+        return live
 
     def _append(self, lines: List[str]) -> bool:
         """Append to the file as it stands; False where there is none to append to."""
@@ -133,6 +161,7 @@ class StateFile:
 
     def delete(self) -> None:
         self._threads, self._sections, self._appended = {}, {}, 0
+        self._complete = False
         try:
             os.unlink(self.path)
         except OSError as exc:
