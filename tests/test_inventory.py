@@ -587,3 +587,28 @@ def test_a_process_that_forks_and_execs_within_one_batch_is_read_once_and_one_th
     assert inventory.process(execed.pid).pid == execed.pid and inventory.process(ended.pid) is None
     assert inventory.stats.events_received == 4
     assert inventory.poll_timeout() is not None  # the title of the one read at its exec is rechecked later
+
+
+def test_a_snapshot_made_from_the_last_one_equals_one_made_from_scratch(live, spawn):
+    """The snapshot copies the previous one's tables and makes again only the processes changed
+    since: after threads come, are renamed and go, and processes come and go, it holds what a
+    snapshot built from every process holds."""
+    inventory, _ = live
+    first, second = spawn(), spawn()
+    for child in (first, second):
+        child.wait_ready()
+    assert pump_until(inventory, lambda: inventory.process(second.pid) is not None)
+    inventory.snapshot()
+    tids = [int(t) for t in first.command("burst 3 tmpd-b").split()]
+    first.command(f"rename {tids[0]} tmpd-r")
+    first.command(f"stop {tids[1]}")
+    second.close()
+    assert pump_until(inventory, lambda: inventory.process(second.pid) is None
+                      and inventory.thread(tids[1]) is None and inventory.thread(tids[0]) is not None
+                      and inventory.thread(tids[0]).comm == "tmpd-r")
+    kept = inventory.snapshot()
+    store = inventory._store
+    store._cached = None
+    whole = store.snapshot()
+    assert dict(kept.processes) == dict(whole.processes) and dict(kept.threads) == dict(whole.threads)
+    assert kept.thread(tids[2]) is not None and second.pid not in kept.processes

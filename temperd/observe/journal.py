@@ -110,7 +110,7 @@ class Journal:
         self._minute_start = -1e18
         self._minute_lines = 0
         self._suppressed = 0
-        self._layers: Dict[str, Tuple] = {}
+        self._layers: Dict[str, Layer] = {}  # the last plan's layers, by name
         self._inputs: Dict[str, Tuple] = {}  # each workload's (workload, layers) at the last apply
 
     # ---- the events -----------------------------------------------------------------------------
@@ -184,12 +184,14 @@ class Journal:
     def _plan_change(self, plan: LayerPlan, said=frozenset()) -> str:
         """Layers added, removed, or with other CPUs; "" where nothing changed beyond the layers of
         workloads that matched or left in this apply (their own lines say so)."""
-        now = {layer.name: (layer.kind, layer.treatment, tuple(layer.cpus), layer.workload) for layer in plan.layers}
+        now = {layer.name: layer for layer in plan.layers}
         before, self._layers = self._layers, now
-        added = sorted(n for n in set(now) - set(before) if now[n][3] not in said)
-        removed = sorted(n for n in set(before) - set(now) if before[n][3] not in said)
-        moved = [f"{name} CPUs {_cpus(before[name][2]) or 'none'} -> {_cpus(now[name][2]) or 'none'}"
-                 for name in sorted(set(now) & set(before)) if before[name][2] != now[name][2]]
+        added = sorted(n for n in now.keys() - before.keys() if now[n].workload not in said)
+        removed = sorted(n for n in before.keys() - now.keys() if before[n].workload not in said)
+        # Layers are immutable and a plan reuses the unchanged ones: only other objects are compared.
+        other = [name for name, layer in now.items() if name in before and before[name] is not layer]
+        moved = [f"{name} CPUs {_cpus(before[name].cpus) or 'none'} -> {_cpus(now[name].cpus) or 'none'}"
+                 for name in sorted(other) if tuple(before[name].cpus) != tuple(now[name].cpus)]
         parts = []
         if added:
             parts.append("added " + ", ".join(added))

@@ -8,7 +8,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Set, Tuple
 
 from temperd.sources import cgroups, procfs
 from temperd.sources.facts import OnDemand, ProcessFacts, ThreadFacts
@@ -40,6 +40,7 @@ class ProcessStore:
         self.tid_pid: Dict[int, int] = {}
         self.generation = 0
         self._cached: Optional[InventorySnapshot] = None
+        self._changed: Set[int] = set()  # pids touched, installed or removed since the cached snapshot
         self.quotas = cgroups.QuotaCache()
 
     def process(self, pid: int) -> Optional[ProcessFacts]:
@@ -53,15 +54,30 @@ class ProcessStore:
         return self.procs[pid].threads.get(tid)
 
     def snapshot(self) -> InventorySnapshot:
+        """The processes and threads now. The previous snapshot's tables are copied and only the
+        processes changed since are made again (a fork storm's batch touches a few dozen of a
+        host's thousands)."""
         snap = self._cached
         if snap is not None and snap.generation == self.generation:
             return snap
-        processes = {}
-        threads: Dict[int, ThreadFacts] = {}
-        for pid, proc in self.procs.items():
-            info = proc.freeze()
-            processes[pid] = info
-            threads.update(info.threads)
+        if snap is None:
+            processes: Dict[int, ProcessFacts] = {}
+            threads: Dict[int, ThreadFacts] = {}
+            changed: Iterable[int] = self.procs
+        else:
+            processes, threads, changed = dict(snap.processes), dict(snap.threads), self._changed
+            for pid in changed:
+                old = processes.pop(pid, None)
+                if old is not None:
+                    for tid, info in old.threads.items():
+                        if threads.get(tid) is info:
+                            del threads[tid]
+        for pid in changed:
+            proc = self.procs.get(pid)
+            if proc is not None:
+                info = processes[pid] = proc.freeze()
+                threads.update(info.threads)
+        self._changed = set()
         snap = InventorySnapshot(MappingProxyType(processes), MappingProxyType(threads), self.generation)
         self._cached = snap
         return snap
@@ -70,6 +86,7 @@ class ProcessStore:
 
     def touch(self, proc: ProcessRecord) -> None:
         proc.frozen = None
+        self._changed.add(proc.pid)
         self.generation += 1
 
     def put_thread(self, proc: ProcessRecord, info: ThreadFacts) -> None:
@@ -90,6 +107,7 @@ class ProcessStore:
         for tid in proc.threads:
             if self.tid_pid.get(tid) == pid:
                 del self.tid_pid[tid]
+        self._changed.add(pid)
         self.generation += 1
 
     def refresh_runtime(self, pids: Iterable[int]) -> int:
@@ -119,6 +137,7 @@ class ProcessStore:
         self.procs[proc.pid] = proc
         for tid in proc.threads:
             self.tid_pid[tid] = proc.pid
+        self._changed.add(proc.pid)
         self.generation += 1
 
     def read_process(self, pid: int,
