@@ -365,10 +365,12 @@ def _tracked(daemon: Daemon):
 
 def _refresh_busiest(inventory: Inventory, match: MatchResult, profiles) -> None:
     """Recent runtimes matter only for processes of profiles with a `busiest` group."""
+    ranked = {name for name, profile in profiles.items() if any(g.busiest for g in profile.thread_groups)}
+    if not ranked:
+        return  # most hosts: no walk over every workload at every batch
     wanted = []
     for workload in match.workloads:
-        profile = profiles.get(workload.profile_id or "")
-        if profile and any(g.busiest for g in profile.thread_groups):
+        if workload.profile_id in ranked:
             wanted.extend(workload.pids)
     if wanted:
         inventory.refresh_runtime(wanted)

@@ -69,8 +69,9 @@ def sized_workloads(workloads: Sequence[Any], profiles: Mapping[str, Any]) -> Li
     """The workloads that measurement sizes: those whose profile has an exclusive group. The
     others' use is watched but sizes nothing, and a fork storm's hundreds of workloads replan ten
     times a second."""
-    return [w for w in workloads if w.profile_id in profiles
-            and any(group.treatment == EXCLUSIVE for group in profiles[w.profile_id].thread_groups)]
+    sized = {name for name, profile in profiles.items()
+             if any(group.treatment == EXCLUSIVE for group in profile.thread_groups)}
+    return [w for w in workloads if w.profile_id in sized] if sized else []
 
 
 def cores_for(cpus: float) -> int:
