@@ -302,3 +302,17 @@ def test_a_remembered_layer_name_gives_way_when_the_workload_that_took_it_first_
     again = plan(SHAPE, m.match(host.processes).workloads, PROFILES, memo=memo)
     assert [layer.name for layer in again.layers] == ["build-pid1000.all", "build-pid1000.all-2"]
     assert again == plan(SHAPE, matcher().match(host.processes).workloads, PROFILES)
+
+
+def test_a_match_cut_short_by_an_error_is_made_whole_by_the_next_one(monkeypatch):
+    host = FactsHost()
+    db = host.process("dbd", exe="/usr/sbin/dbd", threads=["dbd", "conn-1"], unit="dbd.service")
+    m = matcher()
+    m.match(host.processes)
+    host.add_threads(db, ["conn-2"])
+    real = m._keyed_workload
+    monkeypatch.setattr(m, "_keyed_workload", lambda *a: (_ for _ in ()).throw(OSError("cut short")))
+    with pytest.raises(OSError):
+        m.match(host.processes)
+    monkeypatch.setattr(m, "_keyed_workload", real)
+    assert _shown(m.match(host.processes)) == _shown(matcher().match(host.processes))

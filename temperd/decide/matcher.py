@@ -285,8 +285,8 @@ class Matcher:
             self._last_runtime = {k: v for k, v in self._last_runtime.items() if k[0] in procs}
         self._bound = _bound_processes(procs, self.runtime_bindings) if self.runtime_bindings else {}
         # A runtime binding reaches a process through its ancestors: every process is decided again.
-        dirty = self._grouping.update(procs, self.decide, everything=bool(self.runtime_bindings) or self._regroup)
-        self._regroup = False
+        everything, self._regroup = bool(self.runtime_bindings) or self._regroup, True
+        dirty = self._grouping.update(procs, self.decide, everything=everything)
         seen_runtime: Dict[Tuple[int, int], int] = {}
         for key in dirty:
             pids = sorted(self._grouping.members.get(key, ()))
@@ -295,6 +295,7 @@ class Matcher:
             else:
                 self._workloads.pop(key, None)
                 self._built.pop(key, None)
+        self._regroup = False  # a match cut short by an error leaves it set: the next one starts over
         self._last_runtime.update(seen_runtime)
         if dirty:
             self._order = sorted(self._workloads)
