@@ -151,11 +151,12 @@ class NativeBackend:
         if self.autogroup and self.treatment.membership is not None and self.autogroups.cache.changes_mix(
                 threads, self.treatment.layer_for, self.treatment.is_kernel_thread) \
                 and not self._idle_cgroup_only(threads, new, result):
-            # A new thread or process changed a session's mix: the batch's processes are read again.
+            # A new thread or process changed a session's mix (or a recheck is due): the whole pass,
+            # the batch's processes read again.
             self._apply_autogroups(result, reread=False, touched={thread.pid for thread in threads}, fresh=new)
         # The state file was written before the first change of this call (treat's before_write);
         # written again only where the writes did not go as recorded or records came or went
-        # without a write (each write serialises the whole ledger, and events come ten batches a second).
+        # without a write (each write appends to the file, and events come ten or more batches a second).
         settled = (result.failed or result.restored or result.gone or result.drift
                    or len(self.ledger.records) != self._saved_records)
         return self._finish(result, save=bool(settled))
@@ -177,9 +178,9 @@ class NativeBackend:
 
     def forget_threads(self, tids: Iterable[int], live: Optional[Mapping[int, Any]] = None) -> None:
         """Ended threads, between whole applies: out of the host's picture, so that the passes over
-        it (autogroups) stay the size of the host, and out of the ledger (their settings ended
-        with them) and the idle cgroup's hold, so that neither grows with every thread a fork
-        storm made nor reads an ended one again. Called after the apply of their batch, so that a
+        it (autogroups) stay the size of the host, out of the sessions' counts, and out of the
+        ledger (their settings ended with them) and the idle cgroup's hold, so that neither grows
+        with every thread a fork storm made nor reads an ended one again. Called after the apply of their batch, so that a
         thread one of them created in that batch was treated with its creator still on record.
         live: tid -> the thread alive now (a reused id names a new thread, which stays)."""
         gone = set(tids)
