@@ -137,6 +137,10 @@ def _daemon_journals() -> bool:
     return "Journal" in inspect.getsource(daemon)
 
 
+EVERY_GROUP = (r" (treated|treatment changed): workers: \d+ threads? exclusive.*; dispatch: 1 thread latency, nice -7; "
+               r"maintenance: \d+ threads yield \(batch, nice 15\)")
+
+
 @pytest.mark.servers
 @pytest.mark.slow
 def test_daemon_log_tells_a_memcached_cycle(tmp_path):
@@ -156,7 +160,9 @@ def test_daemon_log_tells_a_memcached_cycle(tmp_path):
             # its key: the unit where it runs in one, else "memcached:pid<pid>" (other memcacheds on a
             # shared host are other workloads, with lines of their own)
             me = rf"workload memcached:pid{server.pid}"
-            wait_for(lambda: re.search(me + " treated:", daemon.logtext()), 10, "the treated line")
+            # memcached makes its threads over the first moments: the line with every group may
+            # come a batch after the first "treated" one; it is waited for before memcached stops
+            wait_for(lambda: re.search(me + EVERY_GROUP, daemon.logtext()), 10, "the line with every group")
         wait_for(lambda: re.search(me + " left ", daemon.logtext()), 15, "the left line")
     finally:
         code = daemon.stop()
@@ -173,10 +179,30 @@ def test_daemon_log_tells_a_memcached_cycle(tmp_path):
     # memcached's threads come after its process: the line with every group may be a "treatment
     # changed" right after the first "treated"
     one(me + r" treated: ")
-    one(me + r" (treated|treatment changed): workers: \d+ threads? exclusive.*; dispatch: 1 thread latency, nice -7; "
-             r"maintenance: \d+ threads yield \(batch, nice 15\)")
+    one(me + EVERY_GROUP)
     one(me + r" left ")
     one(r"stopped: ")
     one(r"telemetry: (schedstat \(bcc: [^)]+\)|bpf)")
     assert "Traceback" not in log and "No such process" not in log, log
     assert not [line for line in lines if re.search(r"\btid\b|thread \d+", line)], log
+
+
+def test_only_workloads_or_layers_that_are_other_objects_are_looked_at(monkeypatch):
+    """A match and a plan hand back the very objects they did not rebuild: the journal describes
+    again only the workloads that are new objects or whose layers are (a fork storm's batches
+    come ten a second, over hundreds of workloads)."""
+    from temperd.observe import journal as journal_module
+    described = []
+    real = journal_module._treatment
+    monkeypatch.setattr(journal_module, "_treatment", lambda w, layers: described.append(w.key) or real(w, layers))
+    journal = Journal(logging.getLogger("test-journal"), clock=Clock())
+    a, b = workload("a.service"), workload("b.service")
+    layer_a, layer_b = plan_for(a).layers[0], plan_for(b).layers[0]
+    journal.applied(MatchResult(workloads=[a, b]), LayerPlan(layers=(layer_a, layer_b), reserve_cpus=(0,)), Result())
+    assert sorted(described) == ["a.service", "b.service"]
+    described.clear()
+    journal.applied(MatchResult(workloads=[a, b]), LayerPlan(layers=(layer_a, layer_b), reserve_cpus=(0,)), Result())
+    assert described == []
+    b2 = workload("b.service", threads=6)
+    journal.applied(MatchResult(workloads=[a, b2]), LayerPlan(layers=(layer_a, plan_for(b2).layers[0]), reserve_cpus=(0,)), Result())
+    assert described == ["b.service"]

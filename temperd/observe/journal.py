@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Container, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from temperd.plan import CONFINED, EXCLUSIVE, YIELD, Layer, LayerPlan
 
@@ -71,11 +71,12 @@ def _cpus(cpus: Sequence[int]) -> str:
     return ",".join(out)
 
 
-def _layers_by_workload(plan: LayerPlan) -> Dict[str, List[Layer]]:
-    """Each workload's layers, in plan order: one pass over the plan per apply, not one per workload."""
+def _layers_by_workload(plan: LayerPlan, keys: Container[str]) -> Dict[str, List[Layer]]:
+    """These workloads' layers, in plan order: one pass over the plan per apply, not one per workload."""
     out: Dict[str, List[Layer]] = {}
     for layer in plan.layers:
-        out.setdefault(layer.workload, []).append(layer)
+        if layer.workload in keys:
+            out.setdefault(layer.workload, []).append(layer)
     return out
 
 
@@ -112,6 +113,8 @@ class Journal:
         self._suppressed = 0
         self._layers: Dict[str, Layer] = {}  # the last plan's layers, by name
         self._inputs: Dict[str, Tuple] = {}  # each workload's (workload, layers) at the last apply
+        self._workload_objects: Dict[int, Any] = {}  # the last apply's workloads and layers, by id: held,
+        self._layer_objects: Dict[int, Layer] = {}  # so no other object takes an id while it is here
 
     # ---- the events -----------------------------------------------------------------------------
 
@@ -119,13 +122,23 @@ class Journal:
         """After an apply: workloads matched, treated (or treated differently), left; drift."""
         lines: List[Tuple[Tuple[str, str], str]] = []
         current = {w.key: w for w in match.workloads}
-        layers = _layers_by_workload(plan)
+        # Only workloads that are other objects than at the last apply, or whose layers are, can
+        # have news (a match and a plan hand back the very objects they did not rebuild).
+        workloads = {id(w): w for w in match.workloads}
+        layer_objects = {id(layer): layer for layer in plan.layers}
+        touched = {w.key for i, w in workloads.items() if i not in self._workload_objects}
+        touched.update(layer.workload for i, layer in layer_objects.items() if i not in self._layer_objects)
+        touched.update(layer.workload for i, layer in self._layer_objects.items() if i not in layer_objects)
+        self._workload_objects, self._layer_objects = workloads, layer_objects
+        layers = _layers_by_workload(plan, touched)
         said = set()  # workloads whose matched/left line already says their layers came or went
-        inputs = {}
         for key, workload in current.items():
+            if key not in touched:
+                continue
             before = self._seen.get(key)
-            made_of = inputs[key] = (workload, tuple(layers.get(key, ())))
-            if before is not None and _same_objects(self._inputs.get(key), made_of):
+            made_of = (workload, tuple(layers.get(key, ())))
+            previous, self._inputs[key] = self._inputs.get(key), made_of
+            if before is not None and _same_objects(previous, made_of):
                 continue  # the very workload and layers of the last apply (a match reuses untouched ones)
             seen = _Seen(workload.profile_id, workload.tier, workload.source, _treatment(workload, made_of[1]))
             if before is None:
@@ -147,10 +160,10 @@ class Journal:
                 lines.append(((key, "retiered"), f"workload {key} now profile {seen.profile or 'none'}, tier {seen.tier} "
                                                  f"(was {before.profile or 'none'}, {before.tier})"))
             self._seen[key] = seen
-        self._inputs = inputs
         restored = dict(getattr(result, "restored", None) or {})
         for key in [k for k in self._seen if k not in current]:
             del self._seen[key]
+            self._inputs.pop(key, None)
             said.add(key)
             what = f"{_counts(restored)} setting(s) restored" if restored else "nothing left to restore"
             lines.append(((key, "left"), f"workload {key} left (its processes ended or no longer match): {what}"))
