@@ -228,7 +228,7 @@ class SessionCache:
             if now is not None:
                 counts[now[0]][now[1]] = counts[now[0]].get(now[1], 0) + 1
         for name, after in counts.items():
-            if {k for k, n in after.items() if n > 0} != {k for k, n in self._counts[name].items() if n > 0}:
+            if _present(after) != _present(self._counts[name]):
                 return None
         self._counts.update(counts)
         out = []
@@ -237,7 +237,7 @@ class SessionCache:
                 self._class_of.pop(key, None)
                 continue
             self._class_of[key] = now
-            present = {k for k, n in self._counts[now[0]].items() if n > 0}
+            present = _present(self._counts[now[0]])
             out.append((thread, now[1], YIELD in present and len(present) > 1))
         return out
 
@@ -268,6 +268,11 @@ class SessionCache:
 
 
 _UNREAD: Any = object()
+
+
+def _present(counts: Mapping[str, int]) -> Set[str]:
+    """The classes a session holds threads of, from its counts."""
+    return {kind for kind, n in counts.items() if n > 0}
 
 
 def wanted_nices(found: Mapping[str, Session]) -> Dict[str, int]:

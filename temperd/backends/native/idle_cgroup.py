@@ -180,11 +180,7 @@ class IdleCgroup(HeldSettings[Key, str]):
                 desired[key] = self.path
                 trusted.add(key)
                 continue
-            read[key] = current = self._read_quietly(key)
-            if current == self.path:
-                self._as_moved(key)  # inherited from a thread temperd moved
-            if current in (ROOT, self.path):
-                desired[key] = self.path
+            self._want(key, desired, read)
         for key in self._inherited_strays(desired):
             self._as_moved(key)
         return self.hold(desired, None, trusted, read)
@@ -207,11 +203,7 @@ class IdleCgroup(HeldSettings[Key, str]):
                 key = (thread.tid, thread.start_time)
                 if self.written.get(key) == self.path and key not in self.drifted:
                     continue
-                read[key] = current = self._read_quietly(key)
-                if current == self.path:
-                    self._as_moved(key)
-                if current in (ROOT, self.path):
-                    desired[key] = self.path
+                self._want(key, desired, read)
             leaving = []
             for thread in others:
                 key = (thread.tid, thread.start_time)
@@ -263,6 +255,15 @@ class IdleCgroup(HeldSettings[Key, str]):
             result.failed += 1
             return False
         return True
+
+    def _want(self, key: Key, desired: Dict[Key, str], read: Dict[Key, Optional[str]]) -> None:
+        """Read a thread's cgroup (kept in `read`); want it here where it sits in the root or here
+        already, and hold it as moved where it is here (inherited from a thread temperd moved)."""
+        read[key] = current = self._read_quietly(key)
+        if current == self.path:
+            self._as_moved(key)
+        if current in (ROOT, self.path):
+            desired[key] = self.path
 
     def _as_moved(self, key: Key) -> None:
         """Hold a thread found in the cgroup as if temperd had moved it there from the root."""
