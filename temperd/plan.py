@@ -8,8 +8,9 @@ The native backend reads the same plan as per-thread affinity, policy and nice.
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 CONFINED = "Confined"
 GROUPED = "Grouped"
@@ -100,35 +101,98 @@ class LayerPlan:
         raise KeyError(name)
 
     @functools.cached_property
-    def treatment_by_tid(self) -> Dict[int, tuple]:
-        """tid -> what its layer asks of it (the first layer that names it, as the backends read
-        it). Kept: the plan in force is compared with the next one at every batch of events."""
-        out: Dict[int, tuple] = {}
-        for layer in self.layers:
-            treatment = (layer.name, layer.kind, layer.treatment, layer.cpus, layer.nice, layer.slice_us,
-                         layer.policy, layer.ownership)
+    def members(self) -> "TidLayers":
+        """tid -> the first layer that names it (as the backends read it). Kept: the native
+        backend reads it for every thread, and the next plan is derived from it (moved_members)."""
+        return TidLayers.build(self)
+
+    @functools.cached_property
+    def host_wide(self) -> tuple:
+        """What the plan asks of threads outside its layers and of the host itself: the reserve,
+        the CPUs of Confined layers (every other thread is kept off them), the PM QoS bounds and
+        the tiers' cgroup weights. Two plans equal in this differ only in who is a member of what."""
+        owned = tuple(sorted((l.kind, l.cpus, l.idle_siblings, l.idle_resume_us, l.ownership)
+                             for l in self.layers if l.cpus or l.idle_resume_us is not None))
+        weights = frozenset((w.unit, w.cgroup, w.weight) for w in self.cgroup_weights)
+        return self.reserve_cpus, owned, weights
+
+
+class TidLayers:
+    """Each member tid's layer: the first layer of the plan that names it. `shared`: some tid is
+    named by more than one layer (then the order of layers decides, and a plan derived from this
+    one is built in full)."""
+
+    def __init__(self, by_tid: Dict[int, Layer], shared: bool):
+        self.by_tid = by_tid
+        self.shared = shared
+
+    @classmethod
+    def build(cls, plan: LayerPlan) -> "TidLayers":
+        by_tid: Dict[int, Layer] = {}
+        named = 0
+        for layer in plan.layers:
+            named += len(layer.selector.tids)
             for tid in layer.selector.tids:
-                out.setdefault(tid, treatment)
-        return out
+                by_tid.setdefault(tid, layer)
+        return cls(by_tid, named != len(by_tid))
+
+    def after(self, plan: LayerPlan, removed: Sequence[Layer], added: Sequence[Layer]) -> "TidLayers":
+        """The members of `plan`, which has this one's layers but `removed`, and `added`: a fork
+        storm changes a few layers a batch, and the host's every member need not be walked."""
+        if self.shared:
+            return TidLayers.build(plan)
+        by_tid = dict(self.by_tid)
+        for layer in removed:
+            for tid in layer.selector.tids:
+                del by_tid[tid]
+        for layer in added:
+            for tid in layer.selector.tids:
+                if tid in by_tid:
+                    return TidLayers.build(plan)  # named twice: the order of layers decides
+                by_tid[tid] = layer
+        return TidLayers(by_tid, False)
+
+
+def layer_changes(old: LayerPlan, new: LayerPlan) -> Tuple[List[Layer], List[Layer]]:
+    """(the layers of `old` that `new` lacks, those of `new` that `old` lacks), by identity: a
+    plan reuses the layer objects of the workloads it did not plan again (planner.PlanMemo)."""
+    kept = new.__dict__.get("_changes")  # (a reference to the old plan, its changes): asked twice a batch
+    if kept is not None and kept[0]() is old:
+        return kept[1]
+    old_ids = {id(layer) for layer in old.layers}
+    new_ids = {id(layer) for layer in new.layers}
+    changes = ([layer for layer in old.layers if id(layer) not in new_ids],
+               [layer for layer in new.layers if id(layer) not in old_ids])
+    new.__dict__["_changes"] = (weakref.ref(old), changes)
+    return changes
+
+
+def treatment(layer: Optional[Layer]) -> Optional[tuple]:
+    """What a layer asks of its members, as the native backend carries it out."""
+    if layer is None:
+        return None
+    return (layer.name, layer.kind, layer.treatment, layer.cpus, layer.nice, layer.slice_us,
+            layer.policy, layer.ownership)
 
 
 def host_wide(plan: LayerPlan) -> tuple:
-    """What a plan asks of threads outside its layers and of the host itself: the reserve, the
-    CPUs of Confined layers (every other thread is kept off them), the PM QoS bounds and the
-    tiers' cgroup weights. Two plans equal in this differ only in who is a member of what."""
-    owned = tuple(sorted((l.kind, l.cpus, l.idle_siblings, l.idle_resume_us, l.ownership)
-                         for l in plan.layers if l.cpus or l.idle_resume_us is not None))
-    weights = frozenset((w.unit, w.cgroup, w.weight) for w in plan.cgroup_weights)
-    return plan.reserve_cpus, owned, weights
+    """LayerPlan.host_wide (kept per plan: the plan in force is compared at every batch)."""
+    return plan.host_wide
 
 
 def moved_members(old: LayerPlan, new: LayerPlan) -> Optional[FrozenSet[int]]:
     """The thread ids whose treatment differs between two plans (a member of another layer, or
     of a layer that treats it differently, or of a layer in one plan only); None when the plans
-    differ beyond their members (host_wide), so that every thread may be affected."""
-    if host_wide(old) != host_wide(new):
+    differ beyond their members (host_wide), so that every thread may be affected. Only the
+    members of layers in one plan only can differ; `new`'s members are derived from `old`'s."""
+    removed, added = layer_changes(old, new)
+    if "members" in old.__dict__ and "members" not in new.__dict__:
+        new.__dict__["members"] = old.members.after(new, removed, added)  # functools.cached_property's slot
+    if old.host_wide != new.host_wide:
         return None
-    before, after = old.treatment_by_tid, new.treatment_by_tid
-    moved = {tid for tid, treatment in after.items() if before.get(tid) != treatment}
-    moved.update(tid for tid in before if tid not in after)
-    return frozenset(moved)
+    before, after = old.members, new.members
+    if before.shared or after.shared:  # the order of layers decides, and it may have changed
+        changed = [*before.by_tid, *after.by_tid]
+    else:
+        changed = [tid for layer in (*removed, *added) for tid in layer.selector.tids]
+    return frozenset(tid for tid in changed if treatment(before.by_tid.get(tid)) != treatment(after.by_tid.get(tid)))

@@ -10,7 +10,8 @@ from temperd.config.daemon_config import DaemonConfig, parse_config
 from temperd.decide.matcher import ENV_PROFILE, Matcher
 from temperd.decide.planner import PlanMemo, PlannerSettings, plan
 from temperd.decide.trust import TrustPolicy
-from temperd.plan import CONFINED, OPEN, host_wide, moved_members
+from temperd.backends.native.membership import Membership, ThreadRef
+from temperd.plan import CONFINED, OPEN, TidLayers, host_wide, moved_members, treatment
 
 DB = profile("db", 'executables = ["/usr/sbin/dbd"]',
               'name = "conn"\nthread_names = ["conn-*"]\ntreatment = "exclusive"',
@@ -235,6 +236,9 @@ def test_a_match_that_keeps_its_grouping_equals_a_fresh_match_after_every_change
         spawn()
     m = matcher('[[binding]]\nunit = "b.service"\ntier = "critical"\n')
     memo = PlanMemo()
+    previous = plan(SHAPE, m.match(host.processes).workloads, PROFILES, memo=memo)
+    previous.members  # in force: built in full once, derived from then on
+    membership = Membership(previous)
     for step in range(60):
         procs = host.processes
         victim = rng.choice(procs)
@@ -263,7 +267,56 @@ def test_a_match_that_keeps_its_grouping_equals_a_fresh_match_after_every_change
         fresh = matcher('[[binding]]\nunit = "b.service"\ntier = "critical"\n').match(host.processes)
         kept = m.match(host.processes)
         assert _shown(kept) == _shown(fresh), (seed, step, action)
-        assert plan(SHAPE, kept.workloads, PROFILES, memo=memo) == plan(SHAPE, fresh.workloads, PROFILES), (seed, step)
+        current = plan(SHAPE, kept.workloads, PROFILES, memo=memo)
+        assert current == plan(SHAPE, fresh.workloads, PROFILES), (seed, step)
+        _check_moved_members(previous, current, (seed, step, action))
+        membership = Membership(current, membership)
+        _check_membership(membership, Membership(current), host, (seed, step, action))
+        previous = current
+
+
+def _check_membership(derived, fresh, host, where):
+    """A membership that took over the last one's index places every thread, the plan's members
+    and threads new to it (by the layers' rules), where one built from nothing does."""
+    for proc in host.processes:
+        newcomers = [ThreadRef(10 ** 7 + proc.pid * 2 + i, proc.pid, 1, comm) for i, comm in enumerate(("conn-42", "zz"))]
+        for thread in [*proc.threads.values(), *newcomers]:
+            assert derived.layer_for(thread) is fresh.layer_for(thread), (where, thread)
+
+
+def _check_moved_members(old, new, where):
+    """moved_members derives the new plan's members from the old one's layers that changed:
+    the same tids, and the same result, as comparing every member of both plans."""
+    moved = moved_members(old, new)
+    assert "members" in new.__dict__ and new.members.by_tid == TidLayers.build(new).by_tid, where
+    if host_wide(old) != host_wide(new):
+        assert moved is None, where
+        return
+    before, after = TidLayers.build(old).by_tid, TidLayers.build(new).by_tid
+    every = {tid for tid in {*before, *after} if treatment(before.get(tid)) != treatment(after.get(tid))}
+    assert moved == frozenset(every), where
+
+
+def test_members_named_by_two_layers_go_to_the_first_and_are_derived_in_full():
+    """A tid that two layers name belongs to the first (the order of layers decides): a plan
+    derived from one where that happens, or where an added layer names a member of another, is
+    built in full, and moved_members still finds every member whose treatment changed."""
+    from dataclasses import replace
+    host = FactsHost()
+    host.process("cc1", exe="/usr/lib/gcc/cc1", threads=["cc1", "a"])
+    host.process("dbd", exe="/usr/sbin/dbd", threads=["dbd", "conn-1"], unit="dbd.service")
+    base = plan(SHAPE, matcher().match(host.processes).workloads, PROFILES)
+    first, second = base.layers[0], base.layers[-1]
+    stolen = first.selector.tids[0]
+    thief = replace(second, selector=replace(second.selector, tids=(stolen, *second.selector.tids)))
+    shared = replace(base, layers=(*base.layers[:-1], thief))
+    assert shared.members.shared and shared.members.by_tid[stolen] is first
+    base.members
+    _check_moved_members(base, shared, "a layer takes another's member")
+    ahead = replace(base, layers=(thief, *base.layers[:-1]))
+    _check_moved_members(shared, ahead, "the thief first")
+    assert ahead.members.by_tid[stolen] is thief
+    _check_moved_members(ahead, base, "back")
 
 
 @pytest.mark.parametrize("patterns,text", [

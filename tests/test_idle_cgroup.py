@@ -258,6 +258,8 @@ def test_a_batch_that_leaves_every_sessions_mix_as_it_was_moves_only_its_own_thr
     bg_d = mixed.spawn("bg-d")
     result = backend.apply(plan_of(yield_layer([bg_c, bg_d])), scan_threads([mixed.pid]), _threads_of(mixed.pid, bg_d))
     assert not result.failed, result.errors
+    settled = backend.idle_cgroup.settle()  # the move is made on the worker thread (cgroup_moves.py)
+    assert settled.applied == 1 and not settled.failed, settled
     assert cpu_cgroup(mixed.pid, bg_d) == where and not whole_passes
 
     backend.apply(plan_of(yield_layer([bg_d])), scan_threads([mixed.pid]), [])  # bg-c moved out of the layer
@@ -268,3 +270,26 @@ def test_a_batch_that_leaves_every_sessions_mix_as_it_was_moves_only_its_own_thr
                      selector=MemberSelector(tids=(fav,)), nice=-5)
     backend.apply(plan_of(yield_layer([bg_d]), favoured), scan_threads([mixed.pid]), _threads_of(mixed.pid, fav))
     assert whole_passes and cpu_cgroup(mixed.pid, fav) == "/" and cpu_cgroup(mixed.pid, bg_d) == where
+
+
+def test_moves_made_on_the_worker_thread_tell_what_failed_and_their_records_go_back(tmp_path):
+    """add()'s moves are written by a worker thread; settle() waits for them, and a move that
+    failed is undone in the records as a failed write would be (the thread is not held there),
+    its error told. Two batches not waited for in between are told together, in order."""
+    idle = IdleCgroup(cgroup_name(str(tmp_path), "/nowhere"), MOUNT or "/nonexistent", why_not="")
+    read_only = os.open(os.devnull, os.O_RDONLY)  # every write fails (EBADF)
+    key = (os.getpid(), 1)
+    idle.written[key] = idle.path
+    idle.originals[key] = "/"
+    idle._moves.submit(read_only, [(key, idle.path, None)])
+    reader, writer = os.pipe()
+    try:
+        idle._moves.submit(writer, [((7, 1), idle.path, None), ((8, 1), idle.path, None)])
+        settled = idle.settle()
+        assert settled.applied == 2 and settled.failed == 1, settled
+        assert "setting cpu cgroup /" in settled.errors[0] and key not in idle.written and key not in idle.originals
+        assert os.read(reader, 100) == b"78"  # both tids, in order, through the open file
+        assert idle.settle().applied == 0  # nothing left on its way
+    finally:
+        os.close(reader)
+        idle._moves.close()

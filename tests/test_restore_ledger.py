@@ -176,3 +176,31 @@ def test_a_save_that_compares_only_the_changed_records_leaves_the_file_a_whole_s
         assert found == bool(expected), (seed, step)
         assert {key: (dict(rec.applied), dict(rec.drifted)) for key, rec in again.records.items()} == expected, \
             (seed, step, action)
+
+
+def test_held_counts_the_records_that_hold_a_setting_through_every_kind_of_change(tmp_path):
+    """held() recounts only the records changed since its last call: after each of a random
+    sequence of records made, settings written, given back and popped, records forgotten and the
+    ledger cleared, it equals a count over every record."""
+    import random
+    rng = random.Random(7)
+    ledger = RestoreLedger(str(tmp_path))
+    original = Original((0,), 0, 0, 0, 0)
+    for step in range(300):
+        records = list(ledger.records.values())
+        action = rng.choice(["add", "add", "write", "write", "pop", "clear_applied", "forget", "clear"])
+        if action == "add" or not records:
+            tid = rng.randrange(1, 60)
+            ledger.record(tid, tid, 1000 + tid, f"t{tid}", original, since=1)
+        elif action == "write":
+            rng.choice(records).applied[rng.choice([NICE, POLICY])] = 5
+        elif action == "pop":
+            rng.choice(records).applied.pop(NICE, None)
+        elif action == "clear_applied":
+            rng.choice(records).applied.clear()
+        elif action == "forget":
+            ledger.forget(rng.choice(records))
+        elif action == "clear" and rng.random() < 0.1:
+            ledger.clear()
+        if rng.random() < 0.5:
+            assert ledger.held() == sum(1 for rec in ledger.records.values() if rec.applied), (step, action)

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Container, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from temperd.plan import CONFINED, EXCLUSIVE, YIELD, Layer, LayerPlan
+from temperd.plan import CONFINED, EXCLUSIVE, YIELD, Layer, LayerPlan, layer_changes
 
 log = logging.getLogger("temperd")
 
@@ -111,10 +111,9 @@ class Journal:
         self._minute_start = -1e18
         self._minute_lines = 0
         self._suppressed = 0
-        self._layers: Dict[str, Layer] = {}  # the last plan's layers, by name
+        self._plan = LayerPlan(layers=(), reserve_cpus=())  # the last apply's plan
         self._inputs: Dict[str, Tuple] = {}  # each workload's (workload, layers) at the last apply
-        self._workload_objects: Dict[int, Any] = {}  # the last apply's workloads and layers, by id: held,
-        self._layer_objects: Dict[int, Layer] = {}  # so no other object takes an id while it is here
+        self._workloads: Dict[str, Any] = {}  # the last apply's workloads, by key
 
     # ---- the events -----------------------------------------------------------------------------
 
@@ -124,12 +123,10 @@ class Journal:
         current = {w.key: w for w in match.workloads}
         # Only workloads that are other objects than at the last apply, or whose layers are, can
         # have news (a match and a plan hand back the very objects they did not rebuild).
-        workloads = {id(w): w for w in match.workloads}
-        layer_objects = {id(layer): layer for layer in plan.layers}
-        touched = {w.key for i, w in workloads.items() if i not in self._workload_objects}
-        touched.update(layer.workload for i, layer in layer_objects.items() if i not in self._layer_objects)
-        touched.update(layer.workload for i, layer in self._layer_objects.items() if i not in layer_objects)
-        self._workload_objects, self._layer_objects = workloads, layer_objects
+        removed, added = layer_changes(self._plan, plan)
+        touched = {key for key, workload in current.items() if self._workloads.get(key) is not workload}
+        touched.update(layer.workload for layer in (*removed, *added))
+        self._workloads = current
         layers = _layers_by_workload(plan, touched)
         said = set()  # workloads whose matched/left line already says their layers came or went
         for key, workload in current.items():
@@ -171,7 +168,7 @@ class Journal:
         if drift:
             lines.append((("", "drift"), f"{_counts(drift)} setting(s) temperd made were changed by someone else: "
                                           "left as found, temperd no longer sets them"))
-        change = self._plan_change(plan, said)
+        change = self._plan_change(plan, removed, added, said)
         if change:
             # keyed by what changed: a different change is news at once, the same one again is not
             lines.append(((change, "plan"), f"plan changed ({trigger or 'replan'}): {change}"))
@@ -194,17 +191,18 @@ class Journal:
 
     # ---- helpers --------------------------------------------------------------------------------
 
-    def _plan_change(self, plan: LayerPlan, said=frozenset()) -> str:
+    def _plan_change(self, plan: LayerPlan, removed_layers: Sequence[Layer], added_layers: Sequence[Layer],
+                     said=frozenset()) -> str:
         """Layers added, removed, or with other CPUs; "" where nothing changed beyond the layers of
-        workloads that matched or left in this apply (their own lines say so)."""
-        now = {layer.name: layer for layer in plan.layers}
-        before, self._layers = self._layers, now
-        added = sorted(n for n in now.keys() - before.keys() if now[n].workload not in said)
-        removed = sorted(n for n in before.keys() - now.keys() if before[n].workload not in said)
-        # Layers are immutable and a plan reuses the unchanged ones: only other objects are compared.
-        other = [name for name, layer in now.items() if name in before and before[name] is not layer]
+        workloads that matched or left in this apply (their own lines say so). The layers that
+        are not other objects than in the last plan (layer_changes) are the same layers."""
+        self._plan = plan
+        before = {layer.name: layer for layer in removed_layers}
+        now = {layer.name: layer for layer in added_layers}
+        added = sorted(n for n, layer in now.items() if n not in before and layer.workload not in said)
+        removed = sorted(n for n, layer in before.items() if n not in now and layer.workload not in said)
         moved = [f"{name} CPUs {_cpus(before[name].cpus) or 'none'} -> {_cpus(now[name].cpus) or 'none'}"
-                 for name in sorted(other) if tuple(before[name].cpus) != tuple(now[name].cpus)]
+                 for name in sorted(now.keys() & before.keys()) if tuple(before[name].cpus) != tuple(now[name].cpus)]
         parts = []
         if added:
             parts.append("added " + ", ".join(added))
@@ -212,7 +210,7 @@ class Journal:
             parts.append("removed " + ", ".join(removed))
         parts.extend(moved)
         if parts:
-            parts.append(f"{len(now)} layers, reserve CPUs {_cpus(plan.reserve_cpus) or 'none'}")
+            parts.append(f"{len(plan.layers)} layers, reserve CPUs {_cpus(plan.reserve_cpus) or 'none'}")
         return "; ".join(parts)
 
     def _emit(self, lines, limited: bool = True) -> List[str]:

@@ -322,7 +322,7 @@ class NativeBackend:
     def _finish(self, result: ApplyResult, save: bool = True) -> ApplyResult:
         if save:
             self._save(result)
-        result.threads_treated = sum(1 for rec in self.ledger.records.values() if rec.applied)
+        result.threads_treated = self.ledger.held()
         self.drift.add(result.drift)
         return result
 

@@ -45,6 +45,17 @@ class HostSettingResult:
     unsupported: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
 
+    def add(self, other: "HostSettingResult") -> "HostSettingResult":
+        """This result with what `other` did as well."""
+        self.applied += other.applied
+        self.restored += other.restored
+        self.failed += other.failed
+        self.drift += other.drift
+        self.errors.extend(other.errors)
+        self.unsupported.extend(other.unsupported)
+        self.notes.extend(other.notes)
+        return self
+
 
 class Setting(Generic[K, V]):
     """One kind of host setting: how to read and write the value behind a key."""
@@ -156,15 +167,20 @@ class HeldSettings(Generic[K, V]):
         try:
             self.setting.write(key, value)
         except (OSError, Refused) as exc:
-            if previous is None:
-                self._forget(key)  # nothing changed: nothing to restore
-            else:
-                self.written[key] = previous
-            if not _gone(exc):
-                result.failed += 1
-                result.errors.append(f"{self.setting.where(key)}: setting {self.setting.shown(value)}: {_why(exc)}")
+            self._not_written(key, value, previous, exc, result)
             return
         result.applied += 1
+
+    def _not_written(self, key: K, value: V, previous: Optional[V], exc: BaseException,
+                     result: HostSettingResult) -> None:
+        """A write that _intend recorded failed: the record goes back to what it was."""
+        if previous is None:
+            self._forget(key)  # nothing changed: nothing to restore
+        else:
+            self.written[key] = previous
+        if not _gone(exc):
+            result.failed += 1
+            result.errors.append(f"{self.setting.where(key)}: setting {self.setting.shown(value)}: {_why(exc)}")
 
     def restore(self, key: K) -> HostSettingResult:
         result = HostSettingResult()

@@ -29,20 +29,17 @@ storm moves hundreds of threads a second, and each write serialised the whole se
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-from typing import Any, Container, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Container, Dict, Iterable, List, Optional, Tuple
 
 from temperd.sources.mounts import MOUNTINFO, cgroup1_cpu_mount
-from temperd.backends.native.held import HeldSettings, HostSettingResult, Setting
+from temperd.backends.native.cgroup_moves import DeferredMoves
+from temperd.backends.native.held import HeldSettings, HostSettingResult
+from temperd.backends.native.thread_cgroup import IDLE_CGROUP, ROOT, Key, ThreadCpuCgroup, move
 from temperd.sources import procfs
 
-IDLE_CGROUP = "idle_cgroup"
-ROOT = "/"
 NAME = "temperd-yield"
-
-Key = Tuple[int, int]  # (tid, start_time): a thread, across tid reuse
 
 
 def cgroup_name(state_dir: str, default_state_dir: str) -> str:
@@ -64,77 +61,6 @@ def detect(mountinfo: str = MOUNTINFO) -> Tuple[Optional[str], str]:
     return mount, ""
 
 
-class ThreadCpuCgroup(Setting[Key, str]):
-    """A thread's cgroup in the v1 cpu hierarchy, as a path from the hierarchy's root."""
-
-    kind = IDLE_CGROUP
-
-    def __init__(self, mount: str):
-        self.mount = mount
-        self.fresh: Container[Key] = ()  # see batch()
-        self._tasks: Dict[str, int] = {}  # cgroup path -> its open tasks file, within batch()
-
-    def read(self, key: Key) -> Optional[str]:
-        """None when the thread is gone (or its tid now names another thread). A thread of
-        `fresh` is not checked for its start time: the inventory read it within this pass."""
-        tid, start_time = key
-        if key not in self.fresh:
-            stat = procfs.read_task_stat(tid, tid)  # /proc/TID/task/TID reaches any thread
-            if stat is None or stat.start_time != start_time:
-                return None
-        paths = procfs.read_cgroup(tid, tid)
-        return paths.cpu_v1 if paths is not None else None
-
-    def write(self, key: Key, path: str) -> None:
-        fd = self._tasks.get(path)
-        if fd is None:
-            move(self.mount, path, key[0])
-        else:
-            os.write(fd, str(key[0]).encode())
-
-    @contextlib.contextmanager
-    def batch(self, fresh: Container[Key]) -> Iterator[None]:
-        """Within: the `fresh` threads' start times are taken as read, and moves share one open
-        tasks file per cgroup (an open and close cost as much as the move itself)."""
-        self.fresh = fresh
-        try:
-            yield
-        finally:
-            self.fresh = ()
-            for fd in self._tasks.values():
-                os.close(fd)
-            self._tasks.clear()
-
-    def open_tasks(self, path: str) -> None:
-        """Keep the tasks file of the cgroup at `path` open until the batch ends (where it cannot
-        be opened, each move opens it and says why it failed)."""
-        if path not in self._tasks:
-            try:
-                self._tasks[path] = os.open(os.path.join(self.mount, path.lstrip("/"), "tasks"),
-                                            os.O_WRONLY | os.O_CLOEXEC)
-            except OSError:
-                pass
-
-    def where(self, key: Key) -> str:
-        return f"tid {key[0]}"
-
-    def shown(self, path: str) -> str:
-        return f"cpu cgroup {path}"
-
-    def key_text(self, key: Key) -> str:
-        return f"{key[0]}/{key[1]}"
-
-    def key_from_text(self, text: str) -> Key:
-        tid, _, start = text.partition("/")
-        return int(tid), int(start)
-
-
-def move(mount: str, path: str, tid: int) -> None:
-    """Put one thread in the cgroup at `path` of the v1 hierarchy mounted at `mount`."""
-    with open(os.path.join(mount, path.lstrip("/"), "tasks"), "w") as handle:
-        handle.write(str(tid))
-
-
 class IdleCgroup(HeldSettings[Key, str]):
     """Holds yield threads of mixed sessions in temperd's idle cpu cgroup."""
 
@@ -144,6 +70,7 @@ class IdleCgroup(HeldSettings[Key, str]):
         self.mount = mount
         self.why_not = why_not  # empty where supported
         self.path = "/" + name  # the cgroup, as /proc/TID/cgroup names it
+        self._moves: DeferredMoves[Key, str] = DeferredMoves()  # add()'s moves into the cgroup
         super().__init__(ThreadCpuCgroup(mount or ""))
 
     @property
@@ -160,7 +87,7 @@ class IdleCgroup(HeldSettings[Key, str]):
         verify False (between whole applies): a thread temperd already holds there is not read
         again (each costs two /proc reads, and a fork storm's batches come ten a second).
         fresh: the keys of threads the inventory read in this pass (their start time is not read again)."""
-        result = HostSettingResult()
+        result = self.settle()
         if not self.supported:
             return result
         threads = list(threads)
@@ -168,7 +95,7 @@ class IdleCgroup(HeldSettings[Key, str]):
             return result
         with self.setting.batch(fresh):
             self.setting.open_tasks(self.path)
-            return self._apply(threads, verify)
+            return result.add(self._apply(threads, verify))
 
     def _apply(self, threads: List, verify: bool) -> HostSettingResult:
         desired = {}
@@ -191,8 +118,9 @@ class IdleCgroup(HeldSettings[Key, str]):
         new yield threads of mixed sessions, held here as apply() would hold them; of `others`
         (the batch's other threads), one held here goes back, and one of a process with
         threads held here (held_pids) that inherited the cgroup from its creator goes back too.
-        What else is held is neither read nor written."""
-        result = HostSettingResult()
+        What else is held is neither read nor written. The moves into the cgroup are made on a
+        worker thread (cgroup_moves.py); what they did is told by the next call's result."""
+        result = self.settle()
         yielding = list(yielding)
         if not self.supported or (yielding and not self._ensure(result)):
             return result
@@ -214,17 +142,37 @@ class IdleCgroup(HeldSettings[Key, str]):
                     leaving.append(key)
             for key in leaving:
                 self._restore(key, result)
-            self._hold_more(desired, result, None, read)
+            tasks = self.setting.take_tasks(self.path)
+            if tasks is None:  # each move opens the file, and says why it cannot
+                self._hold_more(desired, result, None, read)
+            else:
+                self._moves.submit(tasks, self._intend(desired, result, read))
         return result
 
+    def settle(self) -> HostSettingResult:
+        """Wait for the moves add() handed to the worker thread: each that failed goes back as a
+        write made here would have (HeldSettings._not_written)."""
+        result = HostSettingResult()
+        made, failed = self._moves.wait()
+        result.applied += made
+        for key, value, previous, exc in failed:
+            self._not_written(key, value, previous, exc, result)
+        return result
+
+    def _restore(self, key: Key, result: HostSettingResult) -> None:
+        result.add(self.settle())  # a thread is not read while its move is on its way
+        super()._restore(key, result)
+
     def restore_all(self) -> HostSettingResult:
-        result = super().restore_all()
+        result = self.settle().add(super().restore_all())
+        self._moves.close()
         if self.supported:
             result.restored += self.empty()
         return result
 
     def empty(self) -> int:
         """Move every thread left in the cgroup to the root and remove it; how many were moved."""
+        self.settle()  # nothing on its way while the cgroup is emptied
         moved = 0
         for tid in self._members():
             try:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from temperd.config.schema import glob_match
-from temperd.plan import Layer, LayerPlan
+from temperd.plan import Layer, LayerPlan, layer_changes
 from temperd.sources import procfs
 
 ThreadKey = Tuple[int, int]  # (tid, start_time): a thread, across tid reuse
@@ -72,21 +72,33 @@ class KernelThreads:
 class Membership:
     """Which layer a thread belongs to: the plan's tids first, then the selectors' rules (new threads)."""
 
-    def __init__(self, plan: LayerPlan):
-        self.by_tid: Dict[int, Layer] = {}
-        for layer in plan.layers:
-            for tid in layer.selector.tids:
-                self.by_tid.setdefault(tid, layer)
-        self.rule_layers = [l for l in plan.layers if l.selector.pids or l.selector.cgroup]
-        # Rule layers by the pids they name (a plan has a layer per workload and group: under a
-        # fork storm hundreds), and those that name a cgroup; each with its place in the plan.
-        self._by_pid: Dict[int, List[Tuple[int, Layer]]] = {}
-        self._by_cgroup: List[Tuple[int, Layer]] = []
-        for place, layer in enumerate(self.rule_layers):
+    def __init__(self, plan: LayerPlan, previous: Optional["Membership"] = None):
+        """previous: the membership of the plan in force, which this one takes over (its pid
+        index is changed in place, for the layers the plans do not share): a fork storm changes
+        a few layers a batch, and the plan has hundreds."""
+        self.plan = plan
+        self.by_tid: Dict[int, Layer] = plan.members.by_tid  # the plan's own: not to be changed
+        # Each layer's place in the plan: a thread's candidate layers are tried in plan order.
+        self._place = {id(layer): place for place, layer in enumerate(plan.layers)}
+        # Layers by the pids they name (a plan has a layer per workload and group: under a fork
+        # storm hundreds), and those that name a cgroup.
+        if previous is None:
+            self._by_pid: Dict[int, List[Layer]] = {}
+            removed, added = (), plan.layers
+        else:
+            self._by_pid = previous._by_pid
+            previous._by_pid = {}  # taken over: that membership is out of use
+            removed, added = layer_changes(previous.plan, plan)
+        for layer in removed:
             for pid in layer.selector.pids:
-                self._by_pid.setdefault(pid, []).append((place, layer))
-            if layer.selector.cgroup:
-                self._by_cgroup.append((place, layer))
+                named = self._by_pid[pid]
+                named[:] = [other for other in named if other is not layer]  # by identity: layers compare by value
+                if not named:
+                    del self._by_pid[pid]
+        for layer in added:
+            for pid in layer.selector.pids:
+                self._by_pid.setdefault(pid, []).append(layer)
+        self._by_cgroup = [layer for layer in plan.layers if layer.selector.cgroup]
         self._titles: Dict[int, str] = {}
         self._cgroups: Dict[int, Tuple[Optional[str], Optional[str]]] = {}
         # A thread's layer by what decides it beyond the cached title and cgroup of its process:
@@ -112,11 +124,12 @@ class Membership:
 
     def _workload_layers(self, pid: int) -> List[Layer]:
         """The rule layers whose workload holds this process (its pid, or its cgroup), in plan order."""
-        found = dict(self._by_pid.get(pid, ()))
+        place = self._place
+        found = {place[id(layer)]: layer for layer in self._by_pid.get(pid, ())}
         if self._by_cgroup:
             cgroups = self._cgroup(pid)
-            found.update((place, layer) for place, layer in self._by_cgroup if layer.selector.cgroup in cgroups)
-        return [found[place] for place in sorted(found)]
+            found.update((place[id(layer)], layer) for layer in self._by_cgroup if layer.selector.cgroup in cgroups)
+        return [found[at] for at in sorted(found)]
 
     def layer_for(self, thread: Any) -> Optional[Layer]:
         layer = self.by_tid.get(thread.tid)

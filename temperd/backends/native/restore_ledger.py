@@ -221,6 +221,9 @@ class RestoreLedger:
         self.extras: Dict[str, Any] = {}  # the held host settings' sections (PM QoS, cgroup weights, autogroups)
         self.file = StateFile(self.path)
         self._changed: Set[Tuple[int, int]] = set()  # records added, forgotten or changed since the last save
+        # The records that hold a setting (held()), and those changed since it last counted.
+        self._holding: Set[Tuple[int, int]] = set()
+        self._recount: Set[Tuple[int, int]] = set()
         # Told (record, kind) before a value temperd wrote is given back (given_back.GivenBack.note).
         self.on_give_back: Optional[Callable[[ThreadRecord, str], None]] = None
 
@@ -241,12 +244,28 @@ class RestoreLedger:
 
     def add(self, rec: ThreadRecord) -> None:
         key = rec.key
-        mark = functools.partial(self._changed.add, key)
+        mark = functools.partial(self._mark, key)
         rec.applied = _Watched(rec.applied, mark)
         rec.drifted = _Watched(rec.drifted, mark)
         self.records[key] = rec
         self._by_pid.setdefault(rec.pid, {})[key] = rec
+        self._mark(key)
+
+    def _mark(self, key: Tuple[int, int]) -> None:
         self._changed.add(key)
+        self._recount.add(key)
+
+    def held(self) -> int:
+        """How many threads have a setting temperd holds (counted again only for the records
+        changed since the last call: a fork storm's batches come tens a second)."""
+        for key in self._recount:
+            rec = self.records.get(key)
+            if rec is not None and rec.applied:
+                self._holding.add(key)
+            else:
+                self._holding.discard(key)
+        self._recount.clear()
+        return len(self._holding)
 
     def by_pid(self, pid: int) -> List[ThreadRecord]:
         return [rec for rec in self._by_pid.get(pid, {}).values() if self.records.get(rec.key) is rec]
@@ -256,7 +275,7 @@ class RestoreLedger:
         return set(self._by_pid)
 
     def forget(self, rec: ThreadRecord) -> None:
-        self._changed.add(rec.key)
+        self._mark(rec.key)
         self.records.pop(rec.key, None)
         same = self._by_pid.get(rec.pid)
         if same is not None:
@@ -266,6 +285,7 @@ class RestoreLedger:
 
     def clear(self) -> None:
         self._changed.update(self.records)
+        self._recount.update(self.records)
         self.records.clear()
         self._by_pid.clear()
 

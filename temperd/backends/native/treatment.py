@@ -146,7 +146,7 @@ class ThreadTreatment:
     def set_plan(self, plan: LayerPlan, changed: bool, result: ApplyResult) -> None:
         if changed:
             self._failed.clear()  # a new plan tries again what the kernel refused under the old one
-        self.membership = Membership(plan)
+        self.membership = Membership(plan, self.membership)
         self.exclusive, error = exclusive_cpus(plan, sched.online_cpus())
         if error:
             result.errors.append(error)
