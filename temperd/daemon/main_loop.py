@@ -36,9 +36,10 @@ STARVED_LOG_EVERY_S = 600.0  # a spell that comes and goes is logged once in thi
 # handled in batches (one match and plan per batch, not per fork), and a process that forks, execs
 # and exits within one costs a failed open instead of reads of /proc. The wait is
 # BATCH_WAIT_PER_CPU times the CPU time such passes took (smoothed()), at most EVENT_BATCH_S:
-# handling events then takes at most a quarter of a core until batches reach EVENT_BATCH_S, while
-# a light stream of events is treated within milliseconds. The first event after a quiet spell is
-# handled at once.
+# handling events on the main thread then takes at most a quarter of a core until batches reach
+# EVENT_BATCH_S (the idle cgroup's moves, made on a worker thread, come beside it: cgroup_moves.py),
+# while a light stream of events is treated within milliseconds. The first event after a quiet
+# spell is handled at once.
 EVENT_BATCH_S = 0.05
 BATCH_WAIT_PER_CPU = 3.0
 PASS_COST_SMOOTHING = 0.3  # the weight of the latest pass (smoothed())
