@@ -255,6 +255,12 @@ def test_a_batch_is_counted_into_its_sessions_only_where_every_sessions_classes_
     layers[12] = bg
     assert [(t.tid, kind, mixed) for t, kind, mixed in cache.count([_Thread(12, 10)], layer_for, lambda t: False)] \
         == [(12, YIELD, True)]
+    reads = []
+    monkeypatch.setattr(autogroup, "read_autogroup", lambda pid: reads.append(pid) or (f"/autogroup-{pid // 10}", 0))
+    groups = {}  # an untreated newcomer: changes_mix reads its autogroup, and count takes that read
+    assert cache.changes_mix([_Thread(16, 10)], layer_for, lambda t: False, groups)
+    assert [kind for _t, kind, _mixed in cache.count([_Thread(16, 10)], layer_for, lambda t: False, groups)] == ["none"]
+    assert reads == [10]
     layers.pop(11)  # 11 leaves the yield layer: 12 still yields, the mix stays
     assert [(t.tid, kind, mixed) for t, kind, mixed in cache.count([_Thread(11, 10)], layer_for, lambda t: False)] \
         == [(11, "none", True)]

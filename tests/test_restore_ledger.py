@@ -204,3 +204,15 @@ def test_held_counts_the_records_that_hold_a_setting_through_every_kind_of_chang
             ledger.clear()
         if rng.random() < 0.5:
             assert ledger.held() == sum(1 for rec in ledger.records.values() if rec.applied), (step, action)
+
+
+def test_a_record_is_marked_changed_only_when_its_values_change(tmp_path):
+    """The state file compares the records marked since its last save: a pop of a value that is
+    not there, or a setdefault of one that is, changes nothing and marks nothing."""
+    ledger = RestoreLedger(str(tmp_path))
+    rec = ledger.record(5, 5, 1005, "t5", Original((0,), 0, 0, 0, 0), since=1)
+    rec.applied[NICE] = 5
+    ledger._changed.clear()
+    assert rec.applied.pop(POLICY, None) is None and rec.applied.setdefault(NICE, 9) == 5
+    assert not ledger._changed
+    assert rec.applied.pop(NICE) == 5 and ledger._changed == {rec.key}

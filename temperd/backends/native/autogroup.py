@@ -31,6 +31,7 @@ YIELD_NICE = 19
 ENABLED_SWITCH = "/proc/sys/kernel/sched_autogroup_enabled"
 _FAVOURED = "favoured"
 _UNTREATED = "none"
+Groups = Dict[int, Optional[Tuple[str, int]]]  # pid -> its autogroup (name, nice), read in this batch
 
 
 def autogroup_enabled(path: str = ENABLED_SWITCH) -> bool:
@@ -194,7 +195,8 @@ class SessionCache:
         return found
 
     def count(self, threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
-              is_kernel_thread: Callable[[Any], bool]) -> Optional[List[Tuple[Any, str, bool]]]:
+              is_kernel_thread: Callable[[Any], bool],
+              groups: Optional[Groups] = None) -> Optional[List[Tuple[Any, str, bool]]]:
         """Between whole passes: these threads (new, or in another layer now) counted into their
         sessions as the last pass counted every thread. Where that leaves every session with the
         classes it had (so the autogroups' nices and which sessions are mixed stay as they are),
@@ -204,7 +206,7 @@ class SessionCache:
         if self._checked_at is None or self._clock() - self._checked_at >= self.RECHECK_S:
             return None
         moves = []  # (key, the (autogroup, class) it was counted as, the one it is now)
-        groups: Dict[int, Optional[Tuple[str, int]]] = {}  # the batch's processes, read now (as `touched`)
+        groups = {} if groups is None else groups  # the batch's processes, read now (as `touched`)
         for thread in threads:
             if is_kernel_thread(thread):
                 continue
@@ -249,10 +251,11 @@ class SessionCache:
                 self._counts[before[0]][before[1]] -= 1
 
     def changes_mix(self, threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
-                    is_kernel_thread: Callable[[Any], bool]) -> bool:
+                    is_kernel_thread: Callable[[Any], bool], groups: Optional[Groups] = None) -> bool:
         """Whether these new threads can change what any autogroup should get: one of them is
         treated, or its process is in an autogroup that holds treated threads (a fork of a
-        treated process). An untreated process in an untreated session changes nothing: no pass."""
+        treated process). An untreated process in an untreated session changes nothing: no pass.
+        groups: where each process's autogroup read here is kept (for count() in the same batch)."""
         pids = set()
         for thread in threads:
             if is_kernel_thread(thread):
@@ -260,8 +263,9 @@ class SessionCache:
             if layer_for(thread) is not None:
                 return True
             pids.add(thread.pid)
+        groups = {} if groups is None else groups
         for pid in pids:
-            group = read_autogroup(pid)
+            group = groups[pid] = read_autogroup(pid)
             if group is not None and group[0] in self._mattering:
                 return True
         return False

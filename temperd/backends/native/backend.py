@@ -148,9 +148,10 @@ class NativeBackend:
                 new.add(key)
             self._universe[key] = thread
         self.treatment.treat(threads, result, functools.partial(self._save, result), new)
+        groups: Dict[int, Any] = {}  # the batch's processes' autogroups, read once
         if self.autogroup and self.treatment.membership is not None and self.autogroups.cache.changes_mix(
-                threads, self.treatment.layer_for, self.treatment.is_kernel_thread) \
-                and not self._idle_cgroup_only(threads, new, result):
+                threads, self.treatment.layer_for, self.treatment.is_kernel_thread, groups) \
+                and not self._idle_cgroup_only(threads, new, result, groups):
             # A new thread or process changed a session's mix (or a recheck is due): the whole pass,
             # the batch's processes read again.
             self._apply_autogroups(result, reread=False, touched={thread.pid for thread in threads}, fresh=new)
@@ -161,13 +162,14 @@ class NativeBackend:
                    or len(self.ledger.records) != self._saved_records)
         return self._finish(result, save=bool(settled))
 
-    def _idle_cgroup_only(self, threads: List, new: Set[ThreadKey], result: ApplyResult) -> bool:
+    def _idle_cgroup_only(self, threads: List, new: Set[ThreadKey], result: ApplyResult,
+                          groups: Dict[int, Any]) -> bool:
         """Where this batch leaves every session's mix as it was (autogroup.SessionCache.count),
         the autogroups' nices stay: only the batch's threads go into the idle cgroup or out of
         it, and the whole autogroup pass is not made. False where it must be."""
         if not self.idle_cgroup.supported:
             return False  # the whole pass says which sessions stay mixed, and why
-        counted = self.autogroups.cache.count(threads, self.treatment.layer_for, self.treatment.is_kernel_thread)
+        counted = self.autogroups.cache.count(threads, self.treatment.layer_for, self.treatment.is_kernel_thread, groups)
         if counted is None:
             return False
         yielding = [thread for thread, kind, mixed in counted if kind == YIELD and mixed]

@@ -188,16 +188,19 @@ class _Watched(dict):
         super().__delitem__(key)
         self._changed()
 
-    def pop(self, *args: Any) -> Any:
-        self._changed()
-        return super().pop(*args)
+    def pop(self, key: str, *default: Any) -> Any:
+        if key in self:
+            self._changed()
+        return super().pop(key, *default)
 
     def popitem(self) -> Any:
+        item = super().popitem()  # KeyError where empty: nothing changed
         self._changed()
-        return super().popitem()
+        return item
 
     def setdefault(self, key: str, default: Any = None) -> Any:
-        self._changed()
+        if key not in self:
+            self._changed()
         return super().setdefault(key, default)
 
     def update(self, *args: Any, **kwargs: Any) -> None:
