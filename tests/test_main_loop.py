@@ -92,6 +92,16 @@ def test_the_cost_that_sets_the_wait_is_smoothed_so_a_cheap_pass_after_a_dear_on
     assert main_loop.batch_wait(cost) > 3 * main_loop.batch_wait(0.004) / 2
 
 
+def test_within_a_stream_a_pass_costs_what_the_whole_daemon_used_since_the_last_one_ended():
+    """The idle cgroup's moves are made on a worker thread after the pass that asked for them:
+    within a stream of events the wait follows the process's CPU over the whole cycle, so that
+    work counts; the first pass after a quiet spell counts its own main-thread CPU."""
+    cost = main_loop.cycle_cost
+    assert cost(None, (5.0, 100.0), 0.004) == 0.004
+    assert cost((4.990, 99.95), (5.0, 100.0), 0.004) == pytest.approx(0.010)  # 6 ms beside the pass
+    assert cost((4.0, 100.0 - main_loop.CYCLE_S), (5.0, 100.0), 0.004) == 0.004  # a quiet spell between
+
+
 def test_events_after_a_quiet_spell_are_handled_at_once_and_the_next_wait_for_the_batch(loop, monkeypatch):
     monkeypatch.setattr(main_loop, "BATCH_WAIT_PER_CPU", 1e6)  # a dear pass: the whole batch
     loop_, side = loop

@@ -16,7 +16,7 @@ import resource
 import select
 import time
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from temperd.config.daemon_config import DaemonConfig
 from temperd.daemon.notify import Notifier
@@ -36,12 +36,13 @@ STARVED_LOG_EVERY_S = 600.0  # a spell that comes and goes is logged once in thi
 # handled in batches (one match and plan per batch, not per fork), and a process that forks, execs
 # and exits within one costs a failed open instead of reads of /proc. The wait is
 # BATCH_WAIT_PER_CPU times the CPU time such passes took (smoothed()), at most EVENT_BATCH_S:
-# handling events on the main thread then takes at most a quarter of a core until batches reach
-# EVENT_BATCH_S (the idle cgroup's moves, made on a worker thread, come beside it: cgroup_moves.py),
-# while a light stream of events is treated within milliseconds. The first event after a quiet
-# spell is handled at once.
+# handling events then takes at most a quarter of a core until batches reach EVENT_BATCH_S, while
+# a light stream of events is treated within milliseconds. The first event after a quiet spell is
+# handled at once. A pass's cost is the whole daemon's CPU over its cycle (cycle_cost()): the idle
+# cgroup's moves are made on a worker thread (cgroup_moves.py), beside the main loop.
 EVENT_BATCH_S = 0.05
 BATCH_WAIT_PER_CPU = 3.0
+CYCLE_S = 1.0  # a pass with events this soon after the last one ended is part of a stream (cycle_cost())
 PASS_COST_SMOOTHING = 0.3  # the weight of the latest pass (smoothed())
 # The cyclic garbage collector: what the daemon holds is mostly acyclic (facts, records, layers:
 # reference counting frees them), but at the default threshold (700) a fork storm's allocations
@@ -125,6 +126,7 @@ class MainLoop:
         self._recovered_logged_at: Optional[float] = None
         self.events_not_before = 0.0  # monotonic time; see EVENT_BATCH_S
         self.pass_cpu_s: Optional[float] = None  # what a pass with events costs, smoothed
+        self._last_batch_end: Optional[Tuple[float, float]] = None  # (process CPU, monotonic time): see cycle_cost()
 
     def run(self) -> None:
         """Until a STOP request."""
@@ -210,7 +212,10 @@ class MainLoop:
             elif changes:
                 daemon.replan("events", changes)
             if changes:
-                self.pass_cpu_s = smoothed(self.pass_cpu_s, time.thread_time() - cpu_before)
+                ended = (time.process_time(), time.monotonic())
+                cost = cycle_cost(self._last_batch_end, ended, time.thread_time() - cpu_before)
+                self._last_batch_end = ended
+                self.pass_cpu_s = smoothed(self.pass_cpu_s, cost)
                 self.events_not_before = time.monotonic() + batch_wait(self.pass_cpu_s)
         except OSError:
             self._carried = pending  # asked again on the next pass
@@ -240,6 +245,17 @@ def smoothed(before: Optional[float], now: float) -> float:
     than a dear pass's long wait and a cheap pass's short one taking turns (half the passes then
     paid the per-pass costs for a handful of events)."""
     return now if before is None else PASS_COST_SMOOTHING * now + (1 - PASS_COST_SMOOTHING) * before
+
+
+def cycle_cost(last_end: Optional[Tuple[float, float]], end: Tuple[float, float], pass_thread_cpu_s: float) -> float:
+    """The cost of a pass with events, which the next batch's wait follows: within a stream of
+    events (the last such pass ended less than CYCLE_S ago), the process's CPU since that pass
+    ended: this pass and what other threads did meanwhile, the moves of the last batch among them.
+    Else (the first pass after a quiet spell) this pass's own CPU on the main thread. last_end,
+    end: (process CPU, monotonic time) at the end of the last such pass and of this one."""
+    if last_end is not None and end[1] - last_end[1] < CYCLE_S:
+        return max(0.0, end[0] - last_end[0])
+    return pass_thread_cpu_s
 
 
 def batch_wait(pass_cpu_s: float) -> float:
