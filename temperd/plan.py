@@ -175,11 +175,6 @@ def treatment(layer: Optional[Layer]) -> Optional[tuple]:
             layer.policy, layer.ownership)
 
 
-def host_wide(plan: LayerPlan) -> tuple:
-    """LayerPlan.host_wide (kept per plan: the plan in force is compared at every batch)."""
-    return plan.host_wide
-
-
 def moved_members(old: LayerPlan, new: LayerPlan) -> Optional[FrozenSet[int]]:
     """The thread ids whose treatment differs between two plans (a member of another layer, or
     of a layer that treats it differently, or of a layer in one plan only); None when the plans

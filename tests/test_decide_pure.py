@@ -11,7 +11,7 @@ from temperd.decide.matcher import ENV_PROFILE, Matcher
 from temperd.decide.planner import PlanMemo, PlannerSettings, plan
 from temperd.decide.trust import TrustPolicy
 from temperd.backends.native.membership import Membership, ThreadRef
-from temperd.plan import CONFINED, OPEN, TidLayers, host_wide, moved_members, treatment
+from temperd.plan import CONFINED, OPEN, TidLayers, moved_members, treatment
 
 DB = profile("db", 'executables = ["/usr/sbin/dbd"]',
               'name = "conn"\nthread_names = ["conn-*"]\ntreatment = "exclusive"',
@@ -182,7 +182,7 @@ def test_a_new_member_moves_only_itself_and_a_new_confined_layer_moves_everyone(
     grown = host.add_threads(cc, ["b"])
     other = host.process("cc1", exe="/usr/lib/gcc/cc1")
     after = plan(SHAPE, m.match(host.processes).workloads, PROFILES)
-    assert host_wide(before) == host_wide(after)
+    assert before.host_wide == after.host_wide
     assert moved_members(before, after) == frozenset({max(grown.threads), other.pid})
     host.process("dbd", exe="/usr/sbin/dbd", threads=["dbd", "conn-1"])
     with_db = plan(SHAPE, m.match(host.processes).workloads, PROFILES)
@@ -289,7 +289,7 @@ def _check_moved_members(old, new, where):
     the same tids, and the same result, as comparing every member of both plans."""
     moved = moved_members(old, new)
     assert "members" in new.__dict__ and new.members.by_tid == TidLayers.build(new).by_tid, where
-    if host_wide(old) != host_wide(new):
+    if old.host_wide != new.host_wide:
         assert moved is None, where
         return
     before, after = TidLayers.build(old).by_tid, TidLayers.build(new).by_tid

@@ -89,12 +89,6 @@ def _treatment(workload, layers: Sequence[Layer]) -> Tuple[Tuple[str, int, str],
     return tuple(out)
 
 
-def _same_objects(before: Optional[Tuple], now: Tuple) -> bool:
-    """(workload, layers) of two applies are the same objects (immutable: nothing to say again)."""
-    return (before is not None and before[0] is now[0] and len(before[1]) == len(now[1])
-            and all(a is b for a, b in zip(before[1], now[1])))
-
-
 def _counts(table: Mapping[str, int]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in sorted(table.items()) if n)
 
@@ -112,7 +106,6 @@ class Journal:
         self._minute_lines = 0
         self._suppressed = 0
         self._plan = LayerPlan(layers=(), reserve_cpus=())  # the last apply's plan
-        self._inputs: Dict[str, Tuple] = {}  # each workload's (workload, layers) at the last apply
         self._workloads: Dict[str, Any] = {}  # the last apply's workloads, by key
 
     # ---- the events -----------------------------------------------------------------------------
@@ -122,7 +115,8 @@ class Journal:
         lines: List[Tuple[Tuple[str, str], str]] = []
         current = {w.key: w for w in match.workloads}
         # Only workloads that are other objects than at the last apply, or whose layers are, can
-        # have news (a match and a plan hand back the very objects they did not rebuild).
+        # have news (a match and a plan hand back the very objects they did not rebuild): the
+        # others are not looked at.
         removed, added = layer_changes(self._plan, plan)
         touched = {key for key, workload in current.items() if self._workloads.get(key) is not workload}
         touched.update(layer.workload for layer in (*removed, *added))
@@ -133,11 +127,7 @@ class Journal:
             if key not in touched:
                 continue
             before = self._seen.get(key)
-            made_of = (workload, tuple(layers.get(key, ())))
-            previous, self._inputs[key] = self._inputs.get(key), made_of
-            if before is not None and _same_objects(previous, made_of):
-                continue  # the very workload and layers of the last apply (a match reuses untouched ones)
-            seen = _Seen(workload.profile_id, workload.tier, workload.source, _treatment(workload, made_of[1]))
+            seen = _Seen(workload.profile_id, workload.tier, workload.source, _treatment(workload, layers.get(key, ())))
             if before is None:
                 said.add(key)
                 pids = len(workload.pids)
@@ -160,7 +150,6 @@ class Journal:
         restored = dict(getattr(result, "restored", None) or {})
         for key in [k for k in self._seen if k not in current]:
             del self._seen[key]
-            self._inputs.pop(key, None)
             said.add(key)
             what = f"{_counts(restored)} setting(s) restored" if restored else "nothing left to restore"
             lines.append(((key, "left"), f"workload {key} left (its processes ended or no longer match): {what}"))

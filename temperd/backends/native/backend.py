@@ -25,7 +25,7 @@ from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Ma
 
 from temperd import paths
 from temperd.backends.native import sched
-from temperd.backends.native.autogroup import AUTOGROUP, Autogroups, autogroup_enabled, mixed_note
+from temperd.backends.native.autogroup import AUTOGROUP, Autogroups, Groups, autogroup_enabled, mixed_note
 from temperd.backends.native.cgroup_weight import CPU_WEIGHT, CgroupWeights
 from temperd.backends.native.held import HeldSettings
 from temperd.backends.native.idle_cgroup import IDLE_CGROUP, IdleCgroup, cgroup_name
@@ -148,7 +148,7 @@ class NativeBackend:
                 new.add(key)
             self._universe[key] = thread
         self.treatment.treat(threads, result, functools.partial(self._save, result), new)
-        groups: Dict[int, Any] = {}  # the batch's processes' autogroups, read once
+        groups: Groups = {}  # the batch's processes' autogroups, read once
         if self.autogroup and self.treatment.membership is not None and self.autogroups.cache.changes_mix(
                 threads, self.treatment.layer_for, self.treatment.is_kernel_thread, groups) \
                 and not self._idle_cgroup_only(threads, new, result, groups):
@@ -163,7 +163,7 @@ class NativeBackend:
         return self._finish(result, save=bool(settled))
 
     def _idle_cgroup_only(self, threads: List, new: Set[ThreadKey], result: ApplyResult,
-                          groups: Dict[int, Any]) -> bool:
+                          groups: Groups) -> bool:
         """Where this batch leaves every session's mix as it was (autogroup.SessionCache.count),
         the autogroups' nices stay: only the batch's threads go into the idle cgroup or out of
         it, and the whole autogroup pass is not made. False where it must be."""

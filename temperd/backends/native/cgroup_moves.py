@@ -24,8 +24,7 @@ Move = Tuple[K, V, Optional[V]]  # (thread key, the cgroup it goes to, the one t
 class DeferredMoves(Generic[K, V]):
     """Moves of threads, by tid, through an open `tasks` file, made by a worker thread."""
 
-    def __init__(self, tid_of=lambda key: key[0]):
-        self._tid_of = tid_of
+    def __init__(self):
         self._pool: Optional[ThreadPoolExecutor] = None
         self._pending: Optional[Future] = None
         self._lock = threading.Lock()
@@ -62,7 +61,7 @@ class DeferredMoves(Generic[K, V]):
         try:
             for key, value, previous in moves:
                 try:
-                    os.write(tasks_fd, str(self._tid_of(key)).encode())
+                    os.write(tasks_fd, str(key[0]).encode())  # key: (tid, start time)
                     made += 1
                 except OSError as exc:
                     failed.append((key, value, previous, exc))
