@@ -192,13 +192,17 @@ def test_every_builtin_pattern_passes_and_is_fast_on_hostile_titles():
 
 def test_the_reported_attack_pattern_would_have_blocked(tmp_path):
     """Why the shape rule exists: (a+)+$ on 24 a's and a '!' takes measurable time unbounded,
-    doubling per character (the reported 28 characters took 45 s)."""
-    start = time.perf_counter()
-    re.search("(a+)+$", "a" * 18 + "!")
-    t18 = time.perf_counter() - start
-    start = time.perf_counter()
-    re.search("(a+)+$", "a" * 20 + "!")
-    t20 = time.perf_counter() - start
+    doubling per character (the reported 28 characters took 45 s). Each length is timed five
+    times, interleaved, and the fastest kept: another process on the CPU (CI runs the VM test
+    beside this tier) only ever adds time, and once made one 18-character run look half as long
+    as a 20-character one."""
+    def timed(n: int) -> float:
+        start = time.perf_counter()
+        re.search("(a+)+$", "a" * n + "!")
+        return time.perf_counter() - start
+
+    runs = [(timed(18), timed(20)) for _ in range(5)]
+    t18, t20 = min(t for t, _ in runs), min(t for _, t in runs)
     assert t20 > 2 * t18  # exponential: two more characters, four times the work
     assert regex_problem("(a+)+$") is not None
 
