@@ -16,6 +16,10 @@ class Wakeup:
         """Readable once wake() was called, until drain()."""
         return self._read
 
+    def write_end(self) -> int:
+        """The end wake() writes to (non-blocking, as signal.set_wakeup_fd requires)."""
+        return self._write
+
     def wake(self) -> None:
         try:
             os.write(self._write, b"x")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
 from typing import Any, Dict, List, Optional
@@ -31,7 +30,7 @@ from temperd.config.errors import ConfigError, ConfigProblem
 from temperd.daemon import status_report
 from temperd.daemon.control_commands import ControlCommands
 from temperd.daemon.instance_lock import AlreadyRunning, InstanceLock
-from temperd.daemon.main_loop import REPLAN, STOP, RELOAD, MainLoop, Requests
+from temperd.daemon.main_loop import REPLAN, MainLoop, Requests
 from temperd.decide.sizing import NO_SIZING, GroupKey, Sizing, sized_workloads
 from temperd.daemon.notify import Notifier
 from temperd.daemon.reload import ReloadResult, ViewLoader, restart_only_changes, summary_of
@@ -182,9 +181,7 @@ class Daemon:
         self.requests.ask(kind, trigger)
 
     def install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGHUP, lambda *_: self.request(RELOAD, "SIGHUP"))
-        signal.signal(signal.SIGTERM, lambda *_: self.request(STOP, "SIGTERM"))
-        signal.signal(signal.SIGINT, lambda *_: self.request(STOP, "SIGINT"))
+        self.requests.install_signal_handlers()
 
     def stop(self) -> None:
         with self.lock:

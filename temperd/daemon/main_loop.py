@@ -14,6 +14,7 @@ import gc
 import logging
 import resource
 import select
+import signal
 import time
 import threading
 from typing import Any, Dict, List, Optional, Tuple
@@ -79,6 +80,18 @@ class Requests:
     def take(self) -> Dict[str, str]:
         pending, self._pending = self._pending, {}
         return pending
+
+    def install_signal_handlers(self) -> None:
+        """SIGHUP asks for a reload; SIGTERM and SIGINT for a stop. From the main thread only.
+
+        Python runs a handler on the main thread, between bytecodes; the kernel may hand a
+        process's signal to any of its threads, and then the main loop would learn of it only when
+        its poll() timed out (up to a watchdog interval). The wakeup fd makes the C-level handler,
+        on whichever thread it runs, write to this pipe, so poll() returns at once."""
+        signal.set_wakeup_fd(self._wakeup.write_end(), warn_on_full_buffer=False)
+        signal.signal(signal.SIGHUP, lambda *_: self.ask(RELOAD, "SIGHUP"))
+        signal.signal(signal.SIGTERM, lambda *_: self.ask(STOP, "SIGTERM"))
+        signal.signal(signal.SIGINT, lambda *_: self.ask(STOP, "SIGINT"))
 
 
 class LoopHost(Protocol):

@@ -259,7 +259,12 @@ def main():
         return 0
     sysfs.set("enabled", OPS_NAME)
     record("attach", argv=sys.argv[1:], specs=layers)
+    # The stats threads block the stop signals, so the kernel hands them to the main thread: one
+    # taken by a stats thread would run its Python handler only when the main thread's wait ended.
+    stop_signals = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     server = StatsServer(os.environ.get("FAKE_SCX_STATS_SOCKET", DEFAULT_SOCKET), layers)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
     log_line("INFO", "scheds/rust/scx_layered/src/main.rs:3107",
              "Layered Scheduler Attached. Run `scx_layered --monitor` for metrics.")
     crash_after = os.environ.get("FAKE_SCX_CRASH_AFTER")
