@@ -1,8 +1,11 @@
 """The placement linter: checks what the observer saw against what the plan promises.
 
 - smt_collision: a protected (Confined) member shares a physical core with a busy non-member
-  running on its SMT sibling;
-- protected_fallback: a protected member last ran outside its layer's CPUs;
+  running on its SMT sibling (not under scx_layered with --allow-partial-core, where an owned
+  layer's siblings are every layer's by design);
+- protected_fallback: a protected member last ran outside its layer's CPUs (under scx_layered an
+  owned layer is Grouped: its threads run on its CPUs first and may spill onto others while every
+  CPU of its own is busy; only a member outside while one of its CPUs ran no busy thread counts);
 - open_reserve: a busy thread that is not a member ran on CPUs an exclusive layer fences (or on
   the idle siblings it keeps), eating into the reserve promised to that layer (owned CPUs may
   be borrowed while their owners sleep: not a violation);
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from temperd.backends.native.sched import POLICY_BY_NAME
+from temperd.backends.scx.kinds import is_owned, partial_cores
 from temperd.observe.observer import BUSY_RATIO, Observation
 from temperd.plan import CONFINED, EXCLUSIVE, FENCED, LATENCY, LayerPlan
 
@@ -89,15 +93,21 @@ def lint(plan: LayerPlan, observation: Observation, shape, match=None, *, check_
         if layer.ownership == FENCED:  # owned CPUs may be borrowed while their owners sleep
             for cpu in kept:
                 fenced[cpu] = layer.name
+    under_scx = confined_cpus is not None
+    shared_siblings = under_scx and partial_cores(plan.layers)
+    busy_cpus = frozenset(t.cpu for t in observation.threads if t.util >= BUSY_RATIO)
     for t in observation.threads:
         layer = layers.get(t.layer) if t.layer else None
         busy = t.util >= BUSY_RATIO
         if layer is not None and layer.kind == CONFINED:
             mine = cpus_of.get(layer.name)
-            if busy and mine is not None and t.cpu not in mine:
+            spills = under_scx and is_owned(layer)
+            outside = busy and mine is not None and t.cpu not in mine
+            if outside and not (spills and mine <= busy_cpus):
                 out.append(Violation(PROTECTED_FALLBACK, layer.name, t.tid,
-                                     f"{t.comm} ({t.tid}) of {layer.name} ran on CPU {t.cpu}, outside its CPUs {sorted(mine)}"))
-            if busy and t.sibling_busy:
+                                     f"{t.comm} ({t.tid}) of {layer.name} ran on CPU {t.cpu}, outside its CPUs {sorted(mine)}"
+                                     + (f" while CPU(s) {sorted(mine - busy_cpus)} of its own ran no busy thread" if spills else "")))
+            if busy and t.sibling_busy and not outside and not (shared_siblings and is_owned(layer)):
                 sibling_threads = [o for o in observation.threads if o.layer != layer.name and o.util >= BUSY_RATIO
                                    and o.cpu in shape.siblings(t.cpu)]
                 if sibling_threads:
