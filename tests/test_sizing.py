@@ -15,8 +15,8 @@ from fixture_shapes import load_fixture_shape
 from temperd.config.profile import parse_profile
 from temperd.decide.matcher import ThreadMatch, Workload
 from temperd.decide.planner import plan
-from temperd.decide.sizing import (MIN_SAMPLES, NO_SIZING, GroupDemand, Sizing, cores_for, group_demands, resize,
-                                   sized_workloads)
+from temperd.decide.sizing import (MIN_SAMPLES, NO_SIZING, GroupDemand, Sizing, cores_for, group_demands,
+                                   member_counts, resize, sized_workloads)
 from temperd.observe.usage_history import ThreadSample, WorkloadHistory
 from temperd.observe.usage_tracker import wanted_cpus
 from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, OWNED
@@ -46,6 +46,35 @@ def test_cores_for_a_demand_and_the_hysteresis_of_a_resize():
     assert resize(0.5, 4) == 1
     for demand in (0.78, 0.8, 0.82, 0.95, 1.0, 1.04):  # near one core, after holding two: never flaps
         assert resize(demand, resize(demand, 2)) == resize(demand, 2)
+
+
+def test_a_pool_that_fills_its_cores_gets_one_more_and_keeps_it():
+    """Four PostgreSQL backends on the one core of `cpus = 1.0` measured 1.03 CPUs (what the core
+    let them do; they waited twice that on its runqueue): sized by that, they stayed on it. A pool
+    of more threads than cores that fills them gets one core more; a lone thread cannot use it."""
+    assert cores_for(1.03, threads=4) == 2 and cores_for(1.03, threads=1) == 1 and cores_for(1.03) == 1
+    assert cores_for(0.9, threads=4) == 1, "room left on its core"
+    assert cores_for(1.97, threads=2) == 2, "as many cores as threads: nothing to queue behind"
+    assert cores_for(1.97, threads=3) == 3
+    assert resize(1.03, None, 4) == 2
+    for demand in (0.82, 0.9, 0.95, 1.0, 1.04):  # near a full core, after holding two: never flaps
+        assert resize(demand, resize(demand, 2, 4), 4) == resize(demand, 2, 4) == 2
+    assert resize(0.7, 2, 4) == 1, "one core fewer is at most 80 % busy and not full: shrinks"
+
+    shape = load_fixture_shape("this-host")  # 2 cores
+    w = pool_workload((101, 102, 103, 104), budget=1.0)
+    profiles = {"pool": parse_profile(POOL, "pool.toml")}
+    measured = {(w.key, "workers"): GroupDemand(1.03, MIN_SAMPLES, 39.0)}
+    sizing = Sizing(measured, {}, {(w.key, "workers"): 4})
+    result = plan(shape, [w], profiles, sizing=sizing)
+    layer = workers(result)
+    assert (layer.kind, layer.treatment) == (OPEN, LATENCY), "not kept on the one core it fills"
+    assert any("4 threads would fill 1 whole core(s) and queue there, so one more: 2 whole core(s)" in r
+               for r in layer.reasons), layer.reasons
+    assert sizing.sizes() == {(w.key, "workers"): 2}
+    assert member_counts([w], measured) == {(w.key, "workers"): 4}, "what the daemon gives Sizing"
+    alone = Sizing(measured, {}, {(w.key, "workers"): 1})  # one thread at a full core: its core
+    assert len(workers(plan(shape, [w], profiles, sizing=alone)).cpus) == 1
 
 
 def test_a_thread_that_turned_hot_is_not_counted_twice():

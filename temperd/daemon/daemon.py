@@ -31,7 +31,7 @@ from temperd.daemon import status_report
 from temperd.daemon.control_commands import ControlCommands
 from temperd.daemon.instance_lock import AlreadyRunning, InstanceLock
 from temperd.daemon.main_loop import REPLAN, MainLoop, Requests
-from temperd.decide.sizing import NO_SIZING, GroupKey, Sizing, sized_workloads
+from temperd.decide.sizing import NO_SIZING, GroupKey, Sizing, member_counts, sized_workloads
 from temperd.daemon.notify import Notifier
 from temperd.daemon.reload import ReloadResult, ViewLoader, restart_only_changes, summary_of
 from temperd.daemon.services import Services
@@ -245,7 +245,8 @@ class Daemon:
         if self.watch is None or not self.watch.settings.rightsizing:
             return NO_SIZING
         sized = sized_workloads(workloads, all_profiles(self.view, self.matcher))
-        return Sizing(self.watch.group_demands(sized), self._sizes)
+        demand = self.watch.group_demands(sized)
+        return Sizing(demand, self._sizes, member_counts(sized, demand))
 
     def resize_if_due(self) -> None:
         """Replan when an exclusive group's measured use asks for another size than the plan in

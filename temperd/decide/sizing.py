@@ -9,13 +9,19 @@ whose measured size does not fit is demoted by the planner.
 Re-sizing has hysteresis so that a demand near a core boundary does not flap the plan: a group
 grows as soon as its demand needs another core, and shrinks only when one core fewer would be at
 most SHRINK_BUSY busy.
+
+A pool of more threads than the cores its demand asks for, whose demand fills those cores (at
+least POOL_FULL of them), gets one core more. Its use there is what the cores let it do, not what
+it wants: four PostgreSQL backends on the one core of `cpus = 1.0` measured 1.03 CPUs while they
+waited twice that on its runqueue, the other CPU a third idle, and were kept on it by their own
+measurement.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from temperd.plan import EXCLUSIVE
 
@@ -23,6 +29,7 @@ from temperd.plan import EXCLUSIVE
 MIN_SAMPLES = 30  # samples (1 s each by default) before a measured demand is trusted
 GROW_TOLERANCE = 0.05  # CPUs over a whole number that do not yet ask for another core
 SHRINK_BUSY = 0.8  # a smaller size must leave this much headroom before a group shrinks to it
+POOL_FULL = 0.95  # a pool using this share of its cores or more fills them (module docstring)
 
 GroupKey = Tuple[str, str]  # (workload key, thread group)
 
@@ -41,11 +48,13 @@ class GroupDemand:
 
 @dataclass(frozen=True)
 class Sizing:
-    """The planner's measured input: each group's demand, and the size each group was given by
-    the previous plan (whether or not it fitted the host), for hysteresis."""
+    """The planner's measured input: each group's demand, the size each group was given by the
+    previous plan (whether or not it fitted the host), for hysteresis, and how many member
+    threads each group has now (a pool that fills its cores gets one more)."""
 
     demand: Mapping[GroupKey, GroupDemand]
     held: Mapping[GroupKey, int]
+    threads: Mapping[GroupKey, int] = field(default_factory=dict)
 
     def sizes(self) -> Dict[GroupKey, int]:
         """The size of every group whose measurement counts: the next plan's `held`, and what a
@@ -59,7 +68,11 @@ class Sizing:
             return None, "no usage measured yet"
         if demand.samples < MIN_SAMPLES:
             return None, f"{demand.samples} of {MIN_SAMPLES} samples measured so far"
-        return resize(demand.cpus, self.held.get(key)), demand.describe()
+        threads = self.threads.get(key)
+        why = demand.describe()
+        if fills_its_cores(demand.cpus, threads):
+            why += f"; {threads} threads would fill {cores_for(demand.cpus)} whole core(s) and queue there, so one more"
+        return resize(demand.cpus, self.held.get(key), threads), why
 
 
 NO_SIZING = Sizing({}, {})
@@ -74,14 +87,29 @@ def sized_workloads(workloads: Sequence[Any], profiles: Mapping[str, Any]) -> Li
     return [w for w in workloads if w.profile_id in sized] if sized else []
 
 
-def cores_for(cpus: float) -> int:
-    """Whole cores for a demand: 1.8 -> 2, 2.03 -> 2 (within GROW_TOLERANCE), 2.2 -> 3."""
-    return max(1, math.ceil(round(cpus - GROW_TOLERANCE, 6)))
+def member_counts(workloads: Sequence[Any], keys: Iterable[GroupKey]) -> Dict[GroupKey, int]:
+    """How many member threads each of these groups has in these (matched) workloads now."""
+    by_key = {w.key: w for w in workloads}
+    return {(key, group): len(by_key[key].members(group)) for key, group in keys if key in by_key}
 
 
-def resize(cpus: float, held: Optional[int]) -> int:
-    """The size for this demand given the size held now (None: none held)."""
-    wanted = cores_for(cpus)
+def cores_for(cpus: float, threads: Optional[int] = None) -> int:
+    """Whole cores for a demand: 1.8 -> 2, 2.03 -> 2 (within GROW_TOLERANCE), 2.2 -> 3; one more
+    for a pool of `threads` that would fill them (fills_its_cores)."""
+    cores = max(1, math.ceil(round(cpus - GROW_TOLERANCE, 6)))
+    return cores + 1 if fills_its_cores(cpus, threads) else cores
+
+
+def fills_its_cores(cpus: float, threads: Optional[int]) -> bool:
+    """A pool of more threads than the cores its demand asks for, using POOL_FULL of them or more."""
+    cores = max(1, math.ceil(round(cpus - GROW_TOLERANCE, 6)))
+    return threads is not None and threads > cores and cpus >= cores * POOL_FULL
+
+
+def resize(cpus: float, held: Optional[int], threads: Optional[int] = None) -> int:
+    """The size for this demand given the size held now (None: none held) and the group's
+    member threads (None: not known; no pool rule)."""
+    wanted = cores_for(cpus, threads)
     if held is None or wanted >= held:
         return wanted
     # Shrink one step at a time, and only while the smaller size keeps its headroom.
