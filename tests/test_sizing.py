@@ -53,13 +53,15 @@ def test_a_pool_that_fills_its_cores_gets_one_more_and_keeps_it():
     let them do; they waited twice that on its runqueue): sized by that, they stayed on it. A pool
     of more threads than cores that fills them gets one core more; a lone thread cannot use it."""
     assert cores_for(1.03, threads=4) == 2 and cores_for(1.03, threads=1) == 1 and cores_for(1.03) == 1
-    assert cores_for(0.9, threads=4) == 1, "room left on its core"
+    assert cores_for(0.95, threads=4) == 2, "0.95 read on one core (buckets 5 % apart): full"
+    assert cores_for(0.85, threads=4) == 1, "room left on its core"
     assert cores_for(1.97, threads=2) == 2, "as many cores as threads: nothing to queue behind"
     assert cores_for(1.97, threads=3) == 3
     assert resize(1.03, None, 4) == 2
     for demand in (0.82, 0.9, 0.95, 1.0, 1.04):  # near a full core, after holding two: never flaps
         assert resize(demand, resize(demand, 2, 4), 4) == resize(demand, 2, 4) == 2
     assert resize(0.7, 2, 4) == 1, "one core fewer is at most 80 % busy and not full: shrinks"
+    assert resize(0.85, 2, 4) == 2, "not full on one core, but one core fewer would be 85 % busy: kept"
 
     shape = load_fixture_shape("this-host")  # 2 cores
     w = pool_workload((101, 102, 103, 104), budget=1.0)
