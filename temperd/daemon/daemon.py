@@ -248,12 +248,17 @@ class Daemon:
         demand = self.watch.group_demands(sized)
         return Sizing(demand, self._sizes, member_counts(sized, demand))
 
-    def resize_if_due(self) -> None:
-        """Replan when an exclusive group's measured use asks for another size than the plan in
-        force was made with (hysteresis in decide/sizing.py keeps this from flapping)."""
-        if self.plan is not None and self.match is not None and \
-                self._sizing(self.match.workloads).sizes() != self._sizes:
+    def replan_if_measured(self) -> None:
+        """At each observation sample: replan where an exclusive group's measured use asks for
+        another size (decide/sizing.py's hysteresis keeps it from flapping), or read the order of
+        `busiest` groups' threads again (it stood from the last process event or scan: for a
+        server idle when planned, whichever threads ranked first); a new order moves only those."""
+        if self.plan is None or self.match is None or self.view is None:
+            return
+        if self._sizing(self.match.workloads).sizes() != self._sizes:
             self.replan("resize")
+        elif _busiest_pids(self.match, self.view.profiles.active):
+            self.replan("busiest re-ranked", [])
 
     def reload(self, trigger: str) -> ReloadResult:
         """Validate everything anew; adopt it only when it is whole, else keep the last good set.
@@ -363,15 +368,17 @@ def _tracked(daemon: Daemon):
 
 def _refresh_busiest(inventory: Inventory, match: MatchResult, profiles) -> None:
     """Recent runtimes matter only for processes of profiles with a `busiest` group."""
-    ranked = {name for name, profile in profiles.items() if any(g.busiest for g in profile.thread_groups)}
-    if not ranked:
-        return  # most hosts: no walk over every workload at every batch
-    wanted = []
-    for workload in match.workloads:
-        if workload.profile_id in ranked:
-            wanted.extend(workload.pids)
+    wanted = _busiest_pids(match, profiles)
     if wanted:
         inventory.refresh_runtime(wanted)
+
+
+def _busiest_pids(match: MatchResult, profiles) -> List[int]:
+    """The processes of workloads whose profile has a `busiest` group."""
+    ranked = {name for name, profile in profiles.items() if any(g.busiest for g in profile.thread_groups)}
+    if not ranked:
+        return []  # most hosts: no walk over every workload at every batch
+    return [pid for workload in match.workloads if workload.profile_id in ranked for pid in workload.pids]
 
 
 def _first_view(loader: ViewLoader) -> HostView:

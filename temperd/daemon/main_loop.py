@@ -123,6 +123,9 @@ class LoopHost(Protocol):
     def observe(self) -> None:
         ...
 
+    def replan_if_measured(self) -> None:
+        ...
+
 
 class MainLoop:
     def __init__(self, daemon: "LoopHost"):
@@ -241,7 +244,7 @@ class MainLoop:
                 daemon.replan("reconcile")
         if now >= self.next_observe:
             daemon.observe()
-            daemon.resize_if_due()
+            daemon.replan_if_measured()
             self.next_observe = now + daemon.observe_interval_s
         return now
 
