@@ -79,6 +79,27 @@ def test_a_pool_that_fills_its_cores_gets_one_more_and_keeps_it():
     assert len(workers(plan(shape, [w], profiles, sizing=alone)).cpus) == 1
 
 
+def test_threads_starved_on_their_cores_count_at_least_what_they_got():
+    """ONNX Runtime's two spinning intra-op threads on the one core of `cpus = 1.0`: runnable all
+    along, each got half the core, starved in every sample. Their p95 leaves those samples out
+    (0.05 CPUs from the few others), which kept them there; what they got is a floor."""
+    history = WorkloadHistory("onnx", half_life_s=3600.0)
+    for i in range(40):
+        starved = i >= 2
+        history.record(float(i), [ThreadSample(10 + n, 0, "python", "intra-op", 0.5 if starved else 0.05, starved)
+                                  for n in range(2)] + [ThreadSample(20, 0, "python", "intra-op", 0.0)], 0.0, keep=16)
+    demand = group_demands(history.summary())["intra-op"]
+    assert 0.95 <= demand.cpus <= 1.05 and demand.starved, demand
+    assert "starved threads counted at what they got" in demand.describe()
+    key = ("onnx.service", "intra-op")
+    assert Sizing({key: demand}, {}, {key: 3}).sizes() == {key: 2}, "three threads filling one core"
+    once = WorkloadHistory("quiet", half_life_s=3600.0)  # starved in one sample of 40: its p95 stands
+    for i in range(40):
+        once.record(float(i), [ThreadSample(10, 0, "loop", "hot", 0.9 if i == 5 else 0.3, i == 5)], 0.0, keep=16)
+    quiet = group_demands(once.summary())["hot"]
+    assert quiet.cpus < 0.5 and not quiet.starved, quiet
+
+
 def test_a_thread_that_turned_hot_is_not_counted_twice():
     """The event loop of a lone-client redis: 0.5 of a CPU at first (in the rest of its group),
     then crowded to 0.95 (hot, kept apart): its group needs one core, not two."""

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from temperd.decide.rightsize import STARVED_SHARE_MAY_BE_HOT
 from temperd.plan import EXCLUSIVE
 
 
@@ -43,9 +44,11 @@ class GroupDemand:
     cpus: float
     samples: int
     history_s: float
+    starved: bool = False  # some of its threads were starved often: at least what they got counts
 
     def describe(self) -> str:
-        return f"measured p95 {self.cpus:.2f} CPUs over {self.samples} samples ({self.history_s:.0f} s)"
+        return (f"measured p95 {self.cpus:.2f} CPUs over {self.samples} samples ({self.history_s:.0f} s)"
+                + (", starved threads counted at what they got" if self.starved else ""))
 
 
 @dataclass(frozen=True)
@@ -125,11 +128,20 @@ def group_demands(summary) -> Dict[str, GroupDemand]:
     """Per thread group, from a usage_history UsageSummary: the larger of its individually kept
     threads' p95 summed (a sum of p95s: at or above the p95 of the sum) and the p95 of what its
     threads that were not hot used together (which covers the threads not kept individually).
-    The two are not added: a thread that turned hot is in both, its cooler samples in the second."""
+    The two are not added: a thread that turned hot is in both, its cooler samples in the second.
+
+    A thread starved in more than STARVED_SHARE_MAY_BE_HOT of the samples (runnable all along on
+    CPUs with none to spare: its p95 leaves those intervals out) counts at least what it got in
+    them. Two ONNX Runtime threads spinning on the one core of `cpus = 1.0` were starved in every
+    sample and measured at 0.05 CPUs, which kept them there."""
     kept: Dict[str, float] = {}
+    starved = set()
     for thread in summary.threads:
         if thread.group is not None:
-            kept[thread.group] = kept.get(thread.group, 0.0) + thread.p95
+            often = thread.starved_samples > STARVED_SHARE_MAY_BE_HOT * max(1, summary.samples)
+            if often and thread.starved_got > thread.p95:
+                starved.add(thread.group)
+            kept[thread.group] = kept.get(thread.group, 0.0) + max(thread.p95, thread.starved_got if often else 0.0)
     groups = set(kept) | set(summary.group_rest_p95)
     return {group: GroupDemand(round(max(kept.get(group, 0.0), summary.group_rest_p95.get(group, 0.0)), 3),
-                               summary.samples, summary.history_s) for group in groups}
+                               summary.samples, summary.history_s, group in starved) for group in groups}
