@@ -76,7 +76,7 @@ class Sizing:
         threads = self.threads.get(key)
         why = demand.describe()
         if fills_its_cores(demand.cpus, threads):
-            why += f"; {threads} threads would fill {cores_for(demand.cpus)} whole core(s) and queue there, so one more"
+            why += f"; {threads} threads would fill {_whole_cores(demand.cpus)} whole core(s) and queue there, so one more"
         return resize(demand.cpus, self.held.get(key), threads), why
 
 
@@ -101,14 +101,18 @@ def member_counts(workloads: Sequence[Any], keys: Iterable[GroupKey]) -> Dict[Gr
 def cores_for(cpus: float, threads: Optional[int] = None) -> int:
     """Whole cores for a demand: 1.8 -> 2, 2.03 -> 2 (within GROW_TOLERANCE), 2.2 -> 3; one more
     for a pool of `threads` that would fill them (fills_its_cores)."""
-    cores = max(1, math.ceil(round(cpus - GROW_TOLERANCE, 6)))
+    cores = _whole_cores(cpus)
     return cores + 1 if fills_its_cores(cpus, threads) else cores
 
 
 def fills_its_cores(cpus: float, threads: Optional[int]) -> bool:
     """A pool of more threads than the cores its demand asks for, using POOL_FULL of them or more."""
-    cores = max(1, math.ceil(round(cpus - GROW_TOLERANCE, 6)))
+    cores = _whole_cores(cpus)
     return threads is not None and threads > cores and cpus >= cores * POOL_FULL
+
+
+def _whole_cores(cpus: float) -> int:
+    return max(1, math.ceil(round(cpus - GROW_TOLERANCE, 6)))
 
 
 def resize(cpus: float, held: Optional[int], threads: Optional[int] = None) -> int:
