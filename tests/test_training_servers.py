@@ -26,7 +26,7 @@ from temperd.plan import EXCLUSIVE, LATENCY, YIELD
 from temperd.sources.inventory import Inventory
 from temperd.sources.shape import read_shape
 from temperd.trace.capture import CaptureRequest
-from temperd.training.analyze import BUSY_CPU, title_key
+from temperd.training.analyze import BUSY_CPU, UNTREATED, title_key
 from temperd.training.observation import observe
 from temperd.training.train import Trained, shape_facts, train
 
@@ -88,14 +88,21 @@ def membership(trained: Trained, other: Trained) -> Set[Tuple]:
     that came and went (a PostgreSQL backend of one pgbench run) by its name and the key of its
     title's first five words (a backend's state word, idle or SELECT, left out). A thread that came
     and went idle (a connection's handler thread that one window happened to catch) is no
-    evidence of membership either way and is left out."""
+    evidence of membership either way and is left out. A thread idle in both, yielded in one and
+    left untreated in the other (the path waited on it there: "yielding it would free nothing",
+    as a JVM's GC threads in one of sixteen CI runs) counts as one placement: at under BUSY_CPU
+    neither frees CPU for anyone or takes it."""
     both = set(trained.analysis.features.threads) & set(other.analysis.features.threads)
     out: Set[Tuple] = set()
     for t in trained.summary("x")["threads"]:
         f = trained.analysis.features.threads[t["tid"]]
         if t["tid"] not in both and f.cpu_share < BUSY_CPU:
             continue
-        out.add((t["tid"], t["treatment"]) if t["tid"] in both else (f.key, title_key([" ".join(f.title.split()[:5])]), t["treatment"]))
+        treatment = t["treatment"]
+        idle_in_both = t["tid"] in both and max(f.cpu_share, other.analysis.features.threads[t["tid"]].cpu_share) < BUSY_CPU
+        if idle_in_both and treatment in (YIELD, UNTREATED):
+            treatment = "idle, yielded or untreated"
+        out.add((t["tid"], treatment) if t["tid"] in both else (f.key, title_key([" ".join(f.title.split()[:5])]), treatment))
     return out
 
 
