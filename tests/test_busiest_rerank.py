@@ -1,9 +1,9 @@
 """A `busiest` group follows the threads that become busy after temperd planned the process.
 
 The order of a process's threads by recent CPU was read only at a process event or a scan that
-found a change: for a server idle when temperd planned it (ONNX Runtime before its first request),
-the group kept the threads that happened to rank first, and the rightsizing history measured the
-pool at 0.05 CPUs. temperd reads the order again at each observation sample."""
+found a change: for a server idle when temperd planned it (an inference server before its first
+request), the group kept the threads that happened to rank first, however busy others became.
+temperd reads the order again at each observation sample."""
 
 from __future__ import annotations
 
