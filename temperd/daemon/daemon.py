@@ -319,13 +319,14 @@ class Daemon:
     def _record_reload(self, result: ReloadResult) -> None:
         self.metrics.config.update(result.ok, self.generation, result.at, len(result.problems))
 
-    def observe(self) -> None:
-        """One observation sample (observe.sampler): observer, linter, metrics."""
+    def observe(self, wait: bool = False) -> None:
+        """One observation sample (observe.sampler): observer, linter, metrics; on the sampler's thread unless `wait`."""
         if self.sampler is None or self.plan is None:
             return
         assert self.backend is not None
-        self.sampler.sample(self.plan, self.inventory.snapshot().processes, self.match, self.backend_status(),
-                            self.backend.layer_cpus(), self.inventory.stats)
+        take = self.sampler.sample if wait else self.sampler.sample_in_background
+        take(self.plan, self.inventory.snapshot().processes, self.match, self.backend_status(),
+             self.backend.layer_cpus(), self.inventory.stats)
         self._notify_status()
 
     # ---- what others see (status_report) ------------------------------------------------------
@@ -337,7 +338,7 @@ class Daemon:
     def observe_json(self) -> dict:
         with self.lock:
             if self.sampler is not None and self.sampler.observation is None:
-                self.observe()
+                self.observe(wait=True)
             return status_report.observe_json(self)
 
     def metrics_text(self) -> bytes:

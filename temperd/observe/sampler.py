@@ -1,10 +1,20 @@
 """One observation sample every few seconds: what the scheduler did (observer), checked against
 the plan (linter), handed to the metrics. The latest sample and lint report stay for
-`temperctl status` and /observe."""
+`temperctl status` and /observe.
+
+The daemon's samples are taken on a thread of their own (`sample_in_background`): a sample reads
+three files of every watched thread, 50-90 ms of a fork storm's thousand threads, and process
+events waited behind it on the main loop (a quarter of those that took over 100 ms to be treated
+came in such a window). Everything a sample reads of the daemon is immutable (the plan, the
+inventory's snapshot, the match), and one lock keeps two samples from running at once.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import FrozenSet, Mapping, Optional
 
 from temperd.backends.status import NATIVE, BackendStatus
@@ -17,6 +27,7 @@ from temperd.plan import LayerPlan
 from temperd.sources.inventory import InventoryStats
 from temperd.sources.runqlat import Telemetry
 
+log = logging.getLogger(__name__)
 
 class Sampler:
     def __init__(self, shape, metrics: Metrics, *, latency_bound_s: Optional[float] = None,
@@ -31,6 +42,9 @@ class Sampler:
         self.lint_log = RateLimitedLog()
         self.observation: Optional[Observation] = None
         self.lint = LintReport()
+        self._one_at_a_time = threading.Lock()
+        self._worker: Optional[ThreadPoolExecutor] = None  # made at the first background sample
+        self._pending: Optional[Future] = None
 
     def reshape(self, shape) -> None:
         """The machine shape changed (CPU hotplug): observe anew against the new one."""
@@ -43,23 +57,52 @@ class Sampler:
         self.telemetry.update_membership(plan)
 
     def close(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)  # a sample under way ends before the telemetry does
         self.telemetry.close()
+
+    def sample_in_background(self, plan: LayerPlan, processes: Mapping[int, object], match: MatchResult,
+                             backend: BackendStatus, layer_cpus: Optional[Mapping[str, FrozenSet[int]]],
+                             inventory: InventoryStats) -> bool:
+        """sample() on the sampler's thread; False (nothing done) while the last one still runs.
+        The telemetry's membership follows the plan here, on the caller's thread, as after each apply."""
+        if self._pending is not None and not self._pending.done():
+            return False
+        self.update_membership(plan)
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="temperd-observe")
+        self._pending = self._worker.submit(self._take, plan, processes, match, backend, layer_cpus, inventory)
+        self._pending.add_done_callback(_log_failure)
+        return True
 
     def sample(self, plan: LayerPlan, processes: Mapping[int, object], match: MatchResult, backend: BackendStatus,
                layer_cpus: Optional[Mapping[str, FrozenSet[int]]], inventory: InventoryStats) -> None:
         """backend: read once per sample (the scx backend's status reads its supervisor);
         layer_cpus: the backend's (Backend.layer_cpus)."""
         self.update_membership(plan)  # at once where the daemon calls it after each apply; a no-op then
-        self.observation = self.observer.sample(plan, processes, match, time.time())
-        self.lint = LintReport(tuple(lint(plan, self.observation, self.shape, match,
-                                          check_treatment=backend.carried_by == NATIVE, confined_cpus=layer_cpus,
-                                          latency_bound_s=self.latency_bound_s)))
-        self.lint_log.report(self.lint.violations)
-        self.metrics.observation.update(self.observation)
-        self.metrics.lint.update(self.lint)
-        self.metrics.latency.update(self.observation.latency)
-        self.metrics.inventory.update(inventory)
-        self.metrics.workloads.update(match.workloads)
-        self.metrics.backend.update(backend)
-        if backend.scx is not None:
-            self.metrics.scx.update(backend.scx)
+        self._take(plan, processes, match, backend, layer_cpus, inventory)
+
+    def _take(self, plan: LayerPlan, processes: Mapping[int, object], match: MatchResult, backend: BackendStatus,
+              layer_cpus: Optional[Mapping[str, FrozenSet[int]]], inventory: InventoryStats) -> None:
+        with self._one_at_a_time:
+            observation = self.observer.sample(plan, processes, match, time.time())
+            self.lint = LintReport(tuple(lint(plan, observation, self.shape, match,
+                                              check_treatment=backend.carried_by == NATIVE, confined_cpus=layer_cpus,
+                                              latency_bound_s=self.latency_bound_s)))
+            self.observation = observation
+            self.lint_log.report(self.lint.violations)
+            self.metrics.observation.update(observation)
+            self.metrics.lint.update(self.lint)
+            self.metrics.latency.update(observation.latency)
+            self.metrics.inventory.update(inventory)
+            self.metrics.workloads.update(match.workloads)
+            self.metrics.backend.update(backend)
+            if backend.scx is not None:
+                self.metrics.scx.update(backend.scx)
+
+
+def _log_failure(done: Future) -> None:
+    """A background sample that failed: said, and the next one is taken as usual."""
+    exc = done.exception()
+    if exc is not None:
+        log.error("observation sample failed: %s: %s", type(exc).__name__, exc)
