@@ -272,6 +272,33 @@ def test_a_batch_that_leaves_every_sessions_mix_as_it_was_moves_only_its_own_thr
     assert whole_passes and cpu_cgroup(mixed.pid, fav) == "/" and cpu_cgroup(mixed.pid, bg_d) == where
 
 
+@needs_v1_cpu
+def test_between_whole_applies_a_thread_that_inherited_the_cgroup_goes_back(tmp_path, children, backends,
+                                                                           monkeypatch):
+    """A new thread made by a moved yield thread inherits the idle cgroup; told of it between whole
+    applies (not a member), it goes back to the root without the whole pass. Whose new threads'
+    cgroup is read: the processes with held threads (a set kept between batches, made again at
+    each whole pass), so this fails where that set misses the process."""
+    mixed = children.spawn(["srv-a", "bg-c"])  # the main thread makes the threads spawned later
+    backend = backends(tmp_path)
+    layer = yield_layer([mixed.pid, mixed.threads["bg-c"]])
+    backend.apply(plan_of(layer), scan_threads([mixed.pid]))
+    where = cpu_cgroup(mixed.pid, mixed.pid)
+    assert where != "/"
+    whole_passes = []
+    real = backend.autogroups.cache.sessions
+    monkeypatch.setattr(backend.autogroups.cache, "sessions", lambda *a, **kw: whole_passes.append(1) or real(*a, **kw))
+    for name in ("late-1", "late-2"):  # the second after a batch that kept the set
+        late = mixed.spawn(name)
+        assert cpu_cgroup(mixed.pid, late) == where  # inherited from its creator
+        result = backend.apply(plan_of(layer), scan_threads([mixed.pid]), _threads_of(mixed.pid, late))
+        assert not result.failed, result.errors
+        backend.idle_cgroup.settle()
+        assert cpu_cgroup(mixed.pid, late) == "/" and cpu_cgroup(mixed.pid, mixed.pid) == where
+    assert not whole_passes
+    backend.stop()
+
+
 def test_moves_made_on_the_worker_thread_tell_what_failed_and_their_records_go_back(tmp_path):
     """add()'s moves are written by a worker thread; settle() waits for them, and a move that
     failed is undone in the records as a failed write would be (the thread is not held there),

@@ -174,8 +174,9 @@ class NativeBackend:
             return False
         yielding = [thread for thread, kind, mixed in counted if kind == YIELD and mixed]
         others = [thread for thread, kind, mixed in counted if not (kind == YIELD and mixed)]
-        held_pids = {self._universe[key].pid for key in self.idle_cgroup.written if key in self._universe}
-        result.take_counts(IDLE_CGROUP, self.idle_cgroup.add(yielding, others, held_pids, fresh=new))
+        universe = self._universe
+        result.take_counts(IDLE_CGROUP, self.idle_cgroup.add(
+            yielding, others, lambda key: universe[key].pid if key in universe else None, fresh=new))
         return True
 
     def forget_threads(self, tids: Iterable[int], live: Optional[Mapping[int, Any]] = None) -> None:

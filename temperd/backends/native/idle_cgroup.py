@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any, Container, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Container, Dict, Iterable, List, Optional, Set, Tuple
 
 from temperd.sources.mounts import MOUNTINFO, cgroup1_cpu_mount
 from temperd.backends.native.cgroup_moves import DeferredMoves
@@ -71,6 +71,10 @@ class IdleCgroup(HeldSettings[Key, str]):
         self.why_not = why_not  # empty where supported
         self.path = "/" + name  # the cgroup, as /proc/TID/cgroup names it
         self._moves: DeferredMoves[Key, str] = DeferredMoves()  # add()'s moves into the cgroup
+        # The processes with threads held here, and those add() held threads of since the last
+        # apply(): a superset is enough (it only says whose other new threads' cgroup add() reads),
+        # and it spares add() a walk over every held thread. apply() makes it again.
+        self._pids: Optional[Set[int]] = None
         super().__init__(ThreadCpuCgroup(mount or ""))
 
     @property
@@ -88,6 +92,7 @@ class IdleCgroup(HeldSettings[Key, str]):
         again (each costs two /proc reads, and a fork storm's batches come ten a second).
         fresh: the keys of threads the inventory read in this pass (their start time is not read again)."""
         result = self.settle()
+        self._pids = None
         if not self.supported:
             return result
         threads = list(threads)
@@ -112,18 +117,22 @@ class IdleCgroup(HeldSettings[Key, str]):
             self._as_moved(key)
         return self.hold(desired, None, trusted, read)
 
-    def add(self, yielding: Iterable, others: Iterable, held_pids: Container[int],
+    def add(self, yielding: Iterable, others: Iterable, pid_of: Callable[[Key], Optional[int]],
             fresh: Container[Key] = ()) -> HostSettingResult:
         """Between whole applies, where a batch left every session's mix as it was: `yielding`,
         new yield threads of mixed sessions, held here as apply() would hold them; of `others`
         (the batch's other threads), one held here goes back, and one of a process with
-        threads held here (held_pids) that inherited the cgroup from its creator goes back too.
-        What else is held is neither read nor written. The moves into the cgroup are made on a
-        worker thread (cgroup_moves.py); what they did is told by the next call's result."""
+        threads held here that inherited the cgroup from its creator goes back too (pid_of: the
+        process of a held thread, where known). What else is held is neither read nor written.
+        The moves into the cgroup are made on a worker thread (cgroup_moves.py); what they did is
+        told by the next call's result."""
         result = self.settle()
         yielding = list(yielding)
         if not self.supported or (yielding and not self._ensure(result)):
             return result
+        if self._pids is None:
+            self._pids = {pid for pid in map(pid_of, self.written) if pid is not None}
+        self._pids.update(thread.pid for thread in yielding)
         with self.setting.batch(fresh):
             self.setting.open_tasks(self.path)
             desired, read = {}, {}
@@ -137,7 +146,7 @@ class IdleCgroup(HeldSettings[Key, str]):
                 key = (thread.tid, thread.start_time)
                 if key in self.written:
                     leaving.append(key)
-                elif thread.pid in held_pids and self._read_quietly(key) == self.path:
+                elif thread.pid in self._pids and self._read_quietly(key) == self.path:
                     self._as_moved(key)
                     leaving.append(key)
             for key in leaving:
@@ -164,6 +173,7 @@ class IdleCgroup(HeldSettings[Key, str]):
         super()._restore(key, result)
 
     def restore_all(self) -> HostSettingResult:
+        self._pids = None
         result = self.settle().add(super().restore_all())
         self._moves.close()
         if self.supported:
