@@ -83,6 +83,17 @@ def test_the_wait_for_the_next_batch_grows_with_what_the_last_pass_cost_up_to_th
     assert main_loop.batch_wait(10.0) == main_loop.EVENT_BATCH_S
 
 
+def test_the_wait_leaves_room_for_two_passes_within_the_treatment_bound():
+    """An event that came just after a batch was taken waits out that pass, the wait and its own
+    pass: slow passes cut the wait, down to none (back-to-back passes)."""
+    within = main_loop.TREAT_WITHIN_S
+    assert main_loop.batch_wait(10.0, 0.005) == main_loop.EVENT_BATCH_S  # fast passes: the whole batch
+    assert main_loop.batch_wait(10.0, 0.03) == pytest.approx(within - 0.06)
+    assert 0.03 + main_loop.batch_wait(10.0, 0.03) + 0.03 <= within + 1e-9
+    assert main_loop.batch_wait(10.0, within) == 0.0
+    assert main_loop.batch_wait(0.001, 0.03) == pytest.approx(main_loop.BATCH_WAIT_PER_CPU * 0.001)  # cheap: shorter still
+
+
 def test_the_cost_that_sets_the_wait_is_smoothed_so_a_cheap_pass_after_a_dear_one_does_not_cut_the_batch():
     assert main_loop.smoothed(None, 0.02) == 0.02
     cost = None
@@ -126,6 +137,7 @@ def test_events_after_a_quiet_spell_are_handled_at_once_and_the_next_wait_for_th
 def test_a_title_recheck_due_inside_the_batch_does_not_make_the_loop_spin(loop, monkeypatch):
     monkeypatch.setattr(main_loop, "BATCH_WAIT_PER_CPU", 1e6)
     monkeypatch.setattr(main_loop, "EVENT_BATCH_S", 0.2)  # outlasts the first recheck
+    monkeypatch.setattr(main_loop, "TREAT_WITHIN_S", 1.0)
     loop_, side = loop
     _fork_one()
     _wait_readable(loop_)
