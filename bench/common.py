@@ -154,6 +154,7 @@ def running_temperd(*, bindings: str = "", profiles: Optional[Mapping[str, str]]
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=dict(os.environ, **(env or {})))
     daemon = TemperdProcess(proc, workdir, config_dir, socket_path, http_port, log_path)
+    failed = False
     try:
         deadline = time.monotonic() + ready_timeout_s
         while not os.path.exists(socket_path):
@@ -163,10 +164,21 @@ def running_temperd(*, bindings: str = "", profiles: Optional[Mapping[str, str]]
                 raise RuntimeError(f"temperd did not serve its control socket within {ready_timeout_s:.0f} s")
             time.sleep(0.02)
         yield daemon
+    except BaseException:
+        failed = True
+        raise
     finally:
-        daemon.stop()
-        log.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        try:
+            daemon.stop()
+        except subprocess.SubprocessError:
+            failed = True
+            raise
+        finally:
+            if failed:  # what temperd said, before its directory goes
+                tail = daemon.log_tail().strip() or "(empty)"
+                sys.stderr.write(f"temperd pid {daemon.pid}, a run that failed or did not stop: the end of its log:\n{tail}\n")
+            log.close()
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def affinity_of(pid: int) -> Optional[frozenset]:

@@ -808,6 +808,8 @@ step_bench_isolation() {
       --seconds 4 --run-timeout 300 --max-minutes 75 --json "$H/bench-results/isolation-$server.json" || rc=1
     cp "$H/bench-results/isolation.txt" "$H/bench-results/isolation-$server.txt" 2>/dev/null || true
   done
+  # What the kernel said of sched_ext and stuck tasks over the runs (an scx arm that hung, say).
+  dmesg | grep -i -E "sched_ext|scx|hung_task|blocked for more|stall" | tail -n 60 || true
   return $rc
 }
 
