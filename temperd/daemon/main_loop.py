@@ -44,7 +44,9 @@ STARVED_LOG_EVERY_S = 600.0  # a spell that comes and goes is logged once in thi
 # The wait is also cut so that an event that came just after a batch was taken is treated within
 # TREAT_WITHIN_S: it waits out that pass, the wait and its own pass, so the wait is at most
 # TREAT_WITHIN_S less two passes' wall time (smoothed). On a slow host under a fork storm (passes of
-# 30-40 ms) the 50 ms batch left 3-9 % of new threads untreated after 100 ms.
+# 30-40 ms) the 50 ms batch left 1-9 % of new threads untreated after 100 ms. Where this cut binds,
+# passes come more often than the quarter of a core above allows (each costs ~2 ms beyond its
+# events: at most ~5 % of a core more, with back-to-back passes of 40 ms).
 EVENT_BATCH_S = 0.05
 BATCH_WAIT_PER_CPU = 3.0
 TREAT_WITHIN_S = 0.08

@@ -4,9 +4,9 @@ the plan (linter), handed to the metrics. The latest sample and lint report stay
 
 The daemon's samples are taken on a thread of their own (`sample_in_background`): a sample reads
 three files of every watched thread, 50-90 ms of a fork storm's thousand threads, and process
-events waited behind it on the main loop (a quarter of those that took over 100 ms to be treated
-came in such a window). Everything a sample reads of the daemon is immutable (the plan, the
-inventory's snapshot, the match), and one lock keeps two samples from running at once.
+events waited behind it on the main loop. Everything a sample reads of the daemon is immutable
+(the plan, the inventory's snapshot, the match), and one lock keeps two samples from running at
+once.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from temperd.sources.inventory import InventoryStats
 from temperd.sources.runqlat import Telemetry
 
 log = logging.getLogger(__name__)
+
 
 class Sampler:
     def __init__(self, shape, metrics: Metrics, *, latency_bound_s: Optional[float] = None,
