@@ -150,7 +150,8 @@ def temperd_arm(server: ServerUnderTest, background: bool, backend: str = "nativ
         server = dataclasses.replace(server, expects_exclusive=expects_exclusive)
     bindings = temperd_bindings(server, background, profile_id or server.profile_id)
     settings = f'[rightsizing]\nhistory_file = "{server.history_file}"\n' if server.history_file else ""
-    with C.running_temperd(bindings=bindings, profiles=profiles or {}, backend=backend, settings=settings) as daemon:
+    with C.running_temperd(bindings=bindings, profiles=profiles or {}, backend=backend, settings=settings,
+                           ready_timeout_s=SCX_ATTACH_S if backend == "scx" else 60.0) as daemon:
         status = daemon.status()
         if status["profiles"]["failed"]:
             raise RuntimeError(f"temperd did not load a profile: {status['profiles']['failed']}")
@@ -174,7 +175,8 @@ def temperd_arm(server: ServerUnderTest, background: bool, backend: str = "nativ
             yield {"exclusive": C.cpulist(exclusive) if exclusive else "",
                    "group": (f"{group['kind']} {group['treatment']}" + (f" ({group['ownership']})" if group.get("ownership") else "")
                              + f" CPUs {C.cpulist(group['cpus'])}") if group else "-",
-                   "pmqos": "/".join(C.read_text(PMQOS_FILE.format(cpu=c), "?") for c in sorted(exclusive))}
+                   "pmqos": "/".join(C.read_text(PMQOS_FILE.format(cpu=c), "?") for c in sorted(exclusive)),
+                   "temperd_ready_s": daemon.ready_after_s}
         finally:
             if daemon in _scx_daemons:
                 _scx_daemons.remove(daemon)
@@ -353,12 +355,15 @@ def wait_for_scx(daemon: C.TemperdProcess) -> None:
 
     ok, last = attached()
     deadline = time.monotonic() + SCX_ATTACH_S
-    while not ok and time.monotonic() < deadline and last.get("carried_by") != "native":
+    # The native backend holds the plan while scx_layered loads; safe mode or a plan it cannot
+    # express keeps it there.
+    while not ok and time.monotonic() < deadline and not (last.get("safe_mode") or last.get("render_problems")):
         time.sleep(1.0)
         ok, last = attached()
     if not ok:
         raise RuntimeError(f"scx_layered does not carry the plan (sched_ext {scx_state()}): "
-                           f"backend {last.get('active')}, {last.get('reason') or last.get('safe_mode_reason')}")
+                           f"backend {last.get('active')}, carried by {last.get('carried_by')}: "
+                           f"{last.get('fallback_reason') or last.get('reason') or last.get('safe_mode_reason')}")
 
 
 def scx_summary(stats: SysStats) -> Dict[str, dict]:

@@ -25,6 +25,8 @@ for _path in (ROOT, os.path.join(ROOT, "tests")):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from temperd.control import client  # noqa: E402
+from temperd.control.protocol import DaemonUnavailable  # noqa: E402
 from temperd.sources import procfs  # noqa: E402
 from temperd.training.trials import (  # noqa: E402,F401  (re-exported for the bench scripts)
     CGROUP2_ROOT, TICK_HZ, HostMonitor, HostWindow, NoiseLimits, median, wait_for_quiet, wait_until,
@@ -55,6 +57,34 @@ def last_cpu(pid: int) -> Optional[int]:
 
 def load_average() -> float:
     return float(read_text("/proc/loadavg", "0").split()[0])
+
+
+def stuck_report(pids: Sequence[int], log_paths: Sequence[str] = ()) -> str:
+    """What a run that hung leaves to read, taken while it hangs: sched_ext's state, every thread of
+    `pids` and their children and every thread in the kernel's uninterruptible sleep (D) anywhere,
+    each with its wait channel and kernel stack (root only), and the ends of `log_paths`."""
+    lines = [f"sched_ext: state {read_text('/sys/kernel/sched_ext/state', '-')}, "
+             f"ops {read_text('/sys/kernel/sched_ext/root/ops', '-')}"]
+    watched = set(pids)
+    for pid in list(watched):
+        watched.update(int(c) for c in read_text(f"/proc/{pid}/task/{pid}/children").split())
+    for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+        except OSError:  # gone meanwhile
+            continue
+        for tid in tids:
+            stat = read_text(f"/proc/{pid}/task/{tid}/stat")
+            state = stat.rpartition(")")[2].split()[:1]
+            if pid not in watched and state != ["D"]:
+                continue
+            comm = stat[stat.find("(") + 1:stat.rfind(")")]
+            stack = " <- ".join(frame.split()[-1] for frame in read_text(f"/proc/{pid}/task/{tid}/stack").splitlines())
+            lines.append(f"  {pid}/{tid} {comm} state {''.join(state) or '?'} wchan "
+                         f"{read_text(f'/proc/{pid}/task/{tid}/wchan', '-')}: {stack or '(no stack)'}")
+    for path in log_paths:
+        lines.append(f"the end of {os.path.basename(path)}:\n{read_text(path)[-3000:] or '(empty or absent)'}")
+    return "\n".join(lines)
 
 
 # ---- the host ---------------------------------------------------------------------------------------
@@ -90,6 +120,7 @@ class TemperdProcess:
     http_port: int
     log_path: str
     started_at: float = field(default_factory=time.monotonic)
+    ready_after_s: Optional[float] = None  # from its start until its control socket first answered
 
     @property
     def pid(self) -> int:
@@ -135,8 +166,9 @@ def running_temperd(*, bindings: str = "", profiles: Optional[Mapping[str, str]]
     """temperd (the native backend unless `backend` says otherwise) in the foreground with its own
     config dir, state dir and control socket; `bindings` is TOML appended to temperd.toml
     ([[binding]] tables), `profiles` maps file names to profile TOML for profiles.d, `command`
-    replaces the temperd executable (a profiler wrapper). Ready = the control socket exists (the
-    first plan has been applied before the socket is served; with backend "scx", scx_layered may
+    replaces the temperd executable (a profiler wrapper). Ready = the control socket answers a
+    status request (temperd serves it once the first plan is applied; the file exists from the
+    start, and on a crowded host the start may take long; with backend "scx", scx_layered may
     still be attaching). Stopped with SIGTERM on exit (restores)."""
     workdir = tempfile.mkdtemp(prefix="temperd-bench-")
     config_dir = os.path.join(workdir, "etc")
@@ -157,15 +189,24 @@ def running_temperd(*, bindings: str = "", profiles: Optional[Mapping[str, str]]
     failed = False
     try:
         deadline = time.monotonic() + ready_timeout_s
-        while not os.path.exists(socket_path):
+        while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"temperd exited with status {proc.returncode}: {daemon.log_tail()}")
-            if time.monotonic() >= deadline:
-                raise RuntimeError(f"temperd did not serve its control socket within {ready_timeout_s:.0f} s")
-            time.sleep(0.02)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"temperd did not answer on its control socket within {ready_timeout_s:.0f} s")
+            try:
+                client.request(socket_path, "status", timeout=left)
+                break
+            except DaemonUnavailable:  # not bound yet, or still starting
+                time.sleep(0.02)
+        daemon.ready_after_s = round(time.monotonic() - daemon.started_at, 1)
         yield daemon
     except BaseException:
         failed = True
+        if proc.poll() is None:  # taken while it hangs, before the stop below ends it
+            sys.stderr.write(f"temperd pid {daemon.pid} still runs after the failure; what it and the kernel were doing:\n"
+                             f"{stuck_report([daemon.pid], [os.path.join(state_dir, 'scx_layered.log')])}\n")
         raise
     finally:
         try:

@@ -115,10 +115,17 @@ def too_many_layers(kid):
 def test_scx_layered_carries_the_plan_and_leaves_threads_alone(standin, scx_backends, children):
     kid = children.spawn(["sb-hot", "sb-rest"])
     backend = scx_backends(standin)
-    result = backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))
+    asked = []
+    backend.on_carrier_change = asked.append
+    backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))
+    # Until scx_layered attaches the kernel's default scheduler runs: the native backend holds the plan.
+    assert backend.carried_by == NATIVE and "until it attaches" in backend.fallback_reason
+    assert nice_of(kid.pid, kid.threads["sb-rest"]) == -4
+    wait_for(lambda: "scx_layered attached" in asked, WAIT_S, "the replan asked for at the attach")
+    result = backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))  # what the daemon's replan does
     assert not result.applied and not result.failed  # nothing per thread: scx_layered schedules them
-    assert any("CPU numbers become CPU counts" in n for n in result.notes)
-    wait_for(lambda: backend.status().scx.supervisor.state == "running", WAIT_S, "scx_layered attached")
+    assert result.restored.get("nice") and any("CPU numbers become CPU counts" in n for n in result.notes)
+    assert os.sched_getaffinity(kid.threads["sb-hot"]) == set(range(os.cpu_count()))  # the native pin put back
     (attach,) = standin.attaches()
     specs = {s["name"]: s for s in attach["specs"]}
     assert specs["app.hot"]["kind"][CONFINED]["cpus_range"] == [1, 1]
@@ -141,11 +148,15 @@ def test_unexpressible_plan_is_carried_natively_and_says_why(standin, scx_backen
     assert result.applied.get("nice") == 1 and nice_of(kid.pid, kid.threads["sb-rest"]) == -4
     assert backend.layer_cpus() is None  # the plan's own CPU numbers are real now
     assert standin.attaches() == []
-    # An expressible plan again: scx_layered takes over and the native settings are put back.
+    # An expressible plan again: scx_layered starts; once attached it takes over and the native
+    # settings are put back.
+    backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))
+    assert backend.carried_by == NATIVE and nice_of(kid.pid, kid.threads["sb-rest"]) == -4
+    wait_for(lambda: backend.status().scx.supervisor.state == "running", WAIT_S, "scx_layered attached")
     result = backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))
-    assert backend.carried_by == SCX and result.restored.get("nice") == 1
+    assert backend.carried_by == SCX and result.restored.get("nice")
     assert nice_of(kid.pid, kid.threads["sb-rest"]) == 0
-    wait_for(lambda: standin.attaches(), WAIT_S, "scx_layered attached")
+    assert standin.attaches()
 
 
 def test_refusal_beside_another_scheduler_falls_back_with_its_name(standin, scx_backends, children):
@@ -153,7 +164,7 @@ def test_refusal_beside_another_scheduler_falls_back_with_its_name(standin, scx_
     fake_sysfs(standin.sysfs, "enabled", "minimal")  # loaded after temperd chose scx
     backend = scx_backends(standin)
     asked = []
-    backend.on_fallback = asked.append
+    backend.on_carrier_change = asked.append
     backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))
     wait_for(lambda: asked, WAIT_S, "the fallback request")
     assert "'minimal' is loaded" in asked[0]
@@ -299,8 +310,11 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
     loop.start()
     try:
         status = json.loads(temperctl("status", "--json", "--socket", socket_path).stdout)
-        assert status["backend"]["active"] == "scx" and status["backend"]["carried_by"] == "scx"
-        wait_for(lambda: daemon.backend_status().scx.supervisor.state == "running", WAIT_S, "scx_layered attached")
+        assert status["backend"]["active"] == "scx"
+        # The native backend holds the plan while scx_layered loads; its attach asks for the replan
+        # that hands the plan over.
+        wait_for(lambda: daemon.backend_status().carried_by == "scx", WAIT_S, "scx_layered attached and carrying")
+        assert daemon.backend_status().scx.supervisor.state == "running"
         first = standin.attaches()[0]["specs"]
         (hot_spec,) = [s["kind"][CONFINED] for s in first if s["name"].endswith(".hot")]
         assert hot_spec["cpus_range"] == [1, 1] and hot_spec["protected"] and hot_spec["exclusive"]
@@ -352,8 +366,8 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
         # The operator fixes the cause and reloads: scx_layered carries the plan again.
         standin.monkeypatch.delenv("FAKE_SCX_CRASH_AFTER")
         assert temperctl("reload", "--socket", socket_path).returncode == 0
-        wait_for(lambda: daemon.backend_status().scx.supervisor.state == "running", WAIT_S, "scx_layered running again")
-        assert daemon.backend_status().carried_by == "scx" and not daemon.backend_status().safe_mode
+        wait_for(lambda: daemon.backend_status().carried_by == "scx", WAIT_S, "scx_layered carrying again")
+        assert daemon.backend_status().scx.supervisor.state == "running" and not daemon.backend_status().safe_mode
         assert nice_of(app.pid, app.pid) == 0  # the native fallback's settings put back
     finally:
         daemon.request("stop", "test")

@@ -301,15 +301,19 @@ def test_change_back_to_the_running_config_cancels_the_restart(env):
 
 def test_unrequested_exit_is_a_crash_and_scx_comes_back_after_backoff(env):
     sup = env.supervisor(policy=RestartPolicy(crash_backoff_s=0.2, crash_limit=3))
+    attaches = []
+    sup.on_attach = attaches.append  # whoever carries the plan meanwhile is told each way
     sup.apply(config("db"))
     sup.start()
     until(lambda: sup.state == RUNNING)
+    until(lambda: attaches == [True])
     first = sup.pid
     os.kill(first, signal.SIGKILL)
     fake_sysfs(env.sysfs, "disabled")  # what the kernel does when a scheduler's process dies
     until(lambda: sup.status().crashes == 1)
     assert sup.status().last_exit.reason == "killed by signal 9"
     until(lambda: sup.state == RUNNING and sup.pid != first)
+    until(lambda: attaches == [True, False, True])
     status = sup.status()
     assert (status.starts, status.crash_restarts, status.safe_mode) == (2, 1, False)
     assert env.safe_modes == []

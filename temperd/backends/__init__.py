@@ -26,9 +26,10 @@ if TYPE_CHECKING:
 class Backend(Protocol):
     """What the daemon calls, one call at a time (under the daemon's lock)."""
 
-    # Set by the daemon: called (from a backend's own thread) when the backend can no longer carry
-    # the plan its way and asks for a replan (scx: safe mode, a refusal); the native backend never does.
-    on_fallback: Optional[Callable[[str], None]]
+    # Set by the daemon: called (from a backend's own thread) when who carries the plan may change
+    # and a replan should switch over (scx: safe mode, a refusal, scx_layered attached or gone);
+    # the native backend never calls it.
+    on_carrier_change: Optional[Callable[[str], None]]
 
     def recover(self) -> ApplyResult:
         """At start: undo what a crashed earlier run left (its state file)."""

@@ -162,8 +162,8 @@ class Daemon:
     def _start_backend(self, view: HostView) -> None:
         self.backend_choice, self.backend = make_backend(view.config, self.sysfs_root, view.shape)
         log.info("backend %s: %s", self.backend_choice.active, self.backend_choice.reason)
-        # scx: safe mode or a refusal switches to native on the main loop
-        self.backend.on_fallback = lambda reason: self.request(REPLAN, f"scx fallback: {reason}")
+        # scx: safe mode, a refusal, scx_layered attached or gone: the main loop switches over
+        self.backend.on_carrier_change = lambda reason: self.request(REPLAN, f"scx: {reason}")
         self.backend.recover()
 
     def _load_watch(self, view: HostView) -> None:

@@ -65,7 +65,7 @@ class NativeBackend:
         self._universe: Dict[ThreadKey, Any] = {}  # the host threads last seen
         self._saved_records = 0  # records in the ledger at the last save
         self._recovered = False
-        self.on_fallback: Optional[Callable[[str], None]] = None  # the interface's; never called: nothing to fall back to
+        self.on_carrier_change: Optional[Callable[[str], None]] = None  # the interface's; never called: it always carries
 
     def _held(self) -> List[HeldSettings]:
         """The host settings held, in the order they are restored (the idle cgroup before the

@@ -7,13 +7,17 @@ safe mode) and steps aside for the native backend when
 
 - the plan cannot be expressed as a scx_layered config (RenderError: too many layers, ...),
 - the supervisor is in safe mode (a crash loop) or refused to start (another sched_ext
-  scheduler holds the kernel).
+  scheduler holds the kernel),
+- scx_layered has not attached yet: while it loads, and in the gap of a restart, the kernel's
+  default scheduler runs and nothing would carry the plan. On a crowded host that gap is long
+  (the BPF load competes with the work it is to order) and the background tier would not yield
+  to the loader either; the native backend holds the plan until it attaches.
 
 The switch both ways happens in apply(), which the daemon calls under its lock (on its main
-loop, or on the control socket's thread for `temperctl reload`): the supervisor's safe-mode
-callback runs on the supervisor's thread and only asks the main loop for a replan
-(on_fallback). Threads the native backend changed are restored when scx_layered takes over
-again, so the two never stack.
+loop, or on the control socket's thread for `temperctl reload`): the supervisor's callbacks
+(safe mode, attached, an attached one gone) run on the supervisor's thread and only ask the main
+loop for a replan (on_carrier_change). Threads the native backend changed are restored when
+scx_layered takes over again, so the two never stack.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from temperd.backends.result import ApplyResult
 from temperd.backends.scx.render import Rendered, RenderError, render_plan
 from temperd.backends.scx.restarts import RestartPolicy
 from temperd.backends.scx.stats import describe, layer_cpus, summarize_stats
-from temperd.backends.scx.status import ScxStatus
+from temperd.backends.scx.status import RUNNING, ScxStatus
 from temperd.backends.scx.supervisor import ScxConfigError, ScxSupervisor
 from temperd.backends.status import NATIVE, SCX, BackendStatus
 
@@ -44,12 +48,14 @@ class ScxBackend:
     """Same interface as NativeBackend: recover, apply, on_new_threads, stop, status."""
 
     def __init__(self, supervisor: ScxSupervisor, native: NativeBackend, cpu_count: int,
-                 on_fallback: Optional[Callable[[str], None]] = None):
+                 on_carrier_change: Optional[Callable[[str], None]] = None):
         self.supervisor = supervisor
         self.native = native
         self.cpu_count = cpu_count
-        self.on_fallback = on_fallback  # set by the daemon: ask its main loop to replan
-        supervisor.on_safe_mode = self._supervisor_gave_up
+        self.on_carrier_change = on_carrier_change  # set by the daemon: ask its main loop to replan
+        supervisor.on_safe_mode = self._ask_replan
+        supervisor.on_attach = lambda attached: self._ask_replan(
+            "scx_layered attached" if attached else "scx_layered exited")
         self.carried_by = SCX
         self.fallback_reason: Optional[str] = None
         self.rendered: Optional[Rendered] = None
@@ -79,6 +85,9 @@ class ScxBackend:
             self.render_problems = exc.problems
             return self._carry_natively(plan, threads, str(exc), changed)
         self.supervisor.start()
+        if self.supervisor.state != RUNNING:
+            return self._carry_natively(plan, threads, f"scx_layered {self.supervisor.state}: the native backend "
+                                        "holds the plan until it attaches", changed, waiting=True)
         result = ApplyResult()
         if self.carried_by != SCX:
             log.info("scx backend: scx_layered carries the plan again (was native: %s)", self.fallback_reason)
@@ -141,9 +150,11 @@ class ScxBackend:
     # ---- falling back ----------------------------------------------------------------------------
 
     def _carry_natively(self, plan: LayerPlan, threads: Iterable, reason: str,
-                        changed: Optional[Iterable] = None) -> ApplyResult:
+                        changed: Optional[Iterable] = None, waiting: bool = False) -> ApplyResult:
+        """waiting: scx_layered is loading or restarting, as expected (said at info, not as a warning)."""
         if self.carried_by != NATIVE or reason != self.fallback_reason:
-            log.warning("scx backend: the native backend carries the plan: %s", reason)
+            log.log(logging.INFO if waiting else logging.WARNING, "scx backend: the native backend carries the plan: %s",
+                    reason)
             changed = None  # the native backend takes over: every thread
         self.carried_by, self.fallback_reason = NATIVE, reason
         result = self.native.apply(plan, threads, changed)
@@ -151,7 +162,8 @@ class ScxBackend:
         result.notes.append(f"native fallback: {reason}")
         return result
 
-    def _supervisor_gave_up(self, reason: str) -> None:
-        """From the supervisor's thread: safe mode or a refusal. The main loop switches over."""
-        if self.on_fallback is not None:
-            self.on_fallback(reason)
+    def _ask_replan(self, reason: str) -> None:
+        """From the supervisor's thread: safe mode, a refusal, attached, or an attached one gone.
+        The main loop's next apply switches over."""
+        if self.on_carrier_change is not None:
+            self.on_carrier_change(reason)

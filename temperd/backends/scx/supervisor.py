@@ -7,9 +7,9 @@ scx_layered is tied to; scx/lifecycle.py moves the process through its states on
   /sys/kernel/sched_ext/root/ops; a busy one that may be our own previous scx_layered unloading
   is waited for: scx/detect.py); write the config atomically under the state directory; run
   `scx_layered [ARGS] f:<file>` with its output in `scx_layered.log` (scx/process.py); it
-  counts as attached once its stats socket answers. The child dies with the thread that
-  started it, so start the supervisor from a thread that lives as long as it (start() runs
-  its own).
+  counts as attached once its stats socket answers (on_attach is told, and told again when an
+  attached one exits). The child dies with the thread that started it, so start the supervisor
+  from a thread that lives as long as it (start() runs its own).
 - Stats: one connection to the stats socket, kept open (scx_layered reports deltas since the
   previous request on the same connection), read every stats_interval_s (scx/stats.py).
 - What it reports: scx/status.py.
@@ -30,7 +30,7 @@ import json
 import logging
 import threading
 import time
-from typing import Callable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from temperd.backends.scx.lifecycle import ScxLifecycle
 from temperd.backends.scx.restarts import RestartPolicy, ScxRun
@@ -55,7 +55,8 @@ class ScxSupervisor:
                  sysfs_root: str = "/sys", clock: Callable[[], float] = time.monotonic,
                  policy: RestartPolicy = RestartPolicy(), args: Sequence[str] = (),
                  env: Optional[Mapping[str, str]] = None, cpu_count: Optional[int] = None,
-                 gpu_support: bool = False, on_safe_mode: Optional[Callable[[str], None]] = None):
+                 gpu_support: bool = False, on_safe_mode: Optional[Callable[[str], None]] = None,
+                 on_attach: Optional[Callable[[bool], None]] = None):
         self.binary = binary
         self.state_dir = state_dir
         self.stats_socket_path = stats_socket_path
@@ -67,9 +68,10 @@ class ScxSupervisor:
         self.cpu_count = cpu_count
         self.gpu_support = gpu_support
         self.on_safe_mode = on_safe_mode
+        self.on_attach = on_attach  # True when scx_layered attached, False when an attached one exited
 
         self._life = ScxLifecycle(binary, self.args, self.env, state_dir, stats_socket_path, sysfs_root, policy,
-                                  clock, self._entered_safe_mode)
+                                  clock, self._entered_safe_mode, self._attach_changed)
         self.config_path = self._life.config_path
         self.log_path = self._life.log_path
         self._tick_lock = threading.Lock()  # one tick at a time
@@ -155,10 +157,17 @@ class ScxSupervisor:
             if not (self._stopping.is_set() and self._thread is not None):  # stop() takes over
                 self._life.tick()
 
+    def _attach_changed(self, attached: bool) -> None:
+        _tell(self.on_attach, attached, "attach")
+
     def _entered_safe_mode(self, reason: str) -> None:
-        """From the lifecycle, on the ticking thread: tell whoever set on_safe_mode."""
-        if self.on_safe_mode is not None:
-            try:
-                self.on_safe_mode(reason)
-            except Exception:
-                log.exception("safe-mode callback failed")
+        _tell(self.on_safe_mode, reason, "safe-mode")
+
+
+def _tell(callback: Optional[Callable[[Any], None]], value: Any, what: str) -> None:
+    """From the lifecycle, on the ticking thread: tell whoever set the callback; its failure is logged."""
+    if callback is not None:
+        try:
+            callback(value)
+        except Exception:
+            log.exception("%s callback failed", what)
