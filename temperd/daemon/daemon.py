@@ -129,9 +129,12 @@ class Daemon:
                 self.sampler = Sampler(view.shape, self.metrics,
                                        latency_bound_s=view.config.lint_runqueue_latency_p99_ms / 1e3,
                                        telemetry=Telemetry(want_bpf=view.config.telemetry_bpf))
-                self.sampler.telemetry.start()  # says once which scheduling-delay source runs, and why
                 self._record_reload(self.last_reload)
                 self.replan("start")
+                # After the first plan is in force: loading a BPF program compiles it (bcc), and on a
+                # crowded host that waits behind the work the plan is to order. Says once which
+                # scheduling-delay source runs, and why.
+                self.sampler.telemetry.start()
                 if self.watch is not None:
                     self.watch.start()
                 self.services.serve(self.config, self.config_dir, self.request)
