@@ -16,6 +16,9 @@ spinners. Each is a trials.Arm; `make_arms()` builds them for one server.
                 those with a file profile overriding the builtin: idle_resume_us = 0 on the
                 exclusive group (pm_qos_resume_latency_us "n/a" on its CPU).
   scx, scx+bg   temperd and temperd+bg with backend = "scx": scx_layered carries the plan.
+  scx-bare      no temperd: scx_layered started by hand with one Open layer for every task. What
+                the BPF scheduler costs beside stock whatever the plan, so that an scx arm's
+                miss can be split into the scheduler's share and the render's.
   trained       temperd+bg with a profile file given on the command line (what `temperctl train`
                 wrote) instead of the builtin.
 
@@ -30,14 +33,17 @@ import json
 import os
 import re
 import shlex
+import shutil
+import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence
 
 import common as C
 
-from temperd.backends.scx.stats import StatsClient, SysStats  # noqa: E402
+from temperd.backends.scx.stats import StatsClient, StatsError, SysStats  # noqa: E402
 from temperd.config.profile import parse_profile  # noqa: E402
 from temperd.plan import CONFINED, EXCLUSIVE  # noqa: E402
 from temperd.training.trials import Arm, ScratchCgroup  # noqa: E402
@@ -45,7 +51,7 @@ from temperd.training.trials import Arm, ScratchCgroup  # noqa: E402
 STOCK, BY_HAND, TEMPERD, TEMPERD_BG = "stock", "by-hand", "temperd", "temperd+bg"
 TEMPERD_BG_FENCED = "temperd+bg-fenced"
 PMQOS, PMQOS_BG = "temperd+pmqos", "temperd+bg+pmqos"
-SCX, SCX_BG = "scx", "scx+bg"
+SCX, SCX_BG, SCX_BARE = "scx", "scx+bg", "scx-bare"
 TRAINED = "trained"
 DEFAULT_ARMS = (STOCK, BY_HAND, TEMPERD_BG, TEMPERD_BG_FENCED)
 PMQOS_OF = {TEMPERD: PMQOS, TEMPERD_BG: PMQOS_BG}
@@ -236,6 +242,49 @@ def stock_arm() -> Iterator[Dict[str, object]]:
     yield {}
 
 
+# scx-bare's config: one Open layer that matches every task (as temperd's catch-all `rest` layer).
+BARE_CONFIG = [{"name": "all", "comment": "every task", "matches": [[]], "kind": {"Open": {}}}]
+
+
+@contextlib.contextmanager
+def scx_bare_arm() -> Iterator[Dict[str, object]]:
+    """scx_layered with BARE_CONFIG, started by hand; stopped (SIGTERM) on exit."""
+    binary = shutil.which("scx_layered")
+    if binary is None:
+        raise RuntimeError("scx_layered is not installed: no scx-bare arm")
+    workdir = tempfile.mkdtemp(prefix="scx-bare-")
+    config, log_path = os.path.join(workdir, "scx_layered.json"), os.path.join(workdir, "scx_layered.log")
+    with open(config, "w") as handle:
+        json.dump(BARE_CONFIG, handle)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([binary, f"f:{config}"], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    try:
+        def attached() -> bool:
+            client = StatsClient(SCX_STATS_SOCKET, 5.0)
+            try:
+                client.stats()
+            except (OSError, ValueError, StatsError):  # not serving yet
+                return False
+            finally:
+                client.close()
+            return scx_state() == "enabled"
+        if not C.wait_until(lambda: proc.poll() is not None or attached(), SCX_ATTACH_S) or proc.poll() is not None:
+            raise RuntimeError(f"scx_layered (one layer) did not attach within {SCX_ATTACH_S:.0f} s "
+                               f"(exit {proc.poll()}): {C.read_text(log_path)[-500:]}")
+        yield {"exclusive": "", "group": "-"}
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        C.wait_until(lambda: scx_state() == "disabled", 30.0)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def make_arms(server: ServerUnderTest, by_hand_cpus: FrozenSet[int]) -> Dict[str, BenchArm]:
     idle = os.SCHED_IDLE
     # Read when a pmqos arm is entered: the builtin's file is in a checkout, not where only bench/ was copied.
@@ -260,6 +309,9 @@ def make_arms(server: ServerUnderTest, by_hand_cpus: FrozenSet[int]) -> Dict[str
         BenchArm(SCX_BG, "temperd+bg with backend = scx",
                  lambda: temperd_arm(server, True, backend="scx"), during=scx_window, spinners_first=True,
                  settle=scx_settled),
+        # The spinners start after it attached: at nice 0 on every CPU they would slow its BPF load.
+        BenchArm(SCX_BARE, "scx_layered by hand, one Open layer for every task (no temperd)", scx_bare_arm,
+                 during=scx_window),
     ]
     files = dict(server.profile_arms, **({TRAINED: server.trained_profile} if server.trained_profile else {}))
     arms += [profile_arm(server, name, path) for name, path in files.items()]

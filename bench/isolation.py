@@ -527,7 +527,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=2.5, help="length of a stock bg=0 run (default 2.5)")
     parser.add_argument("--arms", default=",".join(A.DEFAULT_ARMS),
                         help=f"arms (default {','.join(A.DEFAULT_ARMS)}; also {A.PMQOS}, {A.PMQOS_BG}, {A.SCX}, "
-                             f"{A.SCX_BG}, {A.TRAINED}); bench/arms.py says what each does")
+                             f"{A.SCX_BG}, {A.SCX_BARE}, {A.TRAINED}); bench/arms.py says what each does")
     parser.add_argument("--trained-profile", metavar="FILE", help="the profile the trained arm applies")
     parser.add_argument("--profile-arm", action="append", default=[], metavar="NAME=FILE",
                         help="one more arm like trained, named NAME, applying the profile FILE (a variant to compare "
