@@ -31,7 +31,7 @@ from temperd.backends.result import ApplyResult
 from temperd.backends.scx.render import Rendered, RenderError, render_plan
 from temperd.backends.scx.restarts import RestartPolicy
 from temperd.backends.scx.stats import describe, layer_cpus, summarize_stats
-from temperd.backends.scx.status import RUNNING, ScxStatus
+from temperd.backends.scx.status import BACKOFF, RUNNING, ScxStatus
 from temperd.backends.scx.supervisor import ScxConfigError, ScxSupervisor
 from temperd.backends.status import NATIVE, SCX, BackendStatus
 
@@ -86,8 +86,9 @@ class ScxBackend:
             return self._carry_natively(plan, threads, str(exc), changed)
         self.supervisor.start()
         if self.supervisor.state != RUNNING:
-            return self._carry_natively(plan, threads, f"scx_layered {self.supervisor.state}: the native backend "
-                                        "holds the plan until it attaches", changed, waiting=True)
+            why = "waits to start again after it exited" if self.supervisor.state == BACKOFF else "is starting"
+            return self._carry_natively(plan, threads, f"scx_layered {why}: the native backend holds the plan until "
+                                        "it attaches", changed, waiting=True)
         result = ApplyResult()
         if self.carried_by != SCX:
             log.info("scx backend: scx_layered carries the plan again (was native: %s)", self.fallback_reason)
