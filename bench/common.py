@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Iterator, List, Mapping, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -220,6 +220,15 @@ def running_temperd(*, bindings: str = "", profiles: Optional[Mapping[str, str]]
                 sys.stderr.write(f"temperd pid {daemon.pid}, a run that failed or did not stop: the end of its log:\n{tail}\n")
             log.close()
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def thread_affinities(pid: int) -> List[frozenset]:
+    """The CPU affinity of each thread of a process (those it could read)."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+    return [found for found in map(affinity_of, tids) if found]
 
 
 def affinity_of(pid: int) -> Optional[frozenset]:

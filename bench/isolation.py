@@ -231,8 +231,7 @@ class Bench:
                     return
                 sampler.sample("client", proc.pid)
                 sampler.sample("server", server_pids[0])
-                found = C.affinity_of(proc.pid)
-                if found:
+                for found in C.thread_affinities(proc.pid):  # a load generator may pin its threads (memcaslap does)
                     allowed.add(C.cpulist(found))
                 meter.sample()
                 time.sleep(0.05)
