@@ -131,10 +131,7 @@ class Daemon:
                                        telemetry=Telemetry(want_bpf=view.config.telemetry_bpf))
                 self._record_reload(self.last_reload)
                 self.replan("start")
-                # After the first plan is in force: loading a BPF program compiles it (bcc), and on a
-                # crowded host that waits behind the work the plan is to order. Says once which
-                # scheduling-delay source runs, and why.
-                self.sampler.telemetry.start()
+                self.sampler.telemetry.start()  # after the plan: a bcc compile waits behind the work it orders
                 if self.watch is not None:
                     self.watch.start()
                 self.services.serve(self.config, self.config_dir, self.request)
@@ -165,7 +162,6 @@ class Daemon:
     def _start_backend(self, view: HostView) -> None:
         self.backend_choice, self.backend = make_backend(view.config, self.sysfs_root, view.shape)
         log.info("backend %s: %s", self.backend_choice.active, self.backend_choice.reason)
-        # scx: safe mode, a refusal, scx_layered attached or gone: the main loop switches over
         self.backend.on_carrier_change = lambda reason: self.request(REPLAN, f"scx: {reason}")
         self.backend.recover()
 
