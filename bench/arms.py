@@ -34,7 +34,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -43,6 +42,7 @@ from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence
 
 import common as C
 
+from temperd.backends.scx.process import terminate  # noqa: E402
 from temperd.backends.scx.stats import StatsClient, StatsError, SysStats  # noqa: E402
 from temperd.config.profile import parse_profile  # noqa: E402
 from temperd.plan import CONFINED, EXCLUSIVE  # noqa: E402
@@ -274,13 +274,7 @@ def scx_bare_arm() -> Iterator[Dict[str, object]]:
                                f"(exit {proc.poll()}): {C.read_text(log_path)[-500:]}")
         yield {"exclusive": "", "group": "-"}
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        terminate(proc, 30.0)
         C.wait_until(lambda: scx_state() == "disabled", 30.0)
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -124,7 +124,8 @@ def test_scx_layered_carries_the_plan_and_leaves_threads_alone(standin, scx_back
     wait_for(lambda: "scx_layered attached" in asked, WAIT_S, "the replan asked for at the attach")
     result = backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))  # what the daemon's replan does
     assert not result.applied and not result.failed  # nothing per thread: scx_layered schedules them
-    assert result.restored.get("nice") and any("CPU numbers become CPU counts" in n for n in result.notes)
+    # nice put back on the two threads of the rest layer (sb-rest and the main thread)
+    assert result.restored.get("nice") == 2 and any("CPU numbers become CPU counts" in n for n in result.notes)
     assert os.sched_getaffinity(kid.threads["sb-hot"]) == set(range(os.cpu_count()))  # the native pin put back
     (attach,) = standin.attaches()
     specs = {s["name"]: s for s in attach["specs"]}
@@ -154,7 +155,7 @@ def test_unexpressible_plan_is_carried_natively_and_says_why(standin, scx_backen
     assert backend.carried_by == NATIVE and nice_of(kid.pid, kid.threads["sb-rest"]) == -4
     wait_for(lambda: backend.status().scx.supervisor.state == "running", WAIT_S, "scx_layered attached")
     result = backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))
-    assert backend.carried_by == SCX and result.restored.get("nice")
+    assert backend.carried_by == SCX and result.restored.get("nice") == 2
     assert nice_of(kid.pid, kid.threads["sb-rest"]) == 0
     assert standin.attaches()
 

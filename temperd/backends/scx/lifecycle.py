@@ -38,7 +38,7 @@ class ScxLifecycle:
 
     def __init__(self, binary: str, args: Sequence[str], env: Optional[Mapping[str, str]], state_dir: str,
                  stats_socket_path: str, sysfs_root: str, policy: RestartPolicy, clock: Callable[[], float],
-                 on_safe_mode: Callable[[str], None], on_attach: Optional[Callable[[bool], None]] = None):
+                 on_safe_mode: Callable[[str], None], on_attach: Callable[[bool], None]):
         self.binary = binary
         self.args = tuple(args)
         self.env = env
@@ -202,7 +202,7 @@ class ScxLifecycle:
             self.state = RUNNING
             self._gap.end(now)
         log.info("scx_layered attached (pid %d)", self.pid or -1)
-        self._tell_attached(True)
+        self.on_attach(True)
 
     def _terminate(self, requested: bool, reason: Optional[str] = None) -> Optional[int]:
         proc = self._proc
@@ -227,7 +227,7 @@ class ScxLifecycle:
                 self._gap.begin(now)
             self.state = IDLE
         if was_attached:
-            self._tell_attached(False)
+            self.on_attach(False)
         if requested:
             log.info("scx_layered stopped: %s", reason)
             return
@@ -257,10 +257,6 @@ class ScxLifecycle:
         with self._lock:
             self._next_start_at = now + self._crashes.backoff_s(crashes)
             self.state = BACKOFF
-
-    def _tell_attached(self, attached: bool) -> None:
-        if self.on_attach is not None:
-            self.on_attach(attached)
 
     def _enter_safe_mode(self, state: str, reason: str) -> None:
         with self._lock:
