@@ -31,6 +31,8 @@ from typing import Dict, List, Optional
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (HostMonitor, host_description, print_py_spy, py_spy_record, read_text,  # noqa: E402
                     running_temperd)
+from temperd.control import client  # noqa: E402
+from temperd.control.protocol import DaemonUnavailable  # noqa: E402
 from servers import free_port  # noqa: E402  (common puts tests/ on sys.path)
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -190,6 +192,14 @@ def inventory_counts(port: int) -> Dict[str, Optional[float]]:
     return found
 
 
+def replans(daemon) -> Optional[int]:
+    """The daemon's replans since start (each a pass of match, plan and apply), from its status."""
+    try:
+        return int(client.request(daemon.socket, "status", timeout=30)["status"]["replans"])
+    except (DaemonUnavailable, KeyError, TypeError, ValueError):
+        return None
+
+
 def _grown(before: Dict[str, Optional[float]], after: Dict[str, Optional[float]], name: str) -> Optional[float]:
     return None if before[name] is None or after[name] is None else after[name] - before[name]
 
@@ -220,7 +230,7 @@ def main() -> int:
     profiles = {"churn.toml": THREAD_PROFILE, "churn-proc.toml": PROCESS_PROFILE}
     with running_temperd(profiles=profiles, http_port=port) as daemon:
         time.sleep(1.0)
-        ticks0, rss0, counts0 = daemon.cpu_ticks(), rss_kib(daemon.pid), inventory_counts(port)
+        ticks0, rss0, counts0, passes0 = daemon.cpu_ticks(), rss_kib(daemon.pid), inventory_counts(port), replans(daemon)
         monitor = HostMonitor()
         monitor.start()
         spy = py_spy_record(daemon.pid, args.duration, args.py_spy) if args.py_spy else None
@@ -230,7 +240,7 @@ def main() -> int:
                              timeout=args.duration + 60)
         wall = time.monotonic() - t0
         window = monitor.stop()
-        ticks1, rss1 = daemon.cpu_ticks(), rss_kib(daemon.pid)
+        ticks1, rss1, passes1 = daemon.cpu_ticks(), rss_kib(daemon.pid), replans(daemon)
         time.sleep(5.5)  # one more observation sample: /metrics counts the window's last events
         ticks2, counts1 = daemon.cpu_ticks(), inventory_counts(port)
         alive = daemon.alive()
@@ -254,12 +264,15 @@ def main() -> int:
     events = _grown(counts0, counts1, "temperd_inventory_events")
     cpu_to_count_s = (ticks2 - ticks0) / hz  # over the same span as the events counted
     made = sum(gen["counts"].values())
+    passes = None if passes0 is None or passes1 is None else passes1 - passes0
     summary = {
         "host": host_description(), "duration_s": args.duration,
         "daemon_cpu_pct_of_core": 100.0 * cpu_s / wall,
         "daemon_cpu_ms_per_event": 1000.0 * cpu_to_count_s / events if events else None,
         "daemon_cpu_ms_per_creation": 1000.0 * cpu_to_count_s / made if made else None,
         "process_events": events,
+        "replans": passes, "replans_per_s": passes / wall if passes is not None else None,
+        "daemon_cpu_ms_per_replan": 1000.0 * cpu_s / passes if passes else None,
         "daemon_rss_kib_before": rss0, "daemon_rss_kib_after": rss1,
         "event_overflows": _grown(counts0, counts1, "temperd_inventory_event_overflows"),
         "daemon_survived": alive,
@@ -286,6 +299,9 @@ def main() -> int:
     print(f"daemon CPU per process event: {'-' if per_event is None else f'{per_event:.3f}'} ms "
           f"({summary['process_events']:.0f} events); per thread, rename or process made: "
           f"{summary['daemon_cpu_ms_per_creation'] or 0:.3f} ms")
+    if passes is not None:
+        print(f"replans: {passes} ({passes / wall:.1f}/s), {summary['daemon_cpu_ms_per_replan'] or 0:.2f} ms of "
+              "daemon CPU per replan (all of its CPU over the churn, divided)")
     print(f"host: idle {window.idle_pct:.0f} %, steal {window.steal_pct:.1f} %, foreign CPU "
           f"{window.foreign_core_pct:.0f} % of a core ({window.foreign_top or 'none'})")
     if args.py_spy:

@@ -83,6 +83,16 @@ def test_the_wait_for_the_next_batch_grows_with_what_the_last_pass_cost_up_to_th
     assert main_loop.batch_wait(10.0) == main_loop.EVENT_BATCH_S
 
 
+def test_under_a_steady_stream_handling_events_takes_at_most_its_share_of_a_core():
+    """A cycle is a pass (its CPU about its wall time) and the wait after it: the pass's CPU over
+    the cycle stays within EVENT_PATH_SHARE until the batch or the treatment bound cuts the wait."""
+    for cpu in (0.0005, 0.002, 0.008, main_loop.EVENT_BATCH_S / main_loop.BATCH_WAIT_PER_CPU):
+        cycle = cpu + main_loop.batch_wait(cpu, cpu)
+        assert cpu / cycle <= main_loop.EVENT_PATH_SHARE + 1e-9
+        assert cpu / cycle == pytest.approx(main_loop.EVENT_PATH_SHARE)
+    assert main_loop.EVENT_PATH_SHARE <= 0.2  # bench/churn.py's goal of a quarter of a core, with room
+
+
 def test_the_wait_leaves_room_for_two_passes_within_the_treatment_bound():
     """An event that came just after a batch was taken waits out that pass, the wait and its own
     pass: slow passes cut the wait, down to none (back-to-back passes)."""

@@ -37,18 +37,22 @@ STARVED_LOG_EVERY_S = 600.0  # a spell that comes and goes is logged once in thi
 # handled in batches (one match and plan per batch, not per fork), and a process that forks, execs
 # and exits within one costs a failed open instead of reads of /proc. The wait is
 # BATCH_WAIT_PER_CPU times the CPU time such passes took (smoothed()), at most EVENT_BATCH_S:
-# handling events then takes at most a quarter of a core until batches reach EVENT_BATCH_S, while
-# a light stream of events is treated within milliseconds. The first event after a quiet spell is
-# handled at once. A pass's cost is the whole daemon's CPU over its cycle (cycle_cost()): the idle
-# cgroup's moves are made on a worker thread (cgroup_moves.py), beside the main loop.
+# under a steady stream of events a cycle is a pass and its wait, so handling events takes at most
+# EVENT_PATH_SHARE of a core until batches reach EVENT_BATCH_S, however fast the host forks; a
+# cheaper pass buys shorter cycles (less delay), not less CPU. A light stream of events is treated
+# within milliseconds, and the first event after a quiet spell is handled at once. A pass's cost is
+# the whole daemon's CPU over its cycle (cycle_cost()): the idle cgroup's moves are made on a worker
+# thread (cgroup_moves.py), beside the main loop.
 # The wait is also cut so that an event that came just after a batch was taken is treated within
 # TREAT_WITHIN_S: it waits out that pass, the wait and its own pass, so the wait is at most
 # TREAT_WITHIN_S less two passes' wall time (smoothed). On a slow host under a fork storm (passes of
 # 30-40 ms) the 50 ms batch left 1-9 % of new threads untreated after 100 ms. Where this cut binds,
-# passes come more often than the quarter of a core above allows (each costs ~2 ms beyond its
-# events: at most ~5 % of a core more, with back-to-back passes of 40 ms).
+# passes come more often than EVENT_PATH_SHARE allows (back-to-back passes of 40 ms at worst).
+# A fifth of a core, not a quarter: at 200 threads, renames and processes a second (bench/churn.py)
+# the quarter measured 25-29 % of a core, the fifth 22 %, both with every thread treated within 100 ms.
+EVENT_PATH_SHARE = 0.2
 EVENT_BATCH_S = 0.05
-BATCH_WAIT_PER_CPU = 3.0
+BATCH_WAIT_PER_CPU = 1.0 / EVENT_PATH_SHARE - 1.0  # a pass of c seconds, then a wait of 4c
 TREAT_WITHIN_S = 0.08
 CYCLE_S = 1.0  # a pass with events this soon after the last one ended is part of a stream (cycle_cost())
 PASS_COST_SMOOTHING = 0.3  # the weight of the latest pass (smoothed())
