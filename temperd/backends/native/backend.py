@@ -35,6 +35,7 @@ from temperd.backends.native.pmqos import PMQOS, PmQos, resume_bounds
 from temperd.backends.native.restore_ledger import LedgerError, RestoreLedger
 from temperd.backends.result import ApplyResult, Drift, DriftRecord
 from temperd.backends.native.treatment import ThreadTreatment
+from temperd.backends.native.universe import Universe
 from temperd.backends.status import NATIVE, BackendStatus
 from temperd.plan import YIELD, LayerPlan, moved_members
 
@@ -62,7 +63,7 @@ class NativeBackend:
         self.autogroup = autogroup and autogroup_enabled()
         self.plan: Optional[LayerPlan] = None
         self.drift = DriftRecord()
-        self._universe: Dict[ThreadKey, Any] = {}  # the host threads last seen
+        self._universe = Universe()  # the host threads last seen
         self._saved_records = 0  # records in the ledger at the last save
         self._recovered = False
         self.on_carrier_change: Optional[Callable[[str], None]] = None  # the interface's; never called: it always carries
@@ -101,7 +102,7 @@ class NativeBackend:
         self.treatment.set_plan(plan, plan != self.plan, result)
         self.plan = plan
         threads = list(threads.values()) if isinstance(threads, Mapping) else list(threads)
-        seen, self._universe = self._universe, {(t.tid, t.start_time): t for t in threads}
+        seen, self._universe = self._universe, Universe(threads)
         new = {key for key in self._universe if key not in seen}
         self.treatment.is_kernel_thread.keep_only(self._universe)
         save = functools.partial(self._save, result)  # the state file, before each round of writes
@@ -146,7 +147,7 @@ class NativeBackend:
             key = (thread.tid, thread.start_time)
             if key not in self._universe:
                 new.add(key)
-            self._universe[key] = thread
+            self._universe.put(thread)
         self.treatment.treat(threads, result, functools.partial(self._save, result), new)
         groups: Groups = {}  # the batch's processes' autogroups, read once
         if self.autogroup and self.treatment.membership is not None and self.autogroups.cache.changes_mix(
@@ -186,21 +187,12 @@ class NativeBackend:
         with every thread a fork storm made nor reads an ended one again. Called after the apply of their batch, so that a
         thread one of them created in that batch was treated with its creator still on record.
         live: tid -> the thread alive now (a reused id names a new thread, which stays)."""
-        gone = set(tids)
-        if not gone:
+        dead = self._universe.ended(tids, live or {})
+        if not dead:
             return
-        live = live or {}
-
-        def ended(key: ThreadKey) -> bool:
-            if key[0] not in gone:
-                return False
-            now = live.get(key[0])
-            return now is None or now.start_time != key[1]
-
-        dead = [key for key in self._universe if ended(key)]
         self.autogroups.cache.forget(dead)
         for key in dead:
-            del self._universe[key]
+            self._universe.drop(key)
             self.idle_cgroup.forget(key)
             rec = self.ledger.get(*key)
             if rec is not None:
