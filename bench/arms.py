@@ -12,9 +12,10 @@ spinners. Each is a trials.Arm; `make_arms()` builds them for one server.
   temperd+bg-fenced
                 temperd+bg with a file profile overriding the builtin: `ownership = "fenced"` on
                 the exclusive group (no other thread runs on its CPUs, even while it sleeps).
-  temperd+pmqos, temperd+bg+pmqos
-                those with a file profile overriding the builtin: idle_resume_us = 0 on the
-                exclusive group (pm_qos_resume_latency_us "n/a" on its CPU).
+  temperd-nopoll, temperd+bg-nopoll
+                those with `[tiers.critical] idle_resume_us = -1`: the owned CPUs sleep while
+                idle, as they did before the critical tier's default bound of 0 (which keeps
+                them polling: pm_qos_resume_latency_us "n/a").
   scx, scx+bg   temperd and temperd+bg with backend = "scx": scx_layered carries the plan.
   scx-bare      no temperd: scx_layered started by hand with one Open layer for every task. What
                 the BPF scheduler costs beside stock whatever the plan, so that an scx arm's
@@ -50,11 +51,11 @@ from temperd.training.trials import Arm, ScratchCgroup  # noqa: E402
 
 STOCK, BY_HAND, TEMPERD, TEMPERD_BG = "stock", "by-hand", "temperd", "temperd+bg"
 TEMPERD_BG_FENCED = "temperd+bg-fenced"
-PMQOS, PMQOS_BG = "temperd+pmqos", "temperd+bg+pmqos"
+NOPOLL, NOPOLL_BG = "temperd-nopoll", "temperd+bg-nopoll"
 SCX, SCX_BG, SCX_BARE = "scx", "scx+bg", "scx-bare"
 TRAINED = "trained"
 DEFAULT_ARMS = (STOCK, BY_HAND, TEMPERD_BG, TEMPERD_BG_FENCED)
-PMQOS_OF = {TEMPERD: PMQOS, TEMPERD_BG: PMQOS_BG}
+NO_POLL_SETTINGS = "[tiers.critical]\nidle_resume_us = -1\n"
 SCX_STATE = "/sys/kernel/sched_ext/state"
 SCX_STATS_SOCKET = "/var/run/scx/root/stats"
 SCX_ATTACH_S = 180.0  # scx_layered's BPF load and attach (about 30 s under software emulation)
@@ -108,11 +109,6 @@ def temperd_bindings(server: ServerUnderTest, background: bool, profile_id: str)
     return binding
 
 
-def pmqos_profile(server: ServerUnderTest, resume_us: int) -> str:
-    """The builtin profile with idle_resume_us on its exclusive group (a file profile overrides the builtin)."""
-    return edited_builtin(server, f"idle_resume_us = {resume_us}")
-
-
 def fenced_profile(server: ServerUnderTest) -> str:
     """The builtin profile with its exclusive group fenced instead of owned."""
     return edited_builtin(server, 'ownership = "fenced"')
@@ -148,14 +144,15 @@ def exclusive_cpus(status: dict) -> FrozenSet[int]:
 @contextlib.contextmanager
 def temperd_arm(server: ServerUnderTest, background: bool, backend: str = "native",
                 profiles: Optional[Dict[str, str]] = None, profile_id: str = "",
-                expects_exclusive: Optional[bool] = None) -> Iterator[Dict[str, object]]:
+                expects_exclusive: Optional[bool] = None, settings: str = "") -> Iterator[Dict[str, object]]:
     """temperd running with the server's critical-tier binding (and the spinners' background one);
     yields once the plan is in force: notes with the exclusive CPUs. expects_exclusive: the
     profile has an exclusive group some thread matches (default: the server's builtin's)."""
     if expects_exclusive is not None:
         server = dataclasses.replace(server, expects_exclusive=expects_exclusive)
     bindings = temperd_bindings(server, background, profile_id or server.profile_id)
-    settings = f'[rightsizing]\nhistory_file = "{server.history_file}"\n' if server.history_file else ""
+    if server.history_file:
+        settings += f'[rightsizing]\nhistory_file = "{server.history_file}"\n'
     with C.running_temperd(bindings=bindings, profiles=profiles or {}, backend=backend, settings=settings,
                            ready_timeout_s=SCX_ATTACH_S if backend == "scx" else 60.0) as daemon:
         status = daemon.status()
@@ -281,8 +278,7 @@ def scx_bare_arm() -> Iterator[Dict[str, object]]:
 
 def make_arms(server: ServerUnderTest, by_hand_cpus: FrozenSet[int]) -> Dict[str, BenchArm]:
     idle = os.SCHED_IDLE
-    # Read when a pmqos arm is entered: the builtin's file is in a checkout, not where only bench/ was copied.
-    pm = lambda: {f"{server.profile_id}.toml": pmqos_profile(server, 0)} if server.exclusive_group else {}  # noqa: E731
+    # Read when the arm is entered: the builtin's file is in a checkout, not where only bench/ was copied.
     fenced = lambda: {f"{server.profile_id}.toml": fenced_profile(server)} if server.exclusive_group else {}  # noqa: E731
     arms = [
         BenchArm(STOCK, "the kernel's scheduler as installed", stock_arm),
@@ -294,10 +290,10 @@ def make_arms(server: ServerUnderTest, by_hand_cpus: FrozenSet[int]) -> Dict[str
                  lambda: temperd_arm(server, True), spinner_policy=idle),
         BenchArm(TEMPERD_BG_FENCED, "temperd+bg with the exclusive group fenced (ownership = \"fenced\")",
                  lambda: temperd_arm(server, True, profiles=fenced()), spinners_kept_off=True, spinner_policy=idle),
-        BenchArm(PMQOS, "temperd with idle_resume_us = 0 on the exclusive group",
-                 lambda: temperd_arm(server, False, profiles=pm())),
-        BenchArm(PMQOS_BG, "temperd+bg with idle_resume_us = 0 on the exclusive group",
-                 lambda: temperd_arm(server, True, profiles=pm()), spinner_policy=idle),
+        BenchArm(NOPOLL, "temperd with no resume bound on the owned CPUs ([tiers.critical] idle_resume_us = -1)",
+                 lambda: temperd_arm(server, False, settings=NO_POLL_SETTINGS)),
+        BenchArm(NOPOLL_BG, "temperd+bg with no resume bound on the owned CPUs ([tiers.critical] idle_resume_us = -1)",
+                 lambda: temperd_arm(server, True, settings=NO_POLL_SETTINGS), spinner_policy=idle),
         BenchArm(SCX, "temperd with backend = scx (scx_layered places the threads)",
                  lambda: temperd_arm(server, False, backend="scx"), during=scx_window, spinners_first=True),
         BenchArm(SCX_BG, "temperd+bg with backend = scx",

@@ -28,7 +28,7 @@ What runs (bench/workloads.py has each server and its load; bench/arms.py each a
 - Arms (bench/arms.py): stock, by-hand (the server pinned with `taskset -a -p -c CPUS PID` to
   the CPUs temperd gives it, the spinners under `nice -n 19 chrt --idle 0`), temperd (builtin
   profile, critical tier, spinners untagged), temperd+bg (spinners bound to the background
-  tier); opt-in: temperd+pmqos, temperd+bg+pmqos, scx, scx+bg, trained (--trained-profile, or
+  tier); opt-in: temperd-nopoll, temperd+bg-nopoll (no resume bound on the owned CPUs), scx, scx+bg, trained (--trained-profile, or
   --train SECONDS: `temperctl train --direct` on the server under the first variant's load, before
   the runs; the profile is printed and kept).
   Interleaved within every step, the order reversed every other repetition; an arm is left (temperd
@@ -525,7 +525,7 @@ def main() -> int:
     parser.add_argument("--variants", help="load variants (default: the workload's, e.g. c=50,c=1 for redis)")
     parser.add_argument("--seconds", type=float, default=2.5, help="length of a stock bg=0 run (default 2.5)")
     parser.add_argument("--arms", default=",".join(A.DEFAULT_ARMS),
-                        help=f"arms (default {','.join(A.DEFAULT_ARMS)}; also {A.PMQOS}, {A.PMQOS_BG}, {A.SCX}, "
+                        help=f"arms (default {','.join(A.DEFAULT_ARMS)}; also {A.NOPOLL}, {A.NOPOLL_BG}, {A.SCX}, "
                              f"{A.SCX_BG}, {A.SCX_BARE}, {A.TRAINED}); bench/arms.py says what each does")
     parser.add_argument("--trained-profile", metavar="FILE", help="the profile the trained arm applies")
     parser.add_argument("--profile-arm", action="append", default=[], metavar="NAME=FILE",

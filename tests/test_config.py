@@ -67,6 +67,7 @@ def test_profile_dir_is_relative_to_the_config_dir(tmp_path):
     ('[[binding]]\nunit = "a.service"\ncpus = 0\n', "temperd.toml:3: binding[0].cpus: expected a value with 0 < value <= 4096, found 0"),
     ('reserve_cpus = "one"\n', "temperd.toml:1: reserve_cpus: expected an integer, found 'one'"),
     ('colour = 1\n', "temperd.toml:1: colour: unknown key; expected one of:"),
+    ('[tiers.critical]\nidle_resume_us = -2\n', "temperd.toml:2: tiers.critical.idle_resume_us: expected a value with -1 <= value <= 1e+06, found -2"),
 ])
 def test_each_error_names_file_line_key_and_expectation(text, expected):
     found = problems(text)
@@ -84,6 +85,13 @@ def test_config_json_schema():
     json.dumps(schema)
     assert schema["properties"]["backend"]["enum"] == ["auto", "scx", "native"]
     assert schema["properties"]["binding"]["items"]["additionalProperties"] is False
+
+
+def test_the_owned_cpus_resume_bound_is_zero_for_critical_by_default_and_each_tier_may_set_it():
+    defaults = parse_config("", "temperd.toml").tier_idle_resume_us
+    assert defaults == {"critical": 0, "standard": -1, "background": -1}
+    config = parse_config("[tiers.critical]\nidle_resume_us = -1\n[tiers.standard]\nidle_resume_us = 20\n", "temperd.toml")
+    assert config.tier_idle_resume_us == {"critical": -1, "standard": 20, "background": -1}
 
 
 def test_scan_interval_depends_on_process_events():

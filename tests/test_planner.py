@@ -190,3 +190,25 @@ def test_exclusive_cores_are_owned_by_default_and_fenced_where_the_group_asks():
                   group="compute")
     assert (fenced.kind, fenced.holds_cpus) == (CONFINED, FENCED)
     assert any("fenced: no other thread runs there" in r for r in fenced.reasons)
+
+
+def test_an_owned_critical_group_polls_while_idle_unless_its_profile_or_the_tier_says_otherwise():
+    """[tiers.X] idle_resume_us: the bound on the CPUs a tier's exclusive groups own where the
+    profile sets none (critical: 0, the CPUs poll); a demoted group owns no CPUs and gets none."""
+    shape = load_fixture_shape("gcp-c2-standard-8")
+    critical = workload("redis.service", "hot", [("compute", 1), ("rest", 1)], budget=1.0)
+    layer = only(plan(shape, [critical], {"hot": hot_profile(1)}, PlannerSettings()), group="compute")
+    assert layer.kind == CONFINED and layer.idle_resume_us == 0
+    assert any("poll" in reason and "critical tier's idle_resume_us" in reason for reason in layer.reasons)
+    standard = workload("redis.service", "hot", [("compute", 1), ("rest", 1)], budget=1.0, tier="standard")
+    assert only(plan(shape, [standard], {"hot": hot_profile(1)}, PlannerSettings()), group="compute").idle_resume_us is None
+    off = PlannerSettings(idle_resume_us=(("background", -1), ("critical", -1), ("standard", 20)))
+    assert only(plan(shape, [critical], {"hot": hot_profile(1)}, off), group="compute").idle_resume_us is None
+    assert only(plan(shape, [standard], {"hot": hot_profile(1)}, off), group="compute").idle_resume_us == 20
+    own = parse_profile(HOT.format(n=1, fraction=1.0).replace('cpu_fraction = 1.0', 'cpu_fraction = 1.0\nidle_resume_us = 50'),
+                        "hot.toml")
+    assert only(plan(shape, [critical], {"hot": own}, PlannerSettings()), group="compute").idle_resume_us == 50
+    small = load_fixture_shape("gcp-c2-standard-4")
+    wide = workload("onnx.service", "hot", [("compute", 3), ("rest", 2)], budget=3.0)
+    demoted = only(plan(small, [wide], {"hot": hot_profile(3)}, PlannerSettings()), group="compute")
+    assert demoted.kind == OPEN and demoted.idle_resume_us is None

@@ -265,3 +265,18 @@ def test_rendered_json_round_trips():
     rendered = render_plan(mysql_plan(), 8)
     assert json.loads(rendered.to_json()) == rendered.config
     assert render(mysql_plan(), 8) == rendered.config
+
+
+def test_a_resume_bound_of_zero_is_said_not_rendered_and_a_positive_one_is_rendered():
+    """scx_layered writes its idle_resume_us to pm_qos_resume_latency_us as a number, and the file
+    reads "0" as no constraint: a bound of 0 (poll while idle) cannot be expressed."""
+    def with_bound(bound):
+        plan = mysql_plan(smt=False)
+        first = dataclasses.replace(plan.layers[0], idle_resume_us=bound)
+        return render_plan(dataclasses.replace(plan, layers=(first, *plan.layers[1:])), 4)
+
+    zero = with_bound(0)
+    assert "idle_resume_us" not in zero.config[0]["kind"]["Confined"]
+    assert any("idle_resume_us 0" in note.message and "no constraint" in note.message for note in zero.notes)
+    assert with_bound(20).config[0]["kind"]["Confined"]["idle_resume_us"] == 20
+    assert validate_config(with_bound(20).config, cpu_count=4) == []

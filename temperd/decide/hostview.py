@@ -49,7 +49,8 @@ def make_matcher(view: HostView) -> Matcher:
 
 def planner_settings(config: DaemonConfig) -> PlannerSettings:
     return PlannerSettings(reserve_cpus=config.reserve_cpus,
-                           tier_weights=tuple(sorted(config.tier_weights.items())))
+                           tier_weights=tuple(sorted(config.tier_weights.items())),
+                           idle_resume_us=tuple(sorted(config.tier_idle_resume_us.items())))
 
 
 def decide(view: HostView, matcher: Matcher, processes: Iterable,

@@ -25,7 +25,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from temperd.decide.matcher import Workload
 from temperd.plan import (CONFINED, EXCLUSIVE, FENCED, GROUPED, LATENCY, OPEN, OWNED, TIERS, YIELD, CgroupWeight, Layer, LayerPlan, MemberSelector)
-from temperd.config.daemon_config import DEFAULT_TIER_WEIGHTS
+from temperd.config.daemon_config import DEFAULT_IDLE_RESUME_US, DEFAULT_TIER_WEIGHTS, NO_IDLE_RESUME_BOUND
 from temperd.config.profile import DEFAULT_NICE, Profile, ThreadGroup
 from temperd.decide.sizing import NO_SIZING, Sizing
 
@@ -37,9 +37,15 @@ LAYER_NAME_MAX = 63
 class PlannerSettings:
     reserve_cpus: int = 1
     tier_weights: Tuple[Tuple[str, int], ...] = tuple(sorted(DEFAULT_TIER_WEIGHTS.items()))
+    idle_resume_us: Tuple[Tuple[str, int], ...] = tuple(sorted(DEFAULT_IDLE_RESUME_US.items()))  # per tier
 
     def weight_of(self, tier: str) -> int:
         return _weights(self.tier_weights)[tier]
+
+    def owner_resume_of(self, tier: str) -> Optional[int]:
+        """The resume bound on the CPUs the tier's exclusive groups own where their profile sets none."""
+        bound = _weights(self.idle_resume_us).get(tier, NO_IDLE_RESUME_BOUND)
+        return None if bound == NO_IDLE_RESUME_BOUND else bound
 
 
 @functools.lru_cache(maxsize=16)
@@ -188,7 +194,8 @@ def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
             errors.append(f"workload {workload.key}: profile {workload.profile_id!r} is not loaded")
             continue
         asked.clear()
-        made, said = _workload_layers(workload, profile, alloc, tier_weight, unique, sizing)
+        made, said = _workload_layers(workload, profile, alloc, tier_weight, unique, sizing,
+                                      settings.owner_resume_of(workload.tier))
         layers.extend(made)
         decisions.extend(said)
         if memo is not None and _needs_no_cpus(workload, profile) and all(name == given for name, given in asked):
@@ -201,7 +208,7 @@ def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
 
 
 def _workload_layers(workload: Workload, profile: Optional[Profile], alloc: "_CoreAllocator", tier_weight: int,
-                     unique, sizing: Sizing) -> Tuple[List[Layer], List[str]]:
+                     unique, sizing: Sizing, owner_resume: Optional[int] = None) -> Tuple[List[Layer], List[str]]:
     """One workload's layers, and the lines it adds to the plan's decisions."""
     said: List[str] = []
     if profile is None:
@@ -212,10 +219,17 @@ def _workload_layers(workload: Workload, profile: Optional[Profile], alloc: "_Co
         return [], said
     made = []
     for group in profile.thread_groups:
-        layer = _group_layer(workload, group, alloc, unique(f"{_slug(workload.key)}.{group.name}"), said, sizing)
+        layer = _group_layer(workload, group, alloc, unique(f"{_slug(workload.key)}.{group.name}"), said, sizing,
+                             owner_resume)
         if layer is not None:
             made.append(layer)
     return made, said
+
+
+def _resume_text(bound: int, tier: str) -> str:
+    what = ("idle, the CPUs poll for the owner's next wakeup (never a sleep state)" if bound == 0 else
+            f"idle, the CPUs stay out of sleep states slower than {bound} us to leave")
+    return f"{what}: the {tier} tier's idle_resume_us"
 
 
 def _selector(workload: Workload, group: Optional[ThreadGroup], tids: Tuple[int, ...]) -> MemberSelector:
@@ -230,7 +244,8 @@ def _selector(workload: Workload, group: Optional[ThreadGroup], tids: Tuple[int,
 
 
 def _group_layer(workload: Workload, group: ThreadGroup, alloc: _CoreAllocator, name: str, decisions: List[str],
-                 sizing: Sizing = NO_SIZING) -> Optional[Layer]:
+                 sizing: Sizing = NO_SIZING, owner_resume: Optional[int] = None) -> Optional[Layer]:
+    """owner_resume: the tier's resume bound for the CPUs of an exclusive group whose profile sets none."""
     members = workload.members(group.name)
     where = f"{workload.key} group {group.name}"
     if not members:
@@ -247,8 +262,12 @@ def _group_layer(workload: Workload, group: ThreadGroup, alloc: _CoreAllocator, 
             siblings = tuple(cpu for core in cores for cpu in core[1:])
             reasons.append(f"Confined on CPUs {_cpus(cpus)}, {group.ownership}: " + _OWNERSHIP_TEXT[group.ownership]
                            + (f"; SMT siblings {_cpus(siblings)} left idle" if siblings else ""))
+            resume = group.idle_resume_us
+            if resume is None and owner_resume is not None:
+                resume = owner_resume
+                reasons.append(_resume_text(resume, workload.tier))
             return Layer(kind=CONFINED, treatment=EXCLUSIVE, cpus=cpus, idle_siblings=siblings, protected=True,
-                         nice=group.nice, slice_us=group.slice_us, idle_resume_us=group.idle_resume_us,
+                         nice=group.nice, slice_us=group.slice_us, idle_resume_us=resume,
                          ownership=group.ownership, reasons=tuple(reasons), **common)
         nice = min(group.nice, DEFAULT_NICE[LATENCY])
         text = f"demoted to latency on shared CPUs (nice {nice}): needs {want} whole core(s), " + (

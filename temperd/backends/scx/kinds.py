@@ -142,7 +142,12 @@ def render_kind(layer: Layer, cpu_count: int, notes: List[str], errors: List[str
         body["slice_us"] = int(layer.slice_us)
     elif level == LOW_FALLBACK:
         body["slice_us"] = min(int(layer.slice_us), YIELD_SLICE_US) if layer.slice_us else YIELD_SLICE_US
-    if layer.idle_resume_us is not None:
+    if layer.idle_resume_us == 0:
+        # scx_layered writes its bound to pm_qos_resume_latency_us as a number, and the file reads
+        # "0" as no constraint (a bound of 0 is "n/a"): rendered, it would set nothing.
+        notes.append("idle_resume_us 0 (poll while idle) is not rendered: scx_layered writes 0, which "
+                     "pm_qos_resume_latency_us reads as no constraint; these CPUs idle as they would")
+    elif layer.idle_resume_us is not None:
         body["idle_resume_us"] = int(layer.idle_resume_us)
     return {kind: body}
 
