@@ -38,8 +38,8 @@ STARVED_LOG_EVERY_S = 600.0  # a spell that comes and goes is logged once in thi
 # and exits within one costs a failed open instead of reads of /proc. The wait is
 # BATCH_WAIT_PER_CPU times the CPU time such passes took (smoothed()), at most EVENT_BATCH_S:
 # under a steady stream of events a cycle is a pass and its wait, so handling events takes at most
-# EVENT_PATH_SHARE of a core until batches reach EVENT_BATCH_S, however fast the host forks; a
-# cheaper pass buys shorter cycles (less delay), not less CPU. A light stream of events is treated
+# EVENT_PATH_SHARE of a core until batches reach EVENT_BATCH_S, however fast the host forks; below
+# those caps a cheaper pass buys shorter cycles (less delay), not less CPU. A light stream of events is treated
 # within milliseconds, and the first event after a quiet spell is handled at once. A pass's cost is
 # the whole daemon's CPU over its cycle (cycle_cost()): the idle cgroup's moves are made on a worker
 # thread (cgroup_moves.py), beside the main loop.
