@@ -50,7 +50,7 @@ STARVED_LOG_EVERY_S = 600.0  # a spell that comes and goes is logged once in thi
 # passes come more often than EVENT_PATH_SHARE allows (back-to-back passes of 40 ms at worst).
 # A fifth of a core, not a quarter. At 200 threads, renames and processes a second (bench/churn.py)
 # on a 2-vCPU guest, passes cost 12-18 ms and the cut above binds as often as the share: the fifth
-# measured 22.5-24.8 % of a core there against the quarter's 24.4-26.7 %, with 99.6-100 % treated
+# measured 22.5-24.9 % of a core there against the quarter's 24.4-27.2 %, with 99.6-100 % treated
 # within 100 ms in both. A cheaper pass is what lowers it further.
 EVENT_PATH_SHARE = 0.2
 EVENT_BATCH_S = 0.05
