@@ -12,7 +12,7 @@ import pytest
 
 from temperd.decide.matcher import MatchResult, ThreadMatch, Workload
 from temperd.observe.journal import Journal, describe_layer
-from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, YIELD, Layer, LayerPlan, MemberSelector
+from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, OWNED, YIELD, Layer, LayerPlan, MemberSelector
 
 
 class Clock:
@@ -53,6 +53,11 @@ def test_describe_layer():
     sel = MemberSelector()
     assert describe_layer(Layer("a", CONFINED, EXCLUSIVE, "critical", "w", "g", sel, cpus=(2, 3, 4, 7))) == \
         "exclusive, CPUs 2-4,7, fenced"
+    assert describe_layer(Layer("a", CONFINED, EXCLUSIVE, "critical", "w", "g", sel, cpus=(1,), ownership=OWNED,
+                                idle_resume_us=0)) == "exclusive, CPUs 1, owned, polling while idle"
+    assert describe_layer(Layer("a", CONFINED, EXCLUSIVE, "critical", "w", "g", sel, cpus=(1,),
+                                idle_resume_us=20)).endswith("fenced, idle exit within 20 us")
+    assert "idle" not in describe_layer(Layer("a", OPEN, LATENCY, "critical", "w", "g", sel, nice=-5, idle_resume_us=0))
     assert describe_layer(Layer("a", OPEN, LATENCY, "critical", "w", "g", sel, nice=-7, slice_us=500)) == \
         "latency, nice -7, slice 500 us"
     assert describe_layer(Layer("a", OPEN, YIELD, "critical", "w", "g", sel, policy="batch", nice=15)) == \

@@ -51,6 +51,9 @@ def describe_layer(layer: Layer) -> str:
         parts.append(f"{'CPUs' if layer.kind == CONFINED else 'sharing CPUs'} {_cpus(layer.cpus)}")
         if layer.holds_cpus:
             parts.append(layer.holds_cpus)
+        if layer.idle_resume_us is not None:  # the PM QoS bound on its own CPUs (pmqos.py; an Open layer's is not applied)
+            parts.append("polling while idle" if layer.idle_resume_us == 0 else
+                         f"idle exit within {layer.idle_resume_us} us")
         if layer.kind != CONFINED and layer.treatment == EXCLUSIVE:
             parts.append("demoted: not enough whole cores")
     return ", ".join(parts)
