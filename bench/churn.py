@@ -31,8 +31,6 @@ from typing import Dict, List, Optional
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (HostMonitor, host_description, print_py_spy, py_spy_record, read_text,  # noqa: E402
                     running_temperd)
-from temperd.control import client  # noqa: E402
-from temperd.control.protocol import DaemonUnavailable  # noqa: E402
 from servers import free_port  # noqa: E402  (common puts tests/ on sys.path)
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -195,8 +193,8 @@ def inventory_counts(port: int) -> Dict[str, Optional[float]]:
 def replans(daemon) -> Optional[int]:
     """The daemon's replans since start (each a pass of match, plan and apply), from its status."""
     try:
-        return int(client.request(daemon.socket, "status", timeout=30)["status"]["replans"])
-    except (DaemonUnavailable, KeyError, TypeError, ValueError):
+        return int(daemon.status(timeout=30)["replans"])
+    except (RuntimeError, subprocess.TimeoutExpired, KeyError, TypeError, ValueError):
         return None
 
 

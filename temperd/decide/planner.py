@@ -40,18 +40,18 @@ class PlannerSettings:
     idle_resume_us: Tuple[Tuple[str, int], ...] = tuple(sorted(DEFAULT_IDLE_RESUME_US.items()))  # per tier
 
     def weight_of(self, tier: str) -> int:
-        return _weights(self.tier_weights)[tier]
+        return _by_tier(self.tier_weights)[tier]
 
     def owner_resume_of(self, tier: str) -> Optional[int]:
         """The resume bound on the CPUs the tier's exclusive groups own where their profile sets none."""
-        bound = _weights(self.idle_resume_us).get(tier, NO_IDLE_RESUME_BOUND)
+        bound = _by_tier(self.idle_resume_us).get(tier, NO_IDLE_RESUME_BOUND)
         return None if bound == NO_IDLE_RESUME_BOUND else bound
 
 
 @functools.lru_cache(maxsize=16)
-def _weights(tier_weights: Tuple[Tuple[str, int], ...]) -> Dict[str, int]:
-    """Asked once per workload per plan: made once per configuration."""
-    return dict(tier_weights)
+def _by_tier(pairs: Tuple[Tuple[str, int], ...]) -> Dict[str, int]:
+    """A per-tier setting as a mapping, asked once per workload per plan: made once per configuration."""
+    return dict(pairs)
 
 
 def exclusive_cores(budget: float, cpu_fraction: float) -> int:

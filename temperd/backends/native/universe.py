@@ -19,11 +19,9 @@ class Universe(Dict[ThreadKey, Any]):
         for tid, start in self:
             self._starts.setdefault(tid, set()).add(start)
 
-    def put(self, thread: Any) -> ThreadKey:
-        key = (thread.tid, thread.start_time)
-        self[key] = thread
+    def put(self, thread: Any) -> None:
+        self[(thread.tid, thread.start_time)] = thread
         self._starts.setdefault(thread.tid, set()).add(thread.start_time)
-        return key
 
     def drop(self, key: ThreadKey) -> None:
         del self[key]
