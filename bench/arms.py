@@ -46,7 +46,7 @@ import common as C
 from temperd.backends.scx.process import terminate  # noqa: E402
 from temperd.backends.scx.stats import StatsClient, StatsError, SysStats  # noqa: E402
 from temperd.config.profile import parse_profile  # noqa: E402
-from temperd.plan import CONFINED, EXCLUSIVE  # noqa: E402
+from temperd.plan import CONFINED, EXCLUSIVE, FENCED  # noqa: E402
 from temperd.training.trials import Arm, ScratchCgroup  # noqa: E402
 
 STOCK, BY_HAND, TEMPERD, TEMPERD_BG = "stock", "by-hand", "temperd", "temperd+bg"
@@ -312,11 +312,13 @@ def profile_arm(server: ServerUnderTest, name: str, path: str) -> BenchArm:
     """temperd+bg with the server bound to the profile in `path` (a trained one, or a variant of it)."""
     with open(path) as handle:
         text = handle.read()
-    exclusive = any(g.treatment == EXCLUSIVE for g in parse_profile(text, path).thread_groups)
+    groups = [g for g in parse_profile(text, path).thread_groups if g.treatment == EXCLUSIVE]
+    # Only a fence keeps the spinners off the exclusive CPUs; owned ones are lent to them.
     return BenchArm(name, f"temperd+bg with the profile {profile_id_of(text)!r} ({os.path.basename(path)})",
                     lambda: temperd_arm(server, True, profiles={"trained.toml": text},
-                                        profile_id=profile_id_of(text), expects_exclusive=exclusive),
-                    spinners_kept_off=True, spinner_policy=os.SCHED_IDLE)
+                                        profile_id=profile_id_of(text),
+                                        expects_exclusive=bool(groups) and server.expects_exclusive),
+                    spinners_kept_off=any(g.ownership == FENCED for g in groups), spinner_policy=os.SCHED_IDLE)
 
 
 def train_profile(workload, server, variant: str, seconds: float, path: str, timeout_s: float) -> None:

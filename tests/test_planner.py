@@ -65,15 +65,20 @@ def test_three_hot_threads_get_three_whole_cores_with_idle_siblings_on_c2_standa
     assert only(p, group="rest").policy == "idle"
 
 
-def test_same_demand_is_demoted_to_latency_on_shared_cpus_on_c2_standard_4():
+def test_same_demand_is_demoted_to_shared_cpus_at_its_own_nice_on_c2_standard_4():
+    """Demoted, a group keeps its own nice (0 unless its profile sets one): raised to the latency
+    nice, a pool took the share of what ran beside it (docs/benchmarks.md, PostgreSQL's backends)."""
     shape = load_fixture_shape("gcp-c2-standard-4")
     w = workload("onnx.service", "hot", [("compute", 3)], budget=3.0)
     p = plan(shape, [w], {"hot": hot_profile(3)})
     layer = only(p, group="compute")
-    assert (layer.kind, layer.treatment, layer.cpus, layer.nice) == (OPEN, LATENCY, (), -10)
+    assert (layer.kind, layer.treatment, layer.cpus, layer.nice) == (OPEN, LATENCY, (), 0)
     assert layer.holds_cpus is None
-    assert any("demoted to latency on shared CPUs" in d and "needs 3 whole core(s)" in d for d in p.decisions)
+    assert any("demoted to shared CPUs at nice 0" in d and "needs 3 whole core(s)" in d for d in p.decisions)
     assert any("demoted" in r for r in layer.reasons)
+    own = parse_profile(HOT.format(n=3, fraction=1.0).replace('cpu_fraction = 1.0', 'cpu_fraction = 1.0\nnice = -5'),
+                        "hot.toml")
+    assert only(plan(shape, [w], {"hot": own}), group="compute").nice == -5
 
 
 def test_llama_cpp_cpu_fraction_arithmetic_for_a_2250m_budget():
@@ -88,7 +93,7 @@ def test_llama_cpp_cpu_fraction_arithmetic_for_a_2250m_budget():
 
 
 def test_m5_xlarge_two_hot_threads_never_share_a_physical_core():
-    """Two cores asked, one left beside the reserve: demoted to latency rather than two threads
+    """Two cores asked, one left beside the reserve: demoted to shared CPUs rather than two threads
     on the SMT siblings of one core."""
     shape = load_fixture_shape("aws-m5.xlarge")
     assert shape.core_of(0).cpus == (0, 2)

@@ -340,7 +340,7 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
         assert hot_observed["scx"]["cpus"] == [1] and "util" in hot_observed  # beside what temperd observed
         assert [l["name"] for l in observed["scx_layers_beyond_plan"]] == ["rest"]
 
-        # A second hot thread: 2 cores wanted, 1 free -> demoted to latency on shared CPUs (an Open
+        # A second hot thread: 2 cores wanted, 1 free -> demoted to shared CPUs (an Open
         # layer that preempts) -> one restart.
         app.command("thread scxb-hot1")
         wait_for(lambda: len(standin.attaches()) == 2, WAIT_S, "the restart for the changed plan")

@@ -1,6 +1,6 @@
 """Exclusive groups sized from what their threads use (decide/sizing.py): the hysteresis rule, and a
 pool of four real busy workers measured the way the watch thread measures them, then planned on
-a 4-core machine shape (two whole cores) and on a 2-core one (demoted to latency, explain says why)."""
+a 4-core machine shape (two whole cores) and on a 2-core one (demoted to shared CPUs, explain says why)."""
 
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def test_four_busy_workers_get_two_cores_on_a_4_core_shape_and_are_demoted_on_a_
     result = plan(two, [w], profiles, sizing=sizing)
     layer = workers(result)
     assert (layer.kind, layer.treatment, layer.cpus) == (OPEN, LATENCY, ())
-    assert any("demoted to latency on shared CPUs" in d and "needs 2 whole core(s), only 1 left" in d
+    assert any("demoted to shared CPUs" in d and "needs 2 whole core(s), only 1 left" in d
                for d in result.decisions)
 
 

@@ -10,8 +10,10 @@ Sizing rules (temper-profile(5), "cpu_fraction"):
 - whole cores for exclusive groups come from what is left after a reserve for everything else
   (the lowest-numbered cores: CPU 0 carries most housekeeping and interrupts);
 - a group whose whole-core demand exceeds what is left, or whose measured use needs more cores
-  than its budget gives (pinned to fewer, a pool queues on them), is demoted to latency treatment
-  on shared CPUs (an Open layer at the latency nice); the demotion is reported, never silent;
+  than its budget gives (pinned to fewer, a pool queues on them), is demoted to shared CPUs (an
+  Open layer at the group's own nice: a pool raised to the latency nice took the CPU share of
+  whatever ran beside it, a co-located client first, and bought nothing against the background
+  tier, which yields anyway); the demotion is reported, never silent;
 - critical-tier workloads without a profile get a tier layer.
 """
 
@@ -26,7 +28,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from temperd.decide.matcher import Workload
 from temperd.plan import (CONFINED, EXCLUSIVE, FENCED, GROUPED, LATENCY, OPEN, OWNED, TIERS, YIELD, CgroupWeight, Layer, LayerPlan, MemberSelector)
 from temperd.config.daemon_config import DEFAULT_IDLE_RESUME_US, DEFAULT_TIER_WEIGHTS, NO_IDLE_RESUME_BOUND
-from temperd.config.profile import DEFAULT_NICE, Profile, ThreadGroup
+from temperd.config.profile import Profile, ThreadGroup
 from temperd.decide.sizing import NO_SIZING, Sizing
 
 TIER_RANK = {tier: rank for rank, tier in enumerate(TIERS)}
@@ -269,8 +271,8 @@ def _group_layer(workload: Workload, group: ThreadGroup, alloc: _CoreAllocator, 
             return Layer(kind=CONFINED, treatment=EXCLUSIVE, cpus=cpus, idle_siblings=siblings, protected=True,
                          nice=group.nice, slice_us=group.slice_us, idle_resume_us=resume,
                          ownership=group.ownership, reasons=tuple(reasons), **common)
-        nice = min(group.nice, DEFAULT_NICE[LATENCY])
-        text = f"demoted to latency on shared CPUs (nice {nice}): needs {want} whole core(s), " + (
+        nice = group.nice
+        text = f"demoted to shared CPUs at nice {nice}: needs {want} whole core(s), " + (
             over_budget or f"only {alloc.available()} left after the reserve and earlier exclusive groups")
         reasons.append(text)
         decisions.append(f"{where}: {text}")

@@ -48,7 +48,7 @@ has_words() {  # has_words TEXT WORD...: every WORD is a whole word of TEXT
   for word in "$@"; do [[ "$text" == *" $word "* ]] || return 1; done
 }
 # workers_cpus: the CPUs the plan gives memcached's workers group, comma-separated; fails while it
-# holds none (before it is sized by use, or demoted to latency on shared CPUs).
+# holds none (before it is sized by use, or demoted to shared CPUs).
 workers_cpus() {
   status_json | $HELPER json '",".join(str(c) for c in [l for l in d["layers"] if l["name"].endswith(".workers")][0]["cpus"])'
 }
@@ -410,7 +410,7 @@ PY
 }
 # memcached_load SECONDS: paced get/set traffic on 4 connections (about 100 a second each), so that
 # every mc-worker thread runs while the group's use stays well under its budget of one CPU (flat
-# out under emulation it measures over one CPU, and the group is demoted to latency, as it should be)
+# out under emulation it measures over one CPU, and the group is demoted to shared CPUs, as it should be)
 memcached_load() {
   python3 - "$1" <<'PY'
 import socket, sys, threading, time

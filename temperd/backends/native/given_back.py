@@ -4,7 +4,7 @@ A thread made while its creator carried one of temperd's values inherits that va
 see the new thread only after it changed the creator again (a layer change, a demotion, a stop
 restoring the creator first). The creator's record then no longer holds the value the new thread
 has, and without this memory the new thread would keep it as if it were its own (seen: a thread
-made while its creator was demoted to latency kept nice -10 after the creator got its core back).
+made while its creator was in a latency layer kept that layer's nice after the creator got a core back).
 inheritance.Creators looks here when no creator carries the value now.
 """
 
