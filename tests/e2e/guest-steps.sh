@@ -795,6 +795,7 @@ step_bench_isolation() {
   else
     echo "no real scx_layered in the share (run-vm-test.sh --scx-layered FILE): no scx arm"
   fi
+  [ ! -s "$H/bench-arms" ] || arms="$(cat "$H/bench-arms")"  # run-vm-test.sh --bench-arms
   local server variant rc=0
   for server in $(tr ',' ' ' <"$H/bench-servers" 2>/dev/null || echo redis); do
     variant=c=50

@@ -15,7 +15,7 @@
 #
 # usage: tests/e2e/run-vm-test.sh [--cache DIR] [--deb FILE] [--scx-layered FILE] [--timeout MIN] [--keep]
 #                                  [--rebuild-image] [--only STEPS] [--skip STEPS] [--bench "NAME..."] [--bench-ladder N,N..]
-#                                  [--bench-servers NAME,NAME..] [--bench-out DIR]
+#                                  [--bench-servers NAME,NAME..] [--bench-arms ARM,ARM..] [--bench-out DIR]
 #        tests/e2e/run-vm-test.sh --check-console LOG
 #   --cache DIR      image cache (default $TEMPERD_E2E_CACHE or /var/cache/temperd-e2e)
 #   --deb FILE       test this .deb instead of building one with scripts/build-packages.sh
@@ -40,6 +40,8 @@
 #   --bench-ladder N,N..  the isolation benchmark's spinner counts (default 0,1,2,4)
 #   --bench-servers NAME,NAME..  the isolation benchmark's servers, one run each (default redis;
 #                    memcached's load generator, memcaslap, is installed in the guest when asked)
+#   --bench-arms ARM,ARM..  the isolation benchmark's arms (bench/isolation.py --arms; default
+#                    stock,temperd+bg and scx+bg where there is a real scx_layered)
 #   --bench-out DIR  copy the benchmarks' output (text and JSON) into DIR
 #   --check-console LOG  boot nothing: print the kernel panic or oops a guest console log shows, on
 #                    one line, and exit 0, or exit 1 if it shows none (the check behind a panic retry)
@@ -90,7 +92,7 @@ panic_excerpt() {
 }
 cache="${TEMPERD_E2E_CACHE:-/var/cache/temperd-e2e}"
 deb="" timeout_min=25 keep=0 only="" skip="" scx_layered="${TEMPERD_SCX_LAYERED:-}" bench="" bench_out="" bench_ladder=0,1,2,4
-bench_servers=redis
+bench_servers=redis bench_arms=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --cache) cache="${2:?}"; shift ;;
@@ -104,6 +106,9 @@ while [ $# -gt 0 ]; do
     --bench-out) bench_out="$(realpath -m "${2:?}")"; shift ;;
     --bench-ladder) bench_ladder="${2:?}"; shift
       [[ "$bench_ladder" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "run-vm-test.sh: --bench-ladder: expected N,N,... (e.g. 0,4), found $bench_ladder" >&2; exit 2; } ;;
+    --bench-arms) bench_arms="${2:?}"; shift
+      [[ "$bench_arms" =~ ^stock(,[a-z+-]+)*$ ]] ||
+        { echo "run-vm-test.sh: --bench-arms: expected stock,ARM,... (bench/isolation.py's arm names), found $bench_arms" >&2; exit 2; } ;;
     --bench-servers) bench_servers="${2:?}"; shift
       [[ "$bench_servers" =~ ^(redis|memcached)(,(redis|memcached))*$ ]] ||
         { echo "run-vm-test.sh: --bench-servers: expected redis and/or memcached (e.g. redis,memcached), found $bench_servers" >&2; exit 2; } ;;
@@ -201,6 +206,7 @@ if [ -n "$bench" ]; then
   echo "$bench" >"$share/bench"
   echo "$bench_ladder" >"$share/bench-ladder"
   echo "$bench_servers" >"$share/bench-servers"
+  [ -z "$bench_arms" ] || echo "$bench_arms" >"$share/bench-arms"
   say "benchmarks in the guest after the steps: $bench"
 fi
 chmod 755 "$share/run.sh" "$share/guest-steps.sh"
