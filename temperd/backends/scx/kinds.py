@@ -39,7 +39,7 @@ Exclusive groups, by Layer.ownership:
   them to others, instead of being held by a group that may use a quarter of one CPU. Beside a
   fenced layer the flag could split that layer's cores (alloc_cpus takes what a core has left
   and moves on), so there owned layers keep their whole cores.
-Grouped layers that hold CPUs (demoted exclusive groups, critical-tier layers) get a fixed count
+Grouped layers that hold CPUs (critical-tier layers without a profile) get a fixed count
 `[k, k]` and `preempt` when they serve a latency or exclusive group.
 """
 
