@@ -42,7 +42,9 @@ What runs (bench/workloads.py has each server and its load; bench/arms.py each a
   time it wanted a CPU that it spent waiting.
 - Where the load generator runs: on a 2-CPU host it is a local process competing for CPU. Under
   stock it floats over both CPUs; under temperd and by hand the server owns one CPU and the load
-  generator is left the other (the `client ran on` column: its last CPU, sampled every 50 ms).
+  generator is left the other (the `client ran on` column: its last CPU, sampled every 50 ms;
+  the server's main thread, each spinner worker and each neighbour worker are sampled the same
+  way). A process-per-connection server's backends, forked during the run, count in `swait%`.
 """
 
 from __future__ import annotations
@@ -224,13 +226,23 @@ class Bench:
         meter.follow("client", proc.pid)
         deadline = time.monotonic() + self.timeout_s
         allowed = set()
+        followed = set(server_pids)
         try:
             while proc.poll() is None:
                 if time.monotonic() >= deadline:
                     run.error = f"{workload.tool} did not finish within {self.timeout_s:.0f} s"
                     return
+                # A process-per-connection server forks its backends during the run: their wait counts.
+                for pid in self.under.pids():
+                    if pid not in followed:
+                        followed.add(pid)
+                        meter.follow("server", pid)
                 sampler.sample("client", proc.pid)
                 sampler.sample("server", server_pids[0])
+                for pid in spinners:
+                    sampler.sample("spinners", pid)
+                for pid in neighbour:
+                    sampler.sample("neighbour", pid)
                 for found in C.thread_affinities(proc.pid):  # a load generator may pin its threads (memcaslap does)
                     allowed.add(C.cpulist(found))
                 meter.sample()
@@ -245,6 +257,7 @@ class Bench:
                 proc.wait()
             output.close()
         run.notes.update(client_cpus=sampler.describe("client"), server_cpus=sampler.describe("server"),
+                         spinner_cpus=sampler.describe("spinners"), neighbour_cpus=sampler.describe("neighbour"),
                          client_allowed="/".join(sorted(allowed)) or "-")
         if proc.returncode != 0:
             run.error = f"{workload.tool} exited with {proc.returncode}: {stdout.strip()[-200:]}"
@@ -334,7 +347,8 @@ def print_table(workload: W.Workload, variant: str, ladder: Sequence[int], arm_n
             f"{'r/st':>6} {'p99/st':>6} {'r/hand':>6} {'p99/hd':>6} {'cwait%':>6} {'cdly%':>6} {'swait%':>6} "
             f"{'runs':>4} {'noisy':>5} {'idle%':>5} {'bg ops/s':>9} {'bg/hd':>5} "
             + (f"{'nb ops/s':>9} {'nb/hd':>5} " if neighbour else "")
-            + f"{'steal%':>6} {'frgn%':>5}  client ran on (allowed); server ran on")
+            + f"{'steal%':>6} {'frgn%':>5}  client ran on (allowed); server ran on; spinners ran on"
+            + ("; neighbour ran on" if neighbour else ""))
     print(head)
     print("-" * len(head))
     for bg in ladder:
@@ -363,7 +377,8 @@ def print_table(workload: W.Workload, variant: str, ladder: Sequence[int], arm_n
                   + (f"{_median_of(neighbour, step, arm):9.0f} {by_hand_ratio(neighbour, step, arm):>5} " if neighbour else "")
                   + f"{window_median(group, 'steal_pct'):6.1f} "
                   f"{window_median(group, 'foreign_core_pct'):5.1f}  "
-                  f"{last.get('client_cpus', '-')} ({last.get('client_allowed', '-')}); {last.get('server_cpus', '-')}")
+                  f"{last.get('client_cpus', '-')} ({last.get('client_allowed', '-')}); {last.get('server_cpus', '-')}; "
+                  f"{last.get('spinner_cpus', '-')}" + (f"; {last.get('neighbour_cpus', '-')}" if neighbour else ""))
 
 
 def markdown_table(workload_name: str, rate_unit: str, variant: str, ladder: Sequence[int],
