@@ -143,6 +143,10 @@ def test_owner_wakes_on_its_cpu_as_fast_with_a_borrower_spinning_there_as_when_i
         print(f"owner wakeup p99 (median of {BLOCKS} blocks): CPU idle {idle_p99:.0f} us, "
               f"{borrower} spinning there {borrowed_p99:.0f} us; blocks {idle} / {borrowed}")
         assert borrowed_p99 <= 1.5 * idle_p99, (idle, borrowed)
+        if other_session:  # the session's nice is put back at stop
+            stopped = backend.stop()
+            assert not stopped.failed, stopped.errors
+            assert read_autogroup(owner.pid)[1] == 0
     finally:
         stop(owner)
         if spinner is not None:
