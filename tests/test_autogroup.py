@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import pytest
@@ -14,6 +17,7 @@ from temperd.backends.native import autogroup
 from temperd.backends.native.autogroup import (OWNER_NICE, YIELD_NICE, Autogroups, Session, autogroup_enabled,
                                                read_autogroup, wanted_nices)
 from temperd.plan import CONFINED, EXCLUSIVE, FENCED, LATENCY, OPEN, OWNED, YIELD, Layer, MemberSelector
+from temperd.sources import procfs
 
 needs_autogroup = pytest.mark.skipif(os.geteuid() != 0 or not autogroup_enabled(),
                                      reason="needs root and kernel.sched_autogroup_enabled=1")
@@ -303,3 +307,35 @@ def test_a_batch_is_counted_into_its_sessions_only_where_every_sessions_classes_
     assert cache.count([_Thread(14, 10)], layer_for, lambda t: False) is None
     now[0] += autogroup.SessionCache.RECHECK_S
     assert cache.count([_Thread(15, 10)], layer_for, lambda t: False) is None
+
+
+
+@needs_autogroup
+def test_a_sessions_nice_goes_back_through_another_member_once_the_one_that_reached_it_ended():
+    # A session of its own: the leader forks a member (same session), then becomes a sleep.
+    leader = subprocess.Popen(["sh", "-c", "sleep 60 & exec sleep 60"], start_new_session=True)
+    member = None
+    try:
+        deadline = time.monotonic() + 10
+        while not procfs.read_children(leader.pid):
+            assert time.monotonic() < deadline, "the leader forked no member"
+            time.sleep(0.01)
+        member = procfs.read_children(leader.pid)[0]
+        name, before = read_autogroup(leader.pid)
+        assert read_autogroup(member)[0] == name
+        held = Autogroups()
+        held.groups.locate(name, leader.pid)
+        assert held.hold({name: OWNER_NICE}).applied == 1
+        assert read_autogroup(member)[1] == OWNER_NICE
+        leader.kill()
+        leader.wait(10)
+        restored = held.restore_all()
+        assert not restored.failed, restored.errors
+        assert read_autogroup(member) == (name, before)
+    finally:
+        if leader.poll() is None:
+            leader.kill()
+            leader.wait(10)
+        if member is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(member, signal.SIGKILL)

@@ -327,14 +327,20 @@ class AutogroupNice(Setting[str, int]):
         self.members[name] = (pid, _start_time(pid))
 
     def read(self, name: str) -> Optional[int]:
-        """None when the process that reaches the group is gone or has moved to another session."""
+        """None when no process is in the group any more. The process that reached it may have
+        ended, or moved to another session, while others stay in it: then one of them reaches it
+        (a session's owners may end before its yield threads; its nice must still go back)."""
         pid, start_time = self.members.get(name, (0, None))
-        if not pid or _start_time(pid) != start_time:
-            return None
-        found = read_autogroup(pid)
-        if found is None or found[0] != name:
-            return None
-        return found[1]
+        if pid and _start_time(pid) == start_time:
+            found = read_autogroup(pid)
+            if found is not None and found[0] == name:
+                return found[1]
+        for other in procfs.list_pids():  # rare: only once the process that reached it is gone
+            found = read_autogroup(other)
+            if found is not None and found[0] == name and _start_time(other) is not None:
+                self.locate(name, other)
+                return found[1]
+        return None
 
     def write(self, name: str, nice: int) -> None:
         set_autogroup_nice(self.members[name][0], nice)
