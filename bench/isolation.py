@@ -67,6 +67,7 @@ import common as C  # bench/common.py; also puts the checkout and tests/ on sys.
 import workloads as W  # bench/workloads.py
 
 import servers as S  # noqa: E402  (tests/servers.py)
+from temperd.backends.native.autogroup import read_autogroup  # noqa: E402
 from temperd.backends.native.sched import POLICY_NAMES  # noqa: E402
 from temperd.sources import procfs  # noqa: E402
 from temperd.training import trials as T  # noqa: E402
@@ -586,6 +587,12 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _interrupted)  # stop like Ctrl-C: servers stopped, cgroups removed
     if os.geteuid() != 0:
         print("isolation.py: must run as root (temperd changes scheduling settings of other processes)", file=sys.stderr)
+        return 2
+    own = read_autogroup(os.getpid())
+    if own is not None and own[1] != 0:  # the load generator and the spinners run in this session
+        print(f"isolation.py: this session's autogroup {own[0]} has nice {own[1]}, which weighs the load generator "
+              f"and the spinners against the server; expected 0 (echo 0 > /proc/{os.getpid()}/autogroup)",
+              file=sys.stderr)
         return 2
     if args.quick:
         args.reps, args.ladder, args.seconds = 1, "0,4", min(args.seconds, 1.5)
