@@ -9,14 +9,13 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
 
 import pytest
 
 from temperd.backends.native import autogroup
-from temperd.backends.native.autogroup import (OWNER_NICE, YIELD_NICE, Autogroups, Session, autogroup_enabled,
-                                               read_autogroup, wanted_nices)
-from temperd.plan import CONFINED, EXCLUSIVE, FENCED, LATENCY, OPEN, OWNED, YIELD, Layer, MemberSelector
+from temperd.backends.native.autogroup import (YIELD_NICE, Autogroups, Session, autogroup_enabled, read_autogroup,
+                                               wanted_nices)
+from temperd.plan import LATENCY, OPEN, YIELD, Layer, MemberSelector
 from temperd.sources import procfs
 
 needs_autogroup = pytest.mark.skipif(os.geteuid() != 0 or not autogroup_enabled(),
@@ -35,34 +34,6 @@ def test_whole_sessions_get_a_nice_and_mixed_ones_keep_theirs():
     }
     assert wanted_nices(found) == {"/autogroup-1": YIELD_NICE, "/autogroup-2": -5}
     assert sorted(name for name, session in found.items() if session.mixed) == ["/autogroup-5", "/autogroup-7"]
-
-
-def test_a_session_of_nothing_but_owners_outranks_the_sessions_that_borrow_their_cpus():
-    found = {
-        "/autogroup-1": Session(10, {"owner"}, [0]),
-        "/autogroup-2": Session(20, {"owner"}, [-15]),  # the owners' own lower nice
-        "/autogroup-3": Session(30, {"owner", YIELD}, [0]),  # raised only where the yield threads leave
-        "/autogroup-4": Session(40, {"owner", "none"}, [0]),  # untreated threads share it: left
-        "/autogroup-5": Session(50, {"owner", "favoured"}, [0, 0]),  # a pool on shared CPUs: left
-        "/autogroup-6": Session(60, {"owner", "favoured"}, [0, -5]),  # all favoured: their lowest nice
-    }
-    assert wanted_nices(found) == {"/autogroup-1": OWNER_NICE, "/autogroup-2": -15, "/autogroup-6": -5}
-    assert wanted_nices(found, yield_leaves=True) == {"/autogroup-1": OWNER_NICE, "/autogroup-2": -15,
-                                                     "/autogroup-3": OWNER_NICE, "/autogroup-6": -5}
-
-
-def test_owner_threads_are_told_from_other_favoured_ones():
-    threads = [_Thread(11, 10), _Thread(12, 10), _Thread(21, 20)]
-    owned = Layer(name="own", kind=CONFINED, treatment=EXCLUSIVE, tier="critical", workload="w", group="own",
-                  selector=MemberSelector(tids=(11,)), cpus=(1,), ownership=OWNED, nice=0)
-    fenced = replace(owned, name="fence", ownership=FENCED, selector=MemberSelector(tids=(21,)))
-    bg = _layer("bg", YIELD, [12], policy="idle")
-    layers = {11: owned, 12: bg, 21: fenced}
-    found = autogroup.sessions(threads, lambda t: layers.get(t.tid), lambda t: False,
-                               group_of=lambda pid: (f"/autogroup-{pid}", 0))
-    assert found["/autogroup-10"].classes == {"owner", YIELD} and found["/autogroup-10"].mixed
-    assert found["/autogroup-20"].classes == {"favoured"}  # fenced: nobody borrows its CPUs
-    assert wanted_nices(found, yield_leaves=True) == {"/autogroup-10": OWNER_NICE}
 
 
 def test_a_mixed_sessions_yield_threads_are_collected_for_the_idle_cgroup():
@@ -325,8 +296,8 @@ def test_a_sessions_nice_goes_back_through_another_member_once_the_one_that_reac
         assert read_autogroup(member)[0] == name
         held = Autogroups()
         held.groups.locate(name, leader.pid)
-        assert held.hold({name: OWNER_NICE}).applied == 1
-        assert read_autogroup(member)[1] == OWNER_NICE
+        assert held.hold({name: -10}).applied == 1
+        assert read_autogroup(member)[1] == -10
         leader.kill()
         leader.wait(10)
         restored = held.restore_all()

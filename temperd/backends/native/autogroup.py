@@ -1,5 +1,5 @@
-"""Autogroups: the nice of a whole session, for sessions that belong wholly to yield layers,
-wholly to favoured (latency, exclusive) ones, or to nothing but the owners of owned CPUs.
+"""Autogroups: the nice of a whole session, for sessions that belong wholly to yield layers or
+wholly to favoured (latency, exclusive) ones.
 
 With kernel.sched_autogroup_enabled=1 (and tasks in the root cpu cgroup) every session gets its
 own group entity, and nice, SCHED_IDLE and SCHED_BATCH only rank threads against others of the
@@ -11,19 +11,8 @@ which weighs the whole session's group entity.
 So a session whose every thread yields gets autogroup nice 19, and one whose every thread is
 favoured, with a negative nice among its layers, gets the lowest of those nices. A session that
 mixes yield threads with others keeps its nice; its yield threads are the idle cgroup's to place
-(idle_cgroup.py).
-
-Owners (the threads of an owned exclusive layer) must outrank whatever borrows their CPUs, and a
-fair borrower of another session competes with the owners' session at equal weight: measured on
-a 6.18 kernel, an owner busy 0.4 ms of every 1.4 ms woke up to 3.5 ms late (p99) with such a
-borrower spinning on its CPU, 0.09 ms at autogroup nice -10 (as with the CPU idle). So a session
-that holds nothing but owners (its yield threads, if any, leave it for the idle cgroup) gets
-OWNER_NICE, or its owners' own lower nice. Owners run only on their CPUs, so the session's weight
-counts only there. A session that also holds untreated threads, or favoured ones that are not
-owners, is not raised for them: that would raise those threads on every CPU.
-
-Each autogroup nice is a held setting (held.py): original recorded first, drift left to whoever
-made it, restored at the end.
+(idle_cgroup.py). Each autogroup nice is a held setting (held.py): original recorded first,
+drift left to whoever made it, restored at the end.
 """
 
 from __future__ import annotations
@@ -34,16 +23,13 @@ from typing import Any, Callable, Container, Dict, Iterable, List, Mapping, Opti
 
 from temperd.backends.native.held import HeldSettings, HostSettingResult, Setting
 from temperd.backends.native.sched import NICE_MAX, NICE_MIN
-from temperd.plan import OWNED, YIELD, Layer
+from temperd.plan import YIELD, Layer
 from temperd.sources import procfs
 
 AUTOGROUP = "autogroup"
 YIELD_NICE = 19
-OWNER_NICE = -10  # weight 9548 against a fair borrower's 1024: an owner gets >= 90 % of its CPU
 ENABLED_SWITCH = "/proc/sys/kernel/sched_autogroup_enabled"
 _FAVOURED = "favoured"
-_OWNER = "owner"  # a favoured thread of an owned exclusive layer: it runs only on its CPUs
-_RAISING = (_FAVOURED, _OWNER)  # the classes that may lower a session's nice
 _UNTREATED = "none"
 Groups = Dict[int, Optional[Tuple[str, int]]]  # pid -> its autogroup (name, nice), read in this batch
 
@@ -90,8 +76,8 @@ class Session:
     """The threads of one autogroup, as the plan sees them."""
 
     pid: int  # a process in it (a leader where one was seen): /proc/PID/autogroup reaches the group
-    classes: Set[str] = field(default_factory=set)  # YIELD, favoured, owner, none (untreated)
-    nices: List[int] = field(default_factory=list)  # the nices of its favoured and owner layers
+    classes: Set[str] = field(default_factory=set)  # YIELD, favoured, none (untreated)
+    nices: List[int] = field(default_factory=list)  # the nices of its favoured layers
     yielding: List[Any] = field(default_factory=list)  # its threads in yield layers
 
     @property
@@ -128,7 +114,7 @@ def sessions(threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
         session.classes.add(kind)
         if kind == YIELD:
             session.yielding.append(thread)
-        elif kind in _RAISING and layer is not None and layer.nice is not None:
+        elif kind == _FAVOURED and layer is not None and layer.nice is not None:
             session.nices.append(layer.nice)
         if classes is not None:
             classes[(thread.tid, thread.start_time)] = (group[0], kind)
@@ -136,12 +122,10 @@ def sessions(threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
 
 
 def class_of(layer: Optional[Layer]) -> str:
-    """What a thread of this layer is to its session: yield, owner, favoured, or untreated."""
+    """What a thread of this layer is to its session: yield, favoured, or untreated."""
     if layer is None:
         return _UNTREATED
-    if layer.treatment == YIELD:
-        return YIELD
-    return _OWNER if layer.holds_cpus == OWNED else _FAVOURED
+    return YIELD if layer.treatment == YIELD else _FAVOURED
 
 
 class SessionCache:
@@ -216,7 +200,7 @@ class SessionCache:
         """Between whole passes: these threads (new, or in another layer now) counted into their
         sessions as the last pass counted every thread. Where that leaves every session with the
         classes it had (so the autogroups' nices and which sessions are mixed stay as they are),
-        none of them is favoured or an owner (either may lower a session's nice) and no recheck is
+        none of them is favoured (a favoured one may lower a session's nice) and no recheck is
         due: each thread with its class and whether its session is mixed. Else None, nothing
         counted: the caller makes the whole pass."""
         if self._checked_at is None or self._clock() - self._checked_at >= self.RECHECK_S:
@@ -229,7 +213,7 @@ class SessionCache:
             key = (thread.tid, thread.start_time)
             before = self._class_of.get(key)
             kind = class_of(layer_for(thread))
-            if kind in _RAISING or (before is not None and before[1] in _RAISING):
+            if kind == _FAVOURED or (before is not None and before[1] == _FAVOURED):
                 return None
             if thread.pid not in groups:
                 groups[thread.pid] = read_autogroup(thread.pid)
@@ -295,17 +279,13 @@ def _present(counts: Mapping[str, int]) -> Set[str]:
     return {kind for kind, n in counts.items() if n > 0}
 
 
-def wanted_nices(found: Mapping[str, Session], yield_leaves: bool = False) -> Dict[str, int]:
-    """The nice each autogroup should have (mixed ones keep theirs, but for owners).
-    yield_leaves: the yield threads of mixed sessions leave them (for the idle cgroup)."""
+def wanted_nices(found: Mapping[str, Session]) -> Dict[str, int]:
+    """The nice each autogroup should have (mixed ones keep theirs)."""
     wanted: Dict[str, int] = {}
     for name, session in found.items():
-        left = session.classes - {YIELD} if yield_leaves else session.classes
         if session.classes == {YIELD}:
             wanted[name] = YIELD_NICE
-        elif left == {_OWNER}:
-            wanted[name] = min(session.nices + [OWNER_NICE])
-        elif session.classes <= set(_RAISING) and session.nices and min(session.nices) < 0:
+        elif session.classes == {_FAVOURED} and session.nices and min(session.nices) < 0:
             wanted[name] = min(session.nices)
     return wanted
 
@@ -329,7 +309,8 @@ class AutogroupNice(Setting[str, int]):
     def read(self, name: str) -> Optional[int]:
         """None when no process is in the group any more. The process that reached it may have
         ended, or moved to another session, while others stay in it: then one of them reaches it
-        (a session's owners may end before its yield threads; its nice must still go back)."""
+        (a session whose processes all yield, or are all favoured, may lose the one it was reached
+        through first; its nice must still go back)."""
         pid, start_time = self.members.get(name, (0, None))
         if pid and _start_time(pid) == start_time:
             found = read_autogroup(pid)
@@ -354,7 +335,7 @@ class AutogroupNice(Setting[str, int]):
 
 
 class Autogroups(HeldSettings[str, int]):
-    """Holds the nice of autogroups whose threads all yield, are all favoured, or are owners."""
+    """Holds the nice of autogroups whose threads all yield, or are all favoured."""
 
     def __init__(self) -> None:
         self.groups = AutogroupNice()
@@ -365,15 +346,14 @@ class Autogroups(HeldSettings[str, int]):
     def apply(self, threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
               is_kernel_thread: Callable[[Any], bool],
               before_write: Optional[Callable[[], None]] = None, reread: bool = True,
-              touched: Optional[Container[int]] = None, yield_leaves: bool = False) -> HostSettingResult:
+              touched: Optional[Container[int]] = None) -> HostSettingResult:
         """Weigh the autogroups of these threads (the host's) as their members' layers ask.
         reread: read every process's autogroup anew (else SessionCache decides which; touched:
-        the processes of the batch at hand, between whole applies). yield_leaves: the yield
-        threads of mixed sessions go to the idle cgroup."""
+        the processes of the batch at hand, between whole applies)."""
         if reread:
             self.cache.clear()
         found = self.cache.sessions(threads, layer_for, is_kernel_thread, None if reread else touched)
-        wanted = wanted_nices(found, yield_leaves)
+        wanted = wanted_nices(found)
         self.mixed = {name: session for name, session in found.items() if session.mixed}
         for name, session in found.items():
             if name in wanted or name in self.written:

@@ -2,8 +2,7 @@
 
 - per-thread affinity, policy, nice and slice for the layers' members, and every other thread
   kept off the exclusive CPUs (treatment.py, with membership.py saying who is in which layer);
-- the nice of whole autogroups whose threads all yield, are all favoured, or are all owners of
-  owned CPUs beside yield threads that leave (autogroup.py), and
+- the nice of whole autogroups whose threads all yield or are all favoured (autogroup.py), and
   the yield threads of sessions that mix them with others moved into an idle cpu cgroup, where
   the cpu controller is on a cgroup v1 hierarchy (idle_cgroup.py);
 - idle_resume_us: the PM QoS resume bound on the layers' own CPUs (pmqos.py);
@@ -307,7 +306,7 @@ class NativeBackend:
             save = functools.partial(self._save, result)
             result.take_counts(AUTOGROUP, self.autogroups.apply(
                 self._universe.values(), self.treatment.layer_for, self.treatment.is_kernel_thread,
-                save, reread=reread, touched=touched, yield_leaves=self.idle_cgroup.supported))
+                save, reread=reread, touched=touched))
             mixed = self.autogroups.mixed
             if not self.idle_cgroup.supported:
                 result.notes.extend(mixed_note(name, session, self.idle_cgroup.why_not)
