@@ -85,7 +85,7 @@ GROUP_SPEC = TableSpec(
         "ownership": Spec("str", "exclusive: 'owned' (default) = the group's threads run on its cores first and other work may use them while they sleep; 'fenced' = no other thread runs there, even while the group sleeps.", choices=OWNERSHIPS),
         "weight": Spec("int", "Share under contention (1..10000); default exclusive 1000, latency 500, yield 50.", minimum=1, maximum=10000),
         "nice": Spec("int", "Nice value; default exclusive 0, latency -10, yield 19 (with yield_policy = 'batch').", minimum=-20, maximum=19),
-        "slice_us": Spec("int", "exclusive/latency: custom time slice in microseconds (EEVDF kernels >= 6.6).", minimum=100, maximum=100000),
+        "slice_us": Spec("int", "exclusive/latency: custom time slice in microseconds (EEVDF kernels >= 6.12; owned exclusive groups get 100 under the native backend where unset).", minimum=100, maximum=100000),
         "yield_policy": Spec("str", "yield: 'idle' = SCHED_IDLE, 'batch' = SCHED_BATCH with nice.", choices=YIELD_POLICIES),
         "idle_resume_us": Spec("int", "exclusive/latency: bound on the wake-up latency of idle CPUs serving this group (microseconds).", minimum=0, maximum=1000000),
     },
