@@ -12,6 +12,10 @@ spinners. Each is a trials.Arm; `make_arms()` builds them for one server.
   temperd+bg-fenced
                 temperd+bg with a file profile overriding the builtin: `ownership = "fenced"` on
                 the exclusive group (no other thread runs on its CPUs, even while it sleeps).
+  temperd+bg-baseslice
+                temperd+bg with a file profile overriding the builtin: `slice_us = 0` on the
+                exclusive group (its owners keep the kernel's base slice instead of the native
+                backend's owner slice).
   temperd-nopoll, temperd+bg-nopoll
                 those with `[tiers.critical] idle_resume_us = -1`: the owned CPUs sleep while
                 idle, as they did before the critical tier's default bound of 0 (which keeps
@@ -51,6 +55,7 @@ from temperd.training.trials import Arm, ScratchCgroup  # noqa: E402
 
 STOCK, BY_HAND, TEMPERD, TEMPERD_BG = "stock", "by-hand", "temperd", "temperd+bg"
 TEMPERD_BG_FENCED = "temperd+bg-fenced"
+TEMPERD_BG_BASESLICE = "temperd+bg-baseslice"
 NOPOLL, NOPOLL_BG = "temperd-nopoll", "temperd+bg-nopoll"
 SCX, SCX_BG, SCX_BARE = "scx", "scx+bg", "scx-bare"
 TRAINED = "trained"
@@ -112,6 +117,11 @@ def temperd_bindings(server: ServerUnderTest, background: bool, profile_id: str)
 def fenced_profile(server: ServerUnderTest) -> str:
     """The builtin profile with its exclusive group fenced instead of owned."""
     return edited_builtin(server, 'ownership = "fenced"')
+
+
+def base_slice_profile(server: ServerUnderTest) -> str:
+    """The builtin profile with its exclusive group's owners at the kernel's base slice."""
+    return edited_builtin(server, "slice_us = 0")
 
 
 def edited_builtin(server: ServerUnderTest, line: str) -> str:
@@ -287,6 +297,8 @@ def make_arms(server: ServerUnderTest, by_hand_cpus: FrozenSet[int]) -> Dict[str
     idle = os.SCHED_IDLE
     # Read when the arm is entered: the builtin's file is in a checkout, not where only bench/ was copied.
     fenced = lambda: {f"{server.profile_id}.toml": fenced_profile(server)} if server.exclusive_group else {}  # noqa: E731
+    base_slice = lambda: ({f"{server.profile_id}.toml": base_slice_profile(server)}  # noqa: E731
+                          if server.exclusive_group else {})
     arms = [
         BenchArm(STOCK, "the kernel's scheduler as installed", stock_arm),
         BenchArm(BY_HAND, f"by hand: {BY_HAND_COMMANDS}", lambda: by_hand_arm(server, by_hand_cpus),
@@ -297,6 +309,8 @@ def make_arms(server: ServerUnderTest, by_hand_cpus: FrozenSet[int]) -> Dict[str
                  lambda: temperd_arm(server, True), spinner_policy=idle),
         BenchArm(TEMPERD_BG_FENCED, "temperd+bg with the exclusive group fenced (ownership = \"fenced\")",
                  lambda: temperd_arm(server, True, profiles=fenced()), spinners_kept_off=True, spinner_policy=idle),
+        BenchArm(TEMPERD_BG_BASESLICE, "temperd+bg with the exclusive group's owners at the kernel's base slice "
+                 "(slice_us = 0)", lambda: temperd_arm(server, True, profiles=base_slice()), spinner_policy=idle),
         BenchArm(NOPOLL, "temperd with no resume bound on the owned CPUs ([tiers.critical] idle_resume_us = -1)",
                  lambda: temperd_arm(server, False, settings=NO_POLL_SETTINGS)),
         BenchArm(NOPOLL_BG, "temperd+bg with no resume bound on the owned CPUs ([tiers.critical] idle_resume_us = -1)",

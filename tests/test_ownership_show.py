@@ -56,6 +56,7 @@ def test_the_native_backend_gives_owners_of_owned_cpus_the_short_slice_and_keeps
     assert layer_slice_us(hot(OWNED)) == OWNER_SLICE_US
     assert layer_slice_us(hot(FENCED)) is None
     assert layer_slice_us(replace(hot(OWNED), slice_us=700)) == 700
+    assert layer_slice_us(replace(hot(OWNED), slice_us=0)) is None  # the profile asks for the kernel's base slice
     latency = Layer("app.io", OPEN, LATENCY, "critical", "app", "io", MemberSelector(), nice=-10)
     assert layer_slice_us(latency) is None
     demoted_with_no_cpus = replace(hot(OWNED), cpus=())

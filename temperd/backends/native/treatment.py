@@ -56,9 +56,10 @@ OWNER_SLICE_US = 100
 
 
 def layer_slice_us(layer: Layer) -> Optional[int]:
-    """The custom slice a layer's members get: its own, or OWNER_SLICE_US for owners of owned CPUs."""
-    if layer.slice_us:
-        return int(layer.slice_us)
+    """The custom slice a layer's members get: its own (0: the kernel's base slice, None), else
+    OWNER_SLICE_US for owners of owned CPUs."""
+    if layer.slice_us is not None:
+        return int(layer.slice_us) or None
     return OWNER_SLICE_US if layer.holds_cpus == OWNED else None
 
 
