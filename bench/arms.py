@@ -12,10 +12,9 @@ spinners. Each is a trials.Arm; `make_arms()` builds them for one server.
   temperd+bg-fenced
                 temperd+bg with a file profile overriding the builtin: `ownership = "fenced"` on
                 the exclusive group (no other thread runs on its CPUs, even while it sleeps).
-  temperd+bg-baseslice
-                temperd+bg with a file profile overriding the builtin: `slice_us = 0` on the
-                exclusive group (its owners keep the kernel's base slice instead of the native
-                backend's owner slice).
+  temperd+bg-ownerslice
+                temperd+bg with a file profile overriding the builtin: `slice_us = 100` on the
+                exclusive group (a waking owner preempts a fair borrower of another session).
   temperd-nopoll, temperd+bg-nopoll
                 those with `[tiers.critical] idle_resume_us = -1`: the owned CPUs sleep while
                 idle, as they did before the critical tier's default bound of 0 (which keeps
@@ -43,6 +42,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence
 
 import common as C
@@ -55,7 +55,7 @@ from temperd.training.trials import Arm, ScratchCgroup  # noqa: E402
 
 STOCK, BY_HAND, TEMPERD, TEMPERD_BG = "stock", "by-hand", "temperd", "temperd+bg"
 TEMPERD_BG_FENCED = "temperd+bg-fenced"
-TEMPERD_BG_BASESLICE = "temperd+bg-baseslice"
+TEMPERD_BG_OWNERSLICE = "temperd+bg-ownerslice"
 NOPOLL, NOPOLL_BG = "temperd-nopoll", "temperd+bg-nopoll"
 SCX, SCX_BG, SCX_BARE = "scx", "scx+bg", "scx-bare"
 TRAINED = "trained"
@@ -119,15 +119,15 @@ def fenced_profile(server: ServerUnderTest) -> str:
     return edited_builtin(server, 'ownership = "fenced"')
 
 
-def base_slice_profile(server: ServerUnderTest) -> str:
-    """The builtin profile with its exclusive group's owners at the kernel's base slice."""
-    return edited_builtin(server, "slice_us = 0")
+def owner_slice_profile(server: ServerUnderTest) -> str:
+    """The builtin profile with its exclusive group's owners at a 100 us slice."""
+    return edited_builtin(server, "slice_us = 100")
 
 
 def edited_builtin(server: ServerUnderTest, line: str) -> str:
-    """The builtin profile with `line` added to its exclusive group."""
-    with open(os.path.join(C.ROOT, "profiles", f"{server.profile_id}.toml")) as handle:
-        text = handle.read()
+    """The builtin profile with `line` added to its exclusive group. Read from the temperd package,
+    so that it is found where only bench/ was copied beside an installed temperd (the VM test)."""
+    text = (resources.files("temperd.builtin_profiles") / f"{server.profile_id}.toml").read_text(encoding="utf-8")
     marker = f'name = "{server.exclusive_group}"\n'
     if marker not in text:
         raise SystemExit(f"profiles/{server.profile_id}.toml has no thread group {server.exclusive_group!r}")
@@ -295,10 +295,10 @@ def scx_bare_arm() -> Iterator[Dict[str, object]]:
 
 def make_arms(server: ServerUnderTest, by_hand_cpus: FrozenSet[int]) -> Dict[str, BenchArm]:
     idle = os.SCHED_IDLE
-    # Read when the arm is entered: the builtin's file is in a checkout, not where only bench/ was copied.
+    # Read when the arm is entered, not when the arms are listed.
     fenced = lambda: {f"{server.profile_id}.toml": fenced_profile(server)} if server.exclusive_group else {}  # noqa: E731
-    base_slice = lambda: ({f"{server.profile_id}.toml": base_slice_profile(server)}  # noqa: E731
-                          if server.exclusive_group else {})
+    owner_slice = lambda: ({f"{server.profile_id}.toml": owner_slice_profile(server)}  # noqa: E731
+                           if server.exclusive_group else {})
     arms = [
         BenchArm(STOCK, "the kernel's scheduler as installed", stock_arm),
         BenchArm(BY_HAND, f"by hand: {BY_HAND_COMMANDS}", lambda: by_hand_arm(server, by_hand_cpus),
@@ -309,8 +309,8 @@ def make_arms(server: ServerUnderTest, by_hand_cpus: FrozenSet[int]) -> Dict[str
                  lambda: temperd_arm(server, True), spinner_policy=idle),
         BenchArm(TEMPERD_BG_FENCED, "temperd+bg with the exclusive group fenced (ownership = \"fenced\")",
                  lambda: temperd_arm(server, True, profiles=fenced()), spinners_kept_off=True, spinner_policy=idle),
-        BenchArm(TEMPERD_BG_BASESLICE, "temperd+bg with the exclusive group's owners at the kernel's base slice "
-                 "(slice_us = 0)", lambda: temperd_arm(server, True, profiles=base_slice()), spinner_policy=idle),
+        BenchArm(TEMPERD_BG_OWNERSLICE, "temperd+bg with the exclusive group's owners at a 100 us slice "
+                 "(slice_us = 100)", lambda: temperd_arm(server, True, profiles=owner_slice()), spinner_policy=idle),
         BenchArm(NOPOLL, "temperd with no resume bound on the owned CPUs ([tiers.critical] idle_resume_us = -1)",
                  lambda: temperd_arm(server, False, settings=NO_POLL_SETTINGS)),
         BenchArm(NOPOLL_BG, "temperd+bg with no resume bound on the owned CPUs ([tiers.critical] idle_resume_us = -1)",

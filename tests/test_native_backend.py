@@ -313,7 +313,7 @@ def L(name, kind, treatment, tids, **kw):
     return Layer(name=name, kind=kind, treatment=treatment, tier="critical", workload="w", group=name,
                  selector=MemberSelector(tids=tuple(tids)), **kw)
 plan = LayerPlan(layers=(
-    L("hot", CONFINED, EXCLUSIVE, spec["hot"], cpus=(1,), ownership=spec["ownership"]),
+    L("hot", CONFINED, EXCLUSIVE, spec["hot"], cpus=(1,), ownership=spec["ownership"], slice_us=100),
     L("net", OPEN, LATENCY, spec["net"], nice=-5),
     L("bg", OPEN, YIELD, spec["bg"], policy="idle"),
 ), reserve_cpus=(0,))
@@ -340,6 +340,9 @@ def test_restore_after_kill_9_of_the_applier(tmp_path, children, backends, serve
         assert cpus_allowed(srv.pid, srv.threads["hot-0"]) == str(EXCL_CPU)
         assert nice_of(srv.pid, srv.threads["net-io"]) == -5
         assert policy_of(job.pid, job.threads["bg-a"]) == sched.SCHED_IDLE
+        slices = sched.slice_support().supported
+        if slices:
+            assert sched.get_sched(srv.threads["hot-0"]).slice_ns == 100_000
         applier.send_signal(signal.SIGKILL)
         applier.wait(10)
     finally:
@@ -360,6 +363,9 @@ def test_restore_after_kill_9_of_the_applier(tmp_path, children, backends, serve
     assert not result.failed, result.errors
     assert result.restored["affinity"] >= (len(srv.tids()) + len(job.tids()) + len(other.tids()) if fenced else 1)
     assert result.restored["nice"] == 1 and result.restored["policy"] == len(job.tids())
+    if slices:
+        assert result.restored.get("slice", 0) == 1
+        assert sched.get_sched(srv.threads["hot-0"]).slice_ns == sched.slice_support().default_ns
     assert {k.pid: snapshot(k.pid) for k in kids} == before
     assert not state.exists()
 

@@ -3,13 +3,10 @@ owned CPU is no violation, on a fenced one it is), the journal, and `temperctl p
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from fixture_shapes import fixture_root
 
 from cli.plan_cmd import treatment_text
-from temperd.backends.native.treatment import OWNER_SLICE_US, layer_slice_us
 from temperd.config.errors import ConfigError
 from temperd.config.profile import parse_profile
 from temperd.observe.journal import describe_layer
@@ -48,19 +45,6 @@ def test_the_journal_and_the_plan_table_say_owned_or_fenced_for_exclusive_cpus_o
     assert treatment_text({"kind": CONFINED, "treatment": EXCLUSIVE, "ownership": OWNED, "cpus": [3]}) == \
         "exclusive (owned)"
     assert treatment_text({"kind": OPEN, "treatment": LATENCY, "ownership": None, "cpus": []}) == "latency"
-
-
-def test_the_native_backend_gives_owners_of_owned_cpus_the_short_slice_and_keeps_a_profiles_own():
-    # The short slice is how a waking owner takes its CPU back from a fair borrower of another
-    # session (test_ownership.py measures it on real threads); fenced CPUs have no borrowers.
-    assert layer_slice_us(hot(OWNED)) == OWNER_SLICE_US
-    assert layer_slice_us(hot(FENCED)) is None
-    assert layer_slice_us(replace(hot(OWNED), slice_us=700)) == 700
-    assert layer_slice_us(replace(hot(OWNED), slice_us=0)) is None  # the profile asks for the kernel's base slice
-    latency = Layer("app.io", OPEN, LATENCY, "critical", "app", "io", MemberSelector(), nice=-10)
-    assert layer_slice_us(latency) is None
-    demoted_with_no_cpus = replace(hot(OWNED), cpus=())
-    assert layer_slice_us(demoted_with_no_cpus) is None
 
 
 GROUP = """

@@ -166,13 +166,6 @@ def test_parameter_of_another_treatment():
     assert p.key == "thread_groups[3].slice_us" and "'exclusive' or 'latency'" in p.message
 
 
-def test_slice_us_is_the_kernels_base_slice_at_0_or_a_custom_one_of_at_least_100_us():
-    assert parse_profile(textwrap.dedent(replace("slice_us = 1000", "slice_us = 0")), "demo.toml").group("io").slice_us == 0
-    p = one_problem(replace("slice_us = 1000", "slice_us = 50"))
-    assert p.key == "thread_groups[1].slice_us" and "expected 0 (the kernel's base slice) or 100..100000" in p.message \
-        and "got 50" in p.message
-
-
 def test_at_most_one_catch_all():
     p = one_problem(replace("busiest = 2", "catch_all = true"))
     assert p.key == "thread_groups[3].catch_all" and "at most one catch_all" in p.message

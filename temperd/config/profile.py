@@ -19,7 +19,6 @@ DEFAULT_WEIGHT = {EXCLUSIVE: 1000, LATENCY: 500, YIELD: 50}
 DEFAULT_NICE = {EXCLUSIVE: 0, LATENCY: -10, YIELD: 19}
 YIELD_POLICIES = ("idle", "batch")
 SELECTORS = ("thread_names", "process_titles", "busiest", "catch_all")
-MIN_SLICE_US = 100  # the shortest custom slice the kernel takes
 # Which treatment each optional parameter belongs to.
 PARAM_TREATMENTS = {
     "cpu_fraction": (EXCLUSIVE,),
@@ -86,7 +85,7 @@ GROUP_SPEC = TableSpec(
         "ownership": Spec("str", "exclusive: 'owned' (default) = the group's threads run on its cores first and other work may use them while they sleep; 'fenced' = no other thread runs there, even while the group sleeps.", choices=OWNERSHIPS),
         "weight": Spec("int", "Share under contention (1..10000); default exclusive 1000, latency 500, yield 50.", minimum=1, maximum=10000),
         "nice": Spec("int", "Nice value; default exclusive 0, latency -10, yield 19 (with yield_policy = 'batch').", minimum=-20, maximum=19),
-        "slice_us": Spec("int", "exclusive/latency: custom time slice in microseconds, 100..100000 (EEVDF kernels >= 6.12); 0 = the kernel's base slice. Unset: owned exclusive groups get 100 under the native backend, others the base slice.", minimum=0, maximum=100000),
+        "slice_us": Spec("int", "exclusive/latency: custom time slice in microseconds (EEVDF kernels >= 6.12); on an owned exclusive group, 100 lets a waking owner preempt a fair borrower.", minimum=100, maximum=100000),
         "yield_policy": Spec("str", "yield: 'idle' = SCHED_IDLE, 'batch' = SCHED_BATCH with nice.", choices=YIELD_POLICIES),
         "idle_resume_us": Spec("int", "exclusive/latency: bound on the wake-up latency of idle CPUs serving this group (microseconds).", minimum=0, maximum=1000000),
     },
@@ -241,9 +240,6 @@ def _group_from(values: dict, raw: dict, index: int, v: Validator) -> Optional[T
         for param, allowed in PARAM_TREATMENTS.items():
             if values.get(param) is not None and treatment not in allowed:
                 v.fail(path + (param,), f"applies only to treatment {' or '.join(repr(a) for a in allowed)}; this group's treatment is {treatment!r}")
-    if values.get("slice_us") is not None and 0 < values["slice_us"] < MIN_SLICE_US:
-        v.fail(path + ("slice_us",), f"expected 0 (the kernel's base slice) or {MIN_SLICE_US}..100000 microseconds; "
-                                     f"got {values['slice_us']}")
     if len(selectors) != 1:
         found = ", ".join(selectors) if selectors else "none"
         v.fail(path, f"expected exactly one selector of {', '.join(SELECTORS)}; found {found}")

@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, List, Set, Tuple
 
 from temperd.config.errors import ConfigError
-from temperd.config.profile import DEFAULT_NICE, MIN_SLICE_US, ThreadGroup, parse_profile
+from temperd.config.profile import DEFAULT_NICE, ThreadGroup, parse_profile
 from temperd.plan import EXCLUSIVE, LATENCY, YIELD
 from temperd.training.trials import BETTER, Spread
 
 NICE_STEP = 5
 FRACTION_STEP = 0.1
 DEFAULT_SHORT_SLICE_US = 1000  # the first slice_us tried where a group has none (the kernel's default is 3 ms)
+MIN_SLICE_US = 100
 
 
 @dataclass(frozen=True)
@@ -96,9 +97,8 @@ def changes_of(group: ThreadGroup, declared: Set[str]) -> Iterator[Change]:
             yield Change(name, "nice", group.nice, min(0, group.nice + NICE_STEP))
         yield Change(name, "treatment", LATENCY, EXCLUSIVE, also=(("nice", None),))
     if group.treatment in (EXCLUSIVE, LATENCY):
-        # None and 0 both leave the kernel's base slice (or the native owner slice) in force.
-        shorter = DEFAULT_SHORT_SLICE_US if not group.slice_us else max(MIN_SLICE_US, group.slice_us // 2)
-        if not group.slice_us or shorter < group.slice_us:
+        shorter = DEFAULT_SHORT_SLICE_US if group.slice_us is None else max(MIN_SLICE_US, group.slice_us // 2)
+        if group.slice_us is None or shorter < group.slice_us:
             yield Change(name, "slice_us", group.slice_us, shorter)
     if group.treatment == YIELD:
         other = "batch" if group.yield_policy == "idle" else "idle"

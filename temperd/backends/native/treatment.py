@@ -4,15 +4,14 @@ plan, carried out, and undone through the restore ledger.
 - Confined layers (exclusive groups): members pinned to the layer's CPUs.
   Owned CPUs (the default) stay open to every other thread: an owner that wakes preempts a
   borrower at once (the background tier and yield threads borrow at SCHED_IDLE or SCHED_BATCH,
-  which every owner wakeup preempts; a fair thread, of any session, gives way to the owner's
-  short slice, OWNER_SLICE_US), and while no owner wants the CPU the host's other work runs there
-  instead of leaving it idle. Fenced CPUs: every other movable thread of the host is kept off them
+  which every owner wakeup preempts; a fair thread, of any session, first runs out its slice,
+  unless the owners' layer sets a shorter slice_us: then EEVDF lets a waking owner preempt it),
+  and while no owner wants the CPU the host's other work runs there instead of leaving it idle. Fenced CPUs: every other movable thread of the host is kept off them
   (affinity = its original affinity minus the fenced CPUs). Per-CPU kernel threads cannot move;
   they stay and are counted as unmovable. Affinity is the control that holds across autogroups:
   a thread that may not run on a CPU does not compete there, whatever its session.
 - Latency layers: nice from layer.nice and a custom slice from layer.slice_us (sched_setattr
-  on EEVDF kernels that honour it); the owners of owned CPUs the same, their slice
-  OWNER_SLICE_US where the layer sets none.
+  on EEVDF kernels that honour it).
 - Yield layers: SCHED_IDLE (policy "idle") or SCHED_BATCH + nice (policy "batch").
 - Real-time threads keep their policy; SCHED_DEADLINE threads cannot leave their CPUs.
 - A thread new to temperd that inherited temperd's treatment from its creator (inheritance.py)
@@ -36,7 +35,7 @@ from temperd.backends.native.membership import KernelThreads, Membership, Thread
 from temperd.backends.native.restore_ledger import (AFFINITY, NICE, POLICY, SLICE, THREAD_KINDS, Original,
                                                     RestoreLedger, ThreadRecord, thread_values)
 from temperd.backends.result import ApplyResult
-from temperd.plan import CONFINED, FENCED, GROUPED, OWNED, Layer, LayerPlan
+from temperd.plan import CONFINED, FENCED, GROUPED, Layer, LayerPlan
 from temperd.sources.shape import format_cpulist
 
 log = logging.getLogger(__name__)
@@ -45,22 +44,6 @@ _NOTE_NAMES = 6  # thread names listed in a note before "..."
 
 Change = Tuple[ThreadRecord, Dict[str, Any], List[str]]  # record, kind -> value to set, kinds to restore
 Stuck = Dict[str, List[str]]  # why threads keep a setting -> their names, for one note each
-
-
-# The slice of an owned CPU's owners where their layer sets none: the kernel's shortest. EEVDF
-# lets a waking task whose slice is shorter than the running one's preempt it (PREEMPT_SHORT,
-# 6.12+), so a fair borrower of another session gives the CPU up when an owner wakes. A weight
-# (autogroup nice) did the same but also ranked the owners above their co-located clients for
-# the whole run; a slice leaves every share as it was (docs/benchmarks.md).
-OWNER_SLICE_US = 100
-
-
-def layer_slice_us(layer: Layer) -> Optional[int]:
-    """The custom slice a layer's members get: its own (0: the kernel's base slice, None), else
-    OWNER_SLICE_US for owners of owned CPUs."""
-    if layer.slice_us is not None:
-        return int(layer.slice_us) or None
-    return OWNER_SLICE_US if layer.holds_cpus == OWNED else None
 
 
 @dataclass(frozen=True)
@@ -102,9 +85,8 @@ def wanted_settings(layer: Optional[Layer], original_affinity: FrozenSet[int], p
         policy = None
     nice = layer.nice if policy != sched.SCHED_IDLE else None  # SCHED_IDLE has one fixed weight
     slice_ns = None
-    slice_us = layer_slice_us(layer)
-    if slice_us and sched.slice_support().supported:
-        slice_ns = slice_us * 1000
+    if layer.slice_us and sched.slice_support().supported:
+        slice_ns = int(layer.slice_us) * 1000
     return Wanted(layer, affinity, policy, nice, slice_ns)
 
 
@@ -130,7 +112,7 @@ def within_limits(thread: Any, kthread: bool, want: Wanted, policy_now: int, exc
         result.unmovable += 1
         want = Wanted(layer, None, want.policy, want.nice, want.slice_ns)
     if layer is not None and policy_now in sched.REALTIME_POLICIES and (
-            layer.nice is not None or layer_slice_us(layer) or layer.policy != "other"):
+            layer.nice is not None or layer.slice_us or layer.policy != "other"):
         stuck.setdefault(f"real-time thread(s) keep their {sched.POLICY_NAMES[policy_now]} policy "
                          "(nice, slice and yield policies are for the fair classes)", []).append(thread.comm)
     if policy_now == sched.SCHED_DEADLINE and want.affinity is not None:
@@ -169,7 +151,7 @@ class ThreadTreatment:
         if error:
             result.errors.append(error)
         support = sched.slice_support()
-        if any(layer_slice_us(l) for l in plan.layers) and not support.supported:
+        if any(l.slice_us for l in plan.layers) and not support.supported:
             result.unsupported.append(f"custom slice: {support.reason}")
         for layer in plan.layers:
             if layer.kind == GROUPED and layer.cpus:
