@@ -14,7 +14,7 @@ spinners. Each is a trials.Arm; `make_arms()` builds them for one server.
                 the exclusive group (no other thread runs on its CPUs, even while it sleeps).
   temperd+bg-ownerslice
                 temperd+bg with a file profile overriding the builtin: `slice_us = 100` on the
-                exclusive group (a waking owner preempts a fair borrower of another session).
+                exclusive group (a waking owner preempts a fair borrower).
   temperd-nopoll, temperd+bg-nopoll
                 those with `[tiers.critical] idle_resume_us = -1`: the owned CPUs sleep while
                 idle, as they did before the critical tier's default bound of 0 (which keeps

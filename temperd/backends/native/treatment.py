@@ -2,14 +2,15 @@
 plan, carried out, and undone through the restore ledger.
 
 - Confined layers (exclusive groups): members pinned to the layer's CPUs.
-  Owned CPUs (the default) stay open to every other thread: an owner that wakes preempts a
-  borrower at once (the background tier and yield threads borrow at SCHED_IDLE or SCHED_BATCH,
-  which every owner wakeup preempts; a fair thread, of any session, first runs out its slice,
-  unless the owners' layer sets a shorter slice_us: then EEVDF lets a waking owner preempt it),
-  and while no owner wants the CPU the host's other work runs there instead of leaving it idle. Fenced CPUs: every other movable thread of the host is kept off them
-  (affinity = its original affinity minus the fenced CPUs). Per-CPU kernel threads cannot move;
-  they stay and are counted as unmovable. Affinity is the control that holds across autogroups:
-  a thread that may not run on a CPU does not compete there, whatever its session.
+  Owned CPUs (the default) stay open to every other thread, so while no owner wants the CPU the
+  host's other work runs there instead of leaving it idle. The background tier and yield
+  threads borrow at SCHED_IDLE or SCHED_BATCH, which a waking owner preempts at once; a fair
+  borrower, of any session, first runs out its slice, unless the owners' layer sets a shorter
+  slice_us (then EEVDF lets a waking owner preempt it). Fenced CPUs: every other movable thread
+  of the host is kept off them (affinity = its original affinity minus the fenced CPUs).
+  Per-CPU kernel threads cannot move; they stay and are counted as unmovable. Affinity is the
+  control that holds across autogroups: a thread that may not run on a CPU does not compete
+  there, whatever its session.
 - Latency layers: nice from layer.nice and a custom slice from layer.slice_us (sched_setattr
   on EEVDF kernels that honour it).
 - Yield layers: SCHED_IDLE (policy "idle") or SCHED_BATCH + nice (policy "batch").
