@@ -318,8 +318,9 @@ class AutogroupNice(Setting[str, int]):
                 return found[1]
         for other in procfs.list_pids():  # rare: only once the process that reached it is gone
             found = read_autogroup(other)
-            if found is not None and found[0] == name and _start_time(other) is not None:
-                self.locate(name, other)
+            started = _start_time(other) if found is not None and found[0] == name else None
+            if started is not None:
+                self.members[name] = (other, started)  # as locate(), with the start time read once
                 return found[1]
         return None
 
