@@ -49,27 +49,33 @@ def temperd(tmp_path):
     daemon.stop()
 
 
-def test_bind_takes_over_unbind_and_stop_put_threads_back(temperd, tmp_path):
+def test_bind_takes_over_unbind_and_stop_put_threads_back(tmp_path):
     profile = tmp_path / "bound.toml"
     profile.write_text(BOUND)
     with memcached() as server:
         (worker,) = threads_by_name(server.pid)["mc-worker"]
+        # Read before temperd starts: a running daemon may already have applied the builtin profile.
         original = task_stat(server.pid, worker)
-        wait_for(lambda: "memcached" in str(temperd.status()), 10, "the builtin memcached profile applied")
-        out = temperd.temperctl("bind", "--pid", str(server.pid), "--profile", str(profile))
-        assert out.returncode == 0, out.stderr
-        assert "bound-test-bound-" in out.stdout
-        wait_for(lambda: task_stat(server.pid, worker) == {"nice": 7, "policy": SCHED_BATCH}, 10, "the bound treatment")
-        assert task_stat(server.pid, server.pid)["nice"] == -3  # the main thread: the bound catch-all
-        listed = temperd.temperctl("bindings")
-        assert listed.returncode == 0 and f"pid {server.pid}" in listed.stdout
-        out = temperd.temperctl("unbind", "--pid", str(server.pid))
-        assert out.returncode == 0, out.stderr
-        wait_for(lambda: task_stat(server.pid, worker)["policy"] != SCHED_BATCH, 10, "the builtin profile again")
-        assert temperd.temperctl("bind", "--pid", str(server.pid), "--profile", str(profile)).returncode == 0
-        wait_for(lambda: task_stat(server.pid, worker)["nice"] == 7, 10, "bound again")
-        assert temperd.stop() == 0
-        assert task_stat(server.pid, worker) == original  # stop restores what the binding changed
+        temperd = Temperd(tmp_path)
+        temperd.start()
+        try:
+            wait_for(lambda: "memcached" in str(temperd.status()), 10, "the builtin memcached profile applied")
+            out = temperd.temperctl("bind", "--pid", str(server.pid), "--profile", str(profile))
+            assert out.returncode == 0, out.stderr
+            assert "bound-test-bound-" in out.stdout
+            wait_for(lambda: task_stat(server.pid, worker) == {"nice": 7, "policy": SCHED_BATCH}, 10, "the bound treatment")
+            assert task_stat(server.pid, server.pid)["nice"] == -3  # the main thread: the bound catch-all
+            listed = temperd.temperctl("bindings")
+            assert listed.returncode == 0 and f"pid {server.pid}" in listed.stdout
+            out = temperd.temperctl("unbind", "--pid", str(server.pid))
+            assert out.returncode == 0, out.stderr
+            wait_for(lambda: task_stat(server.pid, worker)["policy"] != SCHED_BATCH, 10, "the builtin profile again")
+            assert temperd.temperctl("bind", "--pid", str(server.pid), "--profile", str(profile)).returncode == 0
+            wait_for(lambda: task_stat(server.pid, worker)["nice"] == 7, 10, "bound again")
+            assert temperd.stop() == 0
+            assert task_stat(server.pid, worker) == original  # stop restores what the binding changed
+        finally:
+            temperd.stop()
 
 
 def test_bad_profile_or_pid_is_one_line(temperd, tmp_path):
