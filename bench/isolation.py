@@ -39,7 +39,8 @@ What runs (bench/workloads.py has each server and its load; bench/arms.py each a
   --noisy-steal is repeated once (at most --max-retries in all) and the quieter kept. The load
   generator's and the server's runqueue wait (schedstat) over the run: `cwait%` and `swait%`
   are that wait as a share of the run's wall time, `cdelay%` the load generator's share of the
-  time it wanted a CPU that it spent waiting.
+  time it wanted a CPU that it spent waiting. `IPI/s`: rescheduling IPIs over all CPUs
+  (/proc/interrupts), the wakeups that had to interrupt a busy CPU.
 - Where the load generator runs: on a 2-CPU host it is a local process competing for CPU. Under
   stock it floats over both CPUs; under temperd and by hand the server owns one CPU and the load
   generator is left the other (the `client ran on` column: its last CPU, sampled every 50 ms;
@@ -310,7 +311,8 @@ def wait_pct(runs: Sequence[T.Run], label: str, attr: str = "wait_pct") -> float
 
 
 def window_median(runs: Sequence[T.Run], attr: str) -> float:
-    return T.median(getattr(r.window, attr) for r in runs if r.window is not None)
+    values = (getattr(r.window, attr) for r in runs if r.window is not None)
+    return T.median(float("nan") if v is None else v for v in values)  # None: not counted (older JSON)
 
 
 def groups_of(runs: Sequence[T.Run]) -> Dict[Tuple[str, str], List[T.Run]]:
@@ -348,7 +350,7 @@ def print_table(workload: W.Workload, variant: str, ladder: Sequence[int], arm_n
             f"{'r/st':>6} {'p99/st':>6} {'r/hand':>6} {'p99/hd':>6} {'cwait%':>6} {'cdly%':>6} {'swait%':>6} "
             f"{'runs':>4} {'noisy':>5} {'idle%':>5} {'bg ops/s':>9} {'bg/hd':>5} "
             + (f"{'nb ops/s':>9} {'nb/hd':>5} " if neighbour else "")
-            + f"{'steal%':>6} {'frgn%':>5}  client ran on (allowed); server ran on; spinners ran on"
+            + f"{'steal%':>6} {'frgn%':>5} {'IPI/s':>6}  client ran on (allowed); server ran on; spinners ran on"
             + ("; neighbour ran on" if neighbour else ""))
     print(head)
     print("-" * len(head))
@@ -377,7 +379,7 @@ def print_table(workload: W.Workload, variant: str, ladder: Sequence[int], arm_n
                   f"{by_hand_ratio(bg_ops, step, arm):>5} "
                   + (f"{_median_of(neighbour, step, arm):9.0f} {by_hand_ratio(neighbour, step, arm):>5} " if neighbour else "")
                   + f"{window_median(group, 'steal_pct'):6.1f} "
-                  f"{window_median(group, 'foreign_core_pct'):5.1f}  "
+                  f"{window_median(group, 'foreign_core_pct'):5.1f} {window_median(group, 'resched_per_s'):6.0f}  "
                   f"{last.get('client_cpus', '-')} ({last.get('client_allowed', '-')}); {last.get('server_cpus', '-')}; "
                   f"{last.get('spinner_cpus', '-')}" + (f"; {last.get('neighbour_cpus', '-')}" if neighbour else ""))
 
@@ -392,8 +394,9 @@ def markdown_table(workload_name: str, rate_unit: str, variant: str, ladder: Seq
     lines = [f"| bg | arm | {rate_unit} | p50 ms | p99 ms (range) | {rate_unit} ÷ stock | p99 ÷ stock | "
              f"{rate_unit} ÷ by-hand | p99 ÷ by-hand | client wait % | server wait % | runs (noisy) | "
              "idle % | background bogo-ops/s | background ÷ by-hand | "
-             + ("neighbour bogo-ops/s | neighbour ÷ by-hand | " if neighbour else "") + "steal % | foreign % of a core |",
-             "|" + "---|" * (19 if neighbour else 17)]
+             + ("neighbour bogo-ops/s | neighbour ÷ by-hand | " if neighbour else "")
+             + "steal % | foreign % of a core | resched IPIs/s |",
+             "|" + "---|" * (20 if neighbour else 18)]
     for bg in ladder:
         step = step_name(variant, bg)
         for arm in arm_names:
@@ -415,8 +418,13 @@ def markdown_table(workload_name: str, rate_unit: str, variant: str, ladder: Seq
                          f"{bg_ops[step, arm].median:,.0f} | {by_hand_ratio(bg_ops, step, arm)} | "
                          + (f"{_median_of(neighbour, step, arm):,.0f} | {by_hand_ratio(neighbour, step, arm)} | "
                             if neighbour else "")
-                         + f"{window_median(group, 'steal_pct'):.1f} | {window_median(group, 'foreign_core_pct'):.1f} |")
+                         + f"{window_median(group, 'steal_pct'):.1f} | {window_median(group, 'foreign_core_pct'):.1f} | "
+                         f"{_count(window_median(group, 'resched_per_s'))} |")
     return "\n".join(lines).replace(",", " ")
+
+
+def _count(value: float) -> str:
+    return "-" if value != value else f"{value:,.0f}"  # NaN: not counted
 
 
 def _measured(runs: Sequence[T.Run], metric: str) -> Dict[Tuple[str, str], T.Spread]:

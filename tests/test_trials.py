@@ -134,6 +134,40 @@ def test_host_monitor_window():
     assert window.noisy(T.NoiseLimits(foreign_core_pct=window.foreign_core_pct - 1))
     assert not window.noisy(T.NoiseLimits(foreign_core_pct=1000, steal_pct=100))
     assert "foreign" in window.describe()
+    if T.procfs.read_resched_interrupts() is not None:  # every Linux SMP kernel has the row
+        assert window.resched_per_s is not None and window.resched_per_s >= 0
+        assert "resched IPIs" in window.describe()
+
+
+X86_INTERRUPTS = """            CPU0       CPU1
+   0:         44          0   IO-APIC   2-edge      timer
+ NMI:          0          0   Non-maskable interrupts
+ LOC:   22808922   23341339   Local timer interrupts
+ RES:   18879520   18047152   Rescheduling interrupts
+ CAL:   36758387   33586642   Function call interrupts
+ ERR:          0
+"""
+
+ARM64_INTERRUPTS = """           CPU0       CPU1       CPU2
+ 11:     101205      99812     100311     GICv3  27 Level     arch_timer
+IPI0:       812        903        777       Rescheduling interrupts
+IPI1:        10         12         11       Function call interrupts
+Err:          0
+"""
+
+
+@pytest.mark.parametrize("text, expected", [(X86_INTERRUPTS, 18879520 + 18047152),
+                                            (ARM64_INTERRUPTS, 812 + 903 + 777),
+                                            (" LOC:   5   6   Local timer interrupts\n", None)])
+def test_resched_interrupts_are_summed_over_the_cpus_by_the_rows_text(tmp_path, monkeypatch, text, expected):
+    (tmp_path / "interrupts").write_text(text)
+    monkeypatch.setattr(T.procfs, "PROC", str(tmp_path))
+    assert T.procfs.read_resched_interrupts() == expected
+
+
+def test_a_window_without_resched_counts_says_nothing_of_them():
+    window = T.HostWindow(1.0, 50.0, 0.0, 0.0, "")
+    assert window.resched_per_s is None and "IPI" not in window.describe()
 
 
 def test_wait_meter_adds_up_schedstat_and_sees_a_crowded_cpu():

@@ -300,6 +300,19 @@ def read_cpu_times() -> Tuple[int, ...]:
     return tuple(int(x) for x in fields[1:9])
 
 
+def read_resched_interrupts() -> Optional[int]:
+    """Rescheduling IPIs taken so far, summed over the CPUs (/proc/interrupts, the row whose text is
+    "Rescheduling interrupts": RES on x86, IPI0 on arm64); None where the kernel has no such row.
+    A wakeup sends one when it must preempt a task running on another CPU; one to an idle CPU that
+    polls needs none."""
+    data = read_bytes(f"{PROC}/interrupts", 1 << 20) or b""
+    for line in data.split(b"\n"):
+        if line.rstrip().endswith(b"Rescheduling interrupts"):
+            counts = line.split(b":", 1)[1].split()
+            return sum(int(c) for c in counts if c.isdigit())
+    return None
+
+
 def read_boot_time() -> float:
     """When the host booted, in seconds since the epoch (/proc/stat btime); 0 where unknown."""
     data = read_bytes(f"{PROC}/stat", 65536) or b""

@@ -113,14 +113,18 @@ class HostWindow:
     steal_pct: float  # of all CPUs: time the hypervisor ran something else
     foreign_core_pct: float  # user-space processes outside the trial, % of one core
     foreign_top: str  # the busiest foreign process, "comm pct"
+    # Rescheduling IPIs per second over all CPUs (None: not counted): the wakeups that had to
+    # interrupt a busy CPU, which cost a hypervisor exit on a guest.
+    resched_per_s: Optional[float] = None
 
     def noisy(self, limits: NoiseLimits) -> bool:
         return self.foreign_core_pct > limits.foreign_core_pct or self.steal_pct > limits.steal_pct
 
     def describe(self) -> str:
         top = f" ({self.foreign_top})" if self.foreign_top else ""
+        ipis = f", resched IPIs {self.resched_per_s:.0f}/s" if self.resched_per_s is not None else ""
         return (f"idle {self.idle_pct:.0f} %, steal {self.steal_pct:.1f} %, "
-                f"foreign {self.foreign_core_pct:.1f} % of a core{top}")
+                f"foreign {self.foreign_core_pct:.1f} % of a core{top}{ipis}")
 
 
 class HostMonitor:
@@ -128,7 +132,7 @@ class HostMonitor:
     processes that are not descendants of `ours` (this process by default) nor listed in
     `also_ours` (a server started in its own session). Processes that start and exit inside the
     window are not seen; kernel threads are left out (they mostly work for the trial: softirq
-    for loopback traffic)."""
+    for loopback traffic). Rescheduling IPIs from /proc/interrupts deltas."""
 
     def __init__(self, ours: Optional[int] = None, also_ours: Iterable[int] = ()):
         self.ours = ours if ours is not None else os.getpid()
@@ -136,14 +140,17 @@ class HostMonitor:
         self._t0 = 0.0
         self._cpu0: Tuple[int, ...] = ()
         self._procs0: Dict[int, ProcCpu] = {}
+        self._resched0: Optional[int] = None
 
     def start(self) -> None:
         self._procs0 = all_proc_cpu()
         self._cpu0 = procfs.read_cpu_times()
+        self._resched0 = procfs.read_resched_interrupts()
         self._t0 = time.monotonic()
 
     def stop(self) -> HostWindow:
         cpu1 = procfs.read_cpu_times()
+        resched1 = procfs.read_resched_interrupts()
         seconds = time.monotonic() - self._t0
         procs1 = all_proc_cpu()
         delta = [b - a for a, b in zip(self._cpu0, cpu1)]
@@ -154,7 +161,8 @@ class HostMonitor:
             pid = max(foreign, key=foreign.__getitem__)
             top = f"{procs1[pid].comm} {100.0 * foreign[pid] / TICK_HZ / seconds:.0f}%"
         return HostWindow(seconds, 100.0 * (delta[3] + delta[4]) / total, 100.0 * delta[7] / total,
-                          100.0 * sum(foreign.values()) / TICK_HZ / max(seconds, 1e-6), top)
+                          100.0 * sum(foreign.values()) / TICK_HZ / max(seconds, 1e-6), top,
+                          None if None in (self._resched0, resched1) else (resched1 - self._resched0) / max(seconds, 1e-6))
 
 
 def wait_for_quiet(limit_s: float, limits: NoiseLimits = NoiseLimits(), window_s: float = 2.0) -> HostWindow:
