@@ -40,7 +40,7 @@ What runs (bench/workloads.py has each server and its load; bench/arms.py each a
   generator's and the server's runqueue wait (schedstat) over the run: `cwait%` and `swait%`
   are that wait as a share of the run's wall time, `cdelay%` the load generator's share of the
   time it wanted a CPU that it spent waiting. `IPI/s`: rescheduling IPIs over all CPUs
-  (/proc/interrupts), the wakeups that had to interrupt a busy CPU.
+  (/proc/interrupts): how often one CPU made another reschedule.
 - Where the load generator runs: on a 2-CPU host it is a local process competing for CPU. Under
   stock it floats over both CPUs; under temperd and by hand the server owns one CPU and the load
   generator is left the other (the `client ran on` column: its last CPU, sampled every 50 ms;

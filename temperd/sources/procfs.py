@@ -303,8 +303,8 @@ def read_cpu_times() -> Tuple[int, ...]:
 def read_resched_interrupts() -> Optional[int]:
     """Rescheduling IPIs taken so far, summed over the CPUs (/proc/interrupts, the row whose text is
     "Rescheduling interrupts": RES on x86, IPI0 on arm64); None where the kernel has no such row.
-    A wakeup sends one when it must preempt a task running on another CPU; one to an idle CPU that
-    polls needs none."""
+    The scheduler sends one to make another CPU reschedule: to preempt what it runs, or to wake it
+    from an idle state that does not poll."""
     data = read_bytes(f"{PROC}/interrupts", 1 << 20) or b""
     for line in data.split(b"\n"):
         if line.rstrip().endswith(b"Rescheduling interrupts"):

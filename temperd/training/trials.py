@@ -113,8 +113,8 @@ class HostWindow:
     steal_pct: float  # of all CPUs: time the hypervisor ran something else
     foreign_core_pct: float  # user-space processes outside the trial, % of one core
     foreign_top: str  # the busiest foreign process, "comm pct"
-    # Rescheduling IPIs per second over all CPUs (None: not counted): the wakeups that had to
-    # interrupt a busy CPU, which cost a hypervisor exit on a guest.
+    # Rescheduling IPIs per second over all CPUs (None: not counted): how often one CPU made
+    # another reschedule; on a guest each can cost a hypervisor exit.
     resched_per_s: Optional[float] = None
 
     def noisy(self, limits: NoiseLimits) -> bool:
