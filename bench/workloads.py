@@ -44,6 +44,7 @@ class Workload:
     expects_exclusive = True  # some thread matches the profile's exclusive group
     variants: Sequence[str] = ()
     notes = ""  # what a reader must know about the metric
+    p99_resolution = 1.0  # a reported p99 may overstate the true one by this factor (2: a log2 bucket bound)
 
     def server(self) -> ContextManager:
         raise NotImplementedError
@@ -142,6 +143,7 @@ class Memcached(Workload):
     tool = "memcaslap"
     variants = ("c=16",)
     notes = "memcaslap reports a log2 histogram: p50 and p99 are bucket upper bounds (a factor of 2 coarse)"
+    p99_resolution = 2.0
 
     def server(self):
         return S.memcached_server()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from temperd.config.profile import parse_profile
 from temperd.training.refine import Change, apply_change, neighbours, refine, set_key, trial_log
-from temperd.training.trials import BETTER, WITHIN_NOISE, compare, spread
+from temperd.training.verdicts import BETTER, WITHIN_NOISE, compare, spread
 
 PROFILE = """schema_version = 1
 id = "svc-trained"

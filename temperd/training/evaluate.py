@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
-from temperd.training.trials import (Arm, HostMonitor, NoiseLimits, Run, Spread, TrialPlan, compare, read_proc_cpu,
-                                     run_trials, spinners, spread)
+from temperd.training.trials import Arm, HostMonitor, NoiseLimits, Run, TrialPlan, read_proc_cpu, run_trials, spinners
+from temperd.training.verdicts import Spread, compare, spread
 
 MIN_REPS = 5
 MIN_EFFECT = 0.05

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, List, Set, Tuple
 from temperd.config.errors import ConfigError
 from temperd.config.profile import DEFAULT_NICE, ThreadGroup, parse_profile
 from temperd.plan import EXCLUSIVE, LATENCY, YIELD
-from temperd.training.trials import BETTER, Spread
+from temperd.training.verdicts import BETTER, Spread
 
 NICE_STEP = 5
 FRACTION_STEP = 0.1

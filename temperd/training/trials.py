@@ -10,7 +10,8 @@ trained profile alike:
 - a host-noise window over every run (idle and steal from /proc/stat, the CPU of processes that
   are not part of the trial) and noisy runs repeated;
 - the runqueue wait of the processes that matter (load generator, server) over a run;
-- medians with their spread, and a comparison that says when a difference is within the noise.
+- medians with their spread, a comparison that says when a difference is within the noise, and
+  whether the runs settle a goal's limit (verdicts.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from temperd.sources import cgroups, procfs
+from temperd.training.verdicts import (  # noqa: F401  (part of this module's public face)
+    BETTER, WITHIN_NOISE, WORSE, Bound, Comparison, Spread, bound, compare, median, settled, spread)
 
 TICK_HZ = procfs.CLOCK_TICKS
 CGROUP2_ROOT = cgroups.v2_root()
@@ -476,63 +478,6 @@ def run_trials(plan: TrialPlan, measure: Callable[[str, str, int], Run],
 
 def _foreign(run: Run) -> float:
     return run.window.foreign_core_pct if run.window is not None else float("inf")
-
-
-# ---- medians, spread, comparison ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Spread:
-    """The median of some runs and their range."""
-
-    median: float
-    low: float
-    high: float
-    n: int
-
-    @property
-    def relative(self) -> float:
-        """(high - low) / median: 0.1 = the runs spread over 10 % of the median."""
-        return (self.high - self.low) / self.median if self.n and self.median else float("nan")
-
-
-def spread(values: Iterable[float]) -> Spread:
-    found = [v for v in values if v == v]  # NaN is a missing value
-    if not found:
-        return Spread(float("nan"), float("nan"), float("nan"), 0)
-    return Spread(statistics.median(found), min(found), max(found), len(found))
-
-
-def median(values: Iterable[float]) -> float:
-    return spread(values).median
-
-
-BETTER, WORSE, WITHIN_NOISE = "better", "worse", "within noise"
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """candidate / baseline by their medians, and whether the difference stands out of the noise."""
-
-    ratio: float
-    verdict: str  # BETTER, WORSE or WITHIN_NOISE
-
-    def describe(self) -> str:
-        return f"{self.ratio:.2f}x ({self.verdict})"
-
-
-def compare(candidate: Spread, baseline: Spread, higher_is_better: bool, min_effect: float = 0.05) -> Comparison:
-    """A difference counts only when each side has at least two runs, their ranges do not overlap
-    and the medians differ by at least min_effect (5 %): with 3 runs an arm, overlapping ranges
-    say the host's noise could explain it, and one run has no range to judge by."""
-    ratio = candidate.median / baseline.median if baseline.median else float("nan")
-    if candidate.n < 2 or baseline.n < 2 or ratio != ratio:
-        return Comparison(ratio, WITHIN_NOISE)
-    separated = candidate.low > baseline.high or candidate.high < baseline.low
-    if not separated or abs(ratio - 1.0) < min_effect:
-        return Comparison(ratio, WITHIN_NOISE)
-    higher = candidate.median > baseline.median
-    return Comparison(ratio, BETTER if higher == higher_is_better else WORSE)
 
 
 def summarise(runs: Iterable[Run], metric: str) -> Dict[Tuple[str, str], Spread]:
