@@ -1,11 +1,12 @@
 """Idle-priority borrowers on every CPU, and fair threads that queue behind each other.
 
-The background tier and yield groups run at idle priority (SCHED_IDLE, and temperd's cpu.idle
-cgroup), so a waking fair thread preempts them at once. What they still take: a CPU that runs
-only such work is not idle to the scheduler, so when its fair thread blocks it picks the borrower
-instead of pulling a fair thread that waits on another CPU's runqueue (the kernel's newidle
-balance runs only on a CPU with nothing runnable). Where every CPU has a borrower, a fair thread
-queued behind another waits for it to block or for the next periodic balance.
+The background tier (and a yield group at the idle policy) runs at idle priority: SCHED_IDLE,
+and temperd's cpu.idle cgroup, so a waking fair thread preempts it at once. What it still takes:
+a CPU that runs only such work is not idle to the scheduler, so when its fair thread blocks it
+picks the borrower instead of pulling a fair thread that waits on another CPU's runqueue (the
+kernel's newidle balance runs only on a CPU with no runnable task of the fair class, and
+SCHED_IDLE is of that class). Where every CPU has a borrower, a fair thread queued behind
+another waits for it to block or for the next periodic balance.
 
 Workers: --workers processes at nice 0, each looping --work-us of CPU then --sleep-us of sleep
 (together more than one CPU and less than all, so that they sometimes queue behind each other).
