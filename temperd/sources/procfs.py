@@ -305,7 +305,7 @@ def read_resched_interrupts() -> Optional[int]:
     "Rescheduling interrupts": RES on x86, IPI0 on arm64); None where the kernel has no such row.
     The scheduler sends one to make another CPU reschedule: to preempt what it runs, or to wake it
     from an idle state that does not poll."""
-    data = read_bytes(f"{PROC}/interrupts", 1 << 20) or b""
+    data = read_bytes(f"{PROC}/interrupts", 65536) or b""
     for line in data.split(b"\n"):
         if line.rstrip().endswith(b"Rescheduling interrupts"):
             counts = line.split(b":", 1)[1].split()
