@@ -100,6 +100,19 @@ def test_a_thread_that_never_sleeps_but_wants_a_cpu_polls_for_the_path():
     assert "polls" in path[2]
 
 
+def test_a_spinning_companion_under_half_the_busiest_threads_cpu_still_serves():
+    """ONNX Runtime, seen in one window: the main thread at 0.99 CPUs and its spinning intra-op thread
+    at 0.48, never woken: under half the busiest, so not a seed, yet polling for work on the path and
+    hot. A never-woken thread that wanted little is not polling."""
+    wf = workload(thread(1, "python", 0.99, p50=5000), thread(2, "python", 0.48, p50=5000),
+                  thread(3, "python", 0.12), thread(4, "python", 0.0))
+    wf.threads[2].demand, wf.threads[3].demand = 0.49, 0.2
+    path, seeds = A.request_path(wf)
+    assert seeds == (1,) and "polls" in path[2] and 3 not in path and 4 not in path
+    verdicts = {t: A.classify_thread(wf.threads[t], path.get(t), t in seeds) for t in wf.threads}
+    assert verdicts[2].treatment == EXCLUSIVE and verdicts[3].treatment == YIELD
+
+
 def test_threads_named_like_the_process_split_into_busiest_and_catch_all():
     wf = workload(*[thread(i, "server", 0.4, network=500) for i in (1, 2, 3)],
                   *[thread(i, "server", 0.0) for i in (4, 5, 6, 7)], thread(8, "logger", 0.0))
