@@ -33,20 +33,17 @@ from typing import Dict, List, Sequence, Tuple
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import HostMonitor, host_description  # noqa: E402
 
+from temperd.sources import procfs  # noqa: E402
 from temperd.training import trials as T  # noqa: E402
 
 Block = Tuple[float, float, float, int]  # wait % of a CPU, lateness p50 us, p99 us, cycles
 
 
-def own_wait_ns() -> int:
-    with open("/proc/self/schedstat") as handle:
-        return int(handle.read().split()[1])
-
-
 def worker(results, seconds: float, work_s: float, sleep_s: float) -> None:
     end = time.monotonic() + seconds
     late: List[float] = []
-    wait0 = own_wait_ns()
+    me = os.getpid()  # one thread: its tid is the pid
+    wait0 = procfs.read_schedstat(me, me).wait_ns
     while time.monotonic() < end:
         began = time.monotonic()
         while time.monotonic() - began < work_s:
@@ -54,7 +51,7 @@ def worker(results, seconds: float, work_s: float, sleep_s: float) -> None:
         due = time.monotonic() + sleep_s
         time.sleep(sleep_s)
         late.append(time.monotonic() - due)
-    results.put((own_wait_ns() - wait0, late))
+    results.put((procfs.read_schedstat(me, me).wait_ns - wait0, late))
 
 
 def spinner(cpu: int, end: float) -> None:
@@ -69,7 +66,7 @@ def block(borrower_cpus: Sequence[int], args) -> Block:
     spinners = [multiprocessing.Process(target=spinner, args=(cpu, end)) for cpu in borrower_cpus]
     for proc in spinners:
         proc.start()
-    T.wait_until(lambda: all(T.procfs.read_thread_stat(p.pid) and os.sched_getscheduler(p.pid) == os.SCHED_IDLE
+    T.wait_until(lambda: all(procfs.read_thread_stat(p.pid) and os.sched_getscheduler(p.pid) == os.SCHED_IDLE
                              for p in spinners), 5.0)
     results = multiprocessing.Queue()
     workers = [multiprocessing.Process(target=worker, args=(results, args.seconds, args.work_us / 1e6,

@@ -303,8 +303,9 @@ class AutogroupNice(Setting[str, int]):
     def __init__(self) -> None:
         self.members: Dict[str, Tuple[int, Optional[int]]] = {}  # name -> (pid, start_time) of a process in it
 
-    def locate(self, name: str, pid: int) -> None:
-        self.members[name] = (pid, _start_time(pid))
+    def locate(self, name: str, pid: int, start_time: Optional[int] = None) -> None:
+        """The group is reached through pid (start_time: its start time where already read)."""
+        self.members[name] = (pid, start_time if start_time is not None else _start_time(pid))
 
     def read(self, name: str) -> Optional[int]:
         """None when no process is in the group any more. The process that reached it may have
@@ -320,7 +321,7 @@ class AutogroupNice(Setting[str, int]):
             found = read_autogroup(other)
             started = _start_time(other) if found is not None and found[0] == name else None
             if started is not None:
-                self.members[name] = (other, started)  # as locate(), with the start time read once
+                self.locate(name, other, started)
                 return found[1]
         return None
 
