@@ -47,6 +47,12 @@ class MemberSelector:
     title_patterns: Tuple[str, ...] = ()  # process-title regexes from the profile
     tids: Tuple[int, ...] = ()  # the member threads at planning time
     catch_all: bool = False  # the workload's remaining threads
+    # Threads a catch-all leaves alone: those another group of the profile claims where that group
+    # has no layer (not granted to an untrusted process, or no members now), by name, title or tid.
+    # Without these an untrusted match's declined threads would fall to its catch-all (a yield).
+    excluded_comm_patterns: Tuple[str, ...] = ()
+    excluded_title_patterns: Tuple[str, ...] = ()
+    excluded_tids: Tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ user. Yield treatment (a lowering) still applies."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -28,6 +29,7 @@ from temperd.sources.inventory import Inventory
 
 pytestmark = pytest.mark.root
 USER = "tmpd-hostile"
+SCHED_OTHER, SCHED_BATCH = 0, 3
 
 CHILD = textwrap.dedent("""
     import ctypes, sys, threading, time
@@ -266,5 +268,56 @@ def test_the_real_memcached_executable_run_by_a_user_is_not_raised(tmp_path, hos
         assert not any(layer.treatment == EXCLUSIVE and layer.selector.tids for layer in plan.layers
                        if layer.workload == workload.key)
     finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_memcached_run_by_nobody_keeps_its_workers_and_yields_only_its_maintenance(tmp_path, untrusted_cgroup):
+    """Declining to raise must not lower: the workers and the main thread stay as they were, the
+    maintenance threads (the catch-all yield group, a lowering for anyone) yield, and explain
+    says exactly that."""
+    from test_daemon_e2e import Temperd, task_stat
+    binary = shutil.which("memcached")
+    if binary is None:
+        pytest.skip("memcached is not installed")
+
+    def enter():
+        with open(os.path.join(untrusted_cgroup, "cgroup.procs"), "w") as handle:
+            handle.write(str(os.getpid()))
+    port = S.free_port()
+    proc = subprocess.Popen([binary, "-u", "nobody", "-t", "4", "-l", "127.0.0.1", "-p", str(port), "-U", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=enter,
+                            start_new_session=True)
+    temperd = Temperd(tmp_path)
+    try:
+
+        def comms():
+            out = {}
+            for tid in os.listdir(f"/proc/{proc.pid}/task"):
+                with open(f"/proc/{proc.pid}/task/{tid}/comm") as handle:
+                    out[int(tid)] = handle.read().strip()
+            return out
+        wait_for(lambda: len(comms()) >= 10, 10, "memcached's ten threads")  # 4 workers, main, 5 maintenance
+        tids = comms()
+        maintenance = {tid for tid, comm in tids.items() if comm not in ("mc-worker", "memcached")}
+        assert len([c for c in tids.values() if c == "mc-worker"]) == 4 and maintenance, tids
+        temperd.start()
+        wait_for(lambda: all(task_stat(proc.pid, tid)["policy"] == SCHED_BATCH for tid in maintenance), 15,
+                 "the maintenance threads yielded")
+        out = temperd.temperctl("explain", str(proc.pid), "--json")
+        assert out.returncode == 0, out.stderr
+        explained = {t["tid"]: t for t in json.loads(out.stdout)["threads"]}
+        assert set(explained) == set(tids)
+        for tid, comm in tids.items():
+            stat = task_stat(proc.pid, tid)
+            if tid in maintenance:
+                assert explained[tid]["group"] == "maintenance" and explained[tid]["layer"], (comm, explained[tid])
+                assert stat["policy"] == SCHED_BATCH and stat["nice"] > 0, (comm, stat)
+            else:
+                assert explained[tid]["group"] is None and explained[tid]["layer"] is None, (comm, explained[tid])
+                assert "not granted" in explained[tid]["reason"]
+                assert stat == {"nice": 0, "policy": SCHED_OTHER}, (comm, stat)
+    finally:
+        temperd.stop()
         proc.kill()
         proc.wait()

@@ -19,6 +19,7 @@ Sizing rules (temper-profile(5), "cpu_fraction"):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -225,7 +226,27 @@ def _workload_layers(workload: Workload, profile: Optional[Profile], alloc: "_Co
                              owner_resume)
         if layer is not None:
             made.append(layer)
-    return made, said
+    return _fence_catch_all(workload, profile, made), said
+
+
+def _fence_catch_all(workload: Workload, profile: Profile, made: List[Layer]) -> List[Layer]:
+    """A catch-all takes only the threads no other group claims. A backend places a thread the
+    plan does not name by the layers' rules, so the catch-all's rule must leave out the threads of
+    groups that have no layer (an untrusted match's exclusive and latency groups: declining to
+    raise them must not lower them) and the threads the matcher put in no group."""
+    at = next((i for i, layer in enumerate(made) if layer.selector.catch_all), None)
+    if at is None:
+        return made
+    laid = {layer.group for layer in made}
+    left = [g for g in profile.thread_groups if not g.catch_all and g.name not in laid]
+    ungrouped = tuple(t.tid for t in workload.threads if t.group is None)
+    if not left and not ungrouped:
+        return made
+    sel = made[at].selector
+    made[at] = dataclasses.replace(made[at], selector=dataclasses.replace(
+        sel, excluded_comm_patterns=tuple(p for g in left for p in g.thread_names),
+        excluded_title_patterns=tuple(p for g in left for p in g.process_titles), excluded_tids=ungrouped))
+    return made
 
 
 def _resume_text(bound: int, tier: str) -> str:

@@ -151,6 +151,13 @@ class Membership:
                 if title and any(re.search(p, title) for p in sel.title_patterns):
                     return layer
         for layer in candidates:
-            if layer.selector.catch_all:
+            if layer.selector.catch_all and not self._excluded(layer.selector, thread):
                 return layer
         return None
+
+    def _excluded(self, sel, thread: Any) -> bool:
+        """Whether a catch-all leaves the thread alone: a group without a layer claims it."""
+        if thread.tid in sel.excluded_tids or any(glob_match(p, thread.comm) for p in sel.excluded_comm_patterns):
+            return True
+        title = self._title(thread.pid) if sel.excluded_title_patterns else ""
+        return bool(title) and any(re.search(p, title) for p in sel.excluded_title_patterns)

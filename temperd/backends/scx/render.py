@@ -176,6 +176,11 @@ class _LayerRender:
                 self.errors.append("the workload has neither a cgroup nor processes to match")
                 return []
             return [[{"TGIDEquals": pid}, {"CommPrefix": p}] for pid in sel.pids for p in prefixes]
+        if sel.catch_all and (sel.excluded_tids or sel.excluded_comm_patterns or sel.excluded_title_patterns):
+            self.notes.append("another group of the workload has no layer (not granted, or no members): its "
+                              "threads are left alone, so this catch-all is matched by the member threads the "
+                              "planner saw")
+            return self._by_ids(threads_only=True)
         if sel.catch_all:
             if cgroup:
                 return [[{"CgroupPrefix": cgroup}]]
