@@ -53,20 +53,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import arms as A  # bench/arms.py
 import common as C  # bench/common.py; also puts the checkout and tests/ on sys.path
+import openloop as O  # bench/openloop.py
+import openloop_report as R  # bench/openloop_report.py
 import workloads as W  # bench/workloads.py
-from isolation_report import (markdown_table, parse_step, print_goals, print_scx, print_table, run_json,  # noqa: E402
-                              runs_from_json, step_name)
+from isolation_report import (goals, markdown_table, parse_step, print_goals, print_scx, print_table,  # noqa: E402
+                              run_json, runs_from_json, step_name, verdict)
 
 import servers as S  # noqa: E402  (tests/servers.py)
 from temperd.backends.native.autogroup import read_autogroup  # noqa: E402
@@ -116,6 +120,7 @@ class Bench:
         self.timeout_s = timeout_s
         self.pmqos_originals = pmqos_originals
         self.settle_s = 0.5
+        self.open_seconds = 0  # open loop: each run this long at amounts[variant] per second (0: closed loop)
 
     def run(self, step: str, arm_name: str, rep: int) -> T.Run:
         variant, bg = parse_step(step)
@@ -212,8 +217,9 @@ class Bench:
         # Output into a file, not a pipe: a load generator that writes more than a pipe holds (pgbench's
         # per-transaction log) would block on it while this loop only polls.
         output = tempfile.TemporaryFile("w+")
-        proc = subprocess.Popen(workload.load_argv(self.server, variant, self.amounts[variant]),
-                                stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+        out_dir = tempfile.mkdtemp(prefix="temperd-bench-load-")  # memtier's JSON
+        proc = subprocess.Popen(self._load_argv(variant, out_dir), stdout=output, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, text=True)
         meter.follow("client", proc.pid)
         deadline = time.monotonic() + self.timeout_s
         allowed = set()
@@ -228,12 +234,10 @@ class Bench:
                     if pid not in followed:
                         followed.add(pid)
                         meter.follow("server", pid)
-                sampler.sample("client", proc.pid)
-                sampler.sample("server", server_pids[0])
-                for pid in spinners:
-                    sampler.sample("spinners", pid)
-                for pid in neighbour:
-                    sampler.sample("neighbour", pid)
+                for label, pids in (("client", [proc.pid]), ("server", server_pids[:1]), ("spinners", spinners),
+                                    ("neighbour", neighbour)):
+                    for pid in pids:
+                        sampler.sample(label, pid)
                 for found in C.thread_affinities(proc.pid):  # a load generator may pin its threads (memcaslap does)
                     allowed.add(C.cpulist(found))
                 meter.sample()
@@ -250,15 +254,36 @@ class Bench:
         run.notes.update(client_cpus=sampler.describe("client"), server_cpus=sampler.describe("server"),
                          spinner_cpus=sampler.describe("spinners"), neighbour_cpus=sampler.describe("neighbour"),
                          client_allowed="/".join(sorted(allowed)) or "-")
-        if proc.returncode != 0:
-            run.error = f"{workload.tool} exited with {proc.returncode}: {stdout.strip()[-200:]}"
-            return
         try:
-            m = workload.parse(stdout)
+            self._result(run, variant, proc.returncode, stdout, out_dir)
+        finally:
+            shutil.rmtree(out_dir, ignore_errors=True)
+
+    def _load_argv(self, variant: str, out_dir: str) -> List[str]:
+        if self.open_seconds:  # open loop: the variant is a load, its amount the offered rate
+            return self.workload.open_argv(self.server, self.amounts[variant], self.open_seconds, out_dir)
+        return self.workload.load_argv(self.server, variant, self.amounts[variant])
+
+    def _result(self, run: T.Run, variant: str, returncode: int, stdout: str, out_dir: str) -> None:
+        """The load generator's answer into the run's metrics (or its error). Open loop: offered,
+        achieved and, only where the rate was sustained, p50 and p99."""
+        tool = self.workload.open_tool if self.open_seconds else self.workload.tool
+        try:
+            if self.open_seconds:
+                found = self.workload.parse_open(stdout, out_dir, self.amounts[variant])
+                # sysbench ends a run whose event queue overflowed with a failure: not sustained, not an error
+                if returncode == 0 or not found.sustained:
+                    run.metrics = found.metrics()
+                    return
+            elif returncode == 0:
+                m = self.workload.parse(stdout)
+                run.metrics = {"rate": m.rate, "p50_ms": m.p50_ms, "p99_ms": m.p99_ms}
+                return
         except ValueError as exc:
-            run.error = str(exc)
-            return
-        run.metrics = {"rate": m.rate, "p50_ms": m.p50_ms, "p99_ms": m.p99_ms}
+            if returncode == 0:
+                run.error = str(exc)
+                return
+        run.error = f"{tool} exited with {returncode}: {stdout.strip()[-200:]}"
 
 
 OTHER_TEMPERD_WAIT_S = 120.0
@@ -295,13 +320,25 @@ def _policy(pid: int) -> Optional[int]:
 # ---- the whole benchmark ----------------------------------------------------------------------------------
 
 
-def main() -> int:
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server", choices=sorted(W.WORKLOADS), default="redis")
     parser.add_argument("--reps", type=int, default=3, help="repetitions per step (default 3)")
     parser.add_argument("--ladder", default="0,1,2,4", help="spinner counts (default 0,1,2,4)")
-    parser.add_argument("--variants", help="load variants (default: the workload's, e.g. c=50,c=1 for redis)")
-    parser.add_argument("--seconds", type=float, default=2.5, help="length of a stock bg=0 run (default 2.5)")
+    parser.add_argument("--load", default="0.5,0.8",
+                        help="open loop (the default where the server has an open-loop generator): offered rates as "
+                             "fractions of what stock serves on the idle host, measured first in the same run and "
+                             "held equal across arms (default 0.5,0.8)")
+    parser.add_argument("--closed", action="store_true",
+                        help="closed loop instead: the load generator sends as fast as it is answered (throughput; "
+                             "a faster arm is measured at a higher load)")
+    parser.add_argument("--memtier", metavar="PATH", help="memtier_benchmark for redis and memcached (default: "
+                        "$TEMPERD_MEMTIER, a cached build, PATH, else built from ../shared/memtier/ or $TEMPERD_MEMTIER_SRC)")
+    parser.add_argument("--variants", help="closed-loop load variants (implies --closed; default: the workload's, e.g. "
+                        "c=50,c=1 for redis)")
+    parser.add_argument("--seconds", type=float,
+                        help="length of a run: open loop, whole seconds (default 5); closed loop, of a stock bg=0 run "
+                             "(default 2.5)")
     parser.add_argument("--arms", default=",".join(A.DEFAULT_ARMS),
                         help=f"arms (default {','.join(A.DEFAULT_ARMS)}; also {A.NOPOLL}, {A.NOPOLL_BG}, {A.SCX}, "
                              f"{A.SCX_BG}, {A.SCX_BARE}, {A.TRAINED}); bench/arms.py says what each does")
@@ -333,21 +370,54 @@ def main() -> int:
                         help="a run whose load generator has not finished by then is an error (default: the larger "
                              "of 60 s and 12 x --seconds; give more under software emulation)")
     parser.add_argument("--json", metavar="FILE", help="write every run as JSON")
-    parser.add_argument("--markdown", metavar="JSON", help="print the Markdown tables of --json files (comma-separated, pooled) and exit")
-    args = parser.parse_args()
-    if args.markdown:
-        data, runs = {}, []
-        for path in args.markdown.split(","):  # several runs of one workload are pooled
-            data, more = runs_from_json(path)
-            runs += more
-        workload = W.WORKLOADS[data["workload"]]()
-        for variant in data["amounts"]:
-            print(f"\n{workload.name} {variant}:\n")
-            ladder = [int(x) for x in args.ladder.split(",")]
-            print(markdown_table(workload.name, workload.rate_unit, variant, ladder, list(data["arms"]), runs))
-            print_goals(workload, variant, ladder, list(data["arms"]), runs)
-        return 0
-    signal.signal(signal.SIGTERM, _interrupted)  # stop like Ctrl-C: servers stopped, cgroups removed
+    parser.add_argument("--markdown", metavar="JSON", help="print the Markdown tables of --json files (comma-separated, "
+                        "pooled; open-loop files: one table per offered load, and the goals) and exit")
+    parser.add_argument("--summary", action="store_true",
+                        help="with --markdown (open-loop files, one per server): the short results table only")
+    args = parser.parse_args(argv)
+    args.error = parser.error
+    if args.quick:
+        args.reps, args.ladder = 1, "0,4"
+    return args
+
+
+def markdown(args: argparse.Namespace) -> str:
+    """The Markdown of --json files: closed loop, the tables of old; open loop, per offered load the
+    table and the goals, or with --summary the short results table (README.md's). Reads nothing but
+    the files: docs carry this text between markers, and a test keeps it in step with the files."""
+    datasets = [runs_from_json(path) for path in args.markdown.split(",")]
+    if all(data.get("mode") == "open" for data, _ in datasets):
+        if args.summary:
+            return R.summary_caption(datasets) + "\n\n" + R.summary_table(datasets)
+        return "\n\n".join(open_markdown(data, runs) for data, runs in datasets)
+    data, runs = datasets[-1][0], [r for _, more in datasets for r in more]  # several runs of one workload pooled
+    workload = W.WORKLOADS[data["workload"]]()
+    ladder = [int(x) for x in args.ladder.split(",")]
+    out = []
+    for variant in data["amounts"]:
+        out += [f"{workload.name} {variant}:", "",
+                markdown_table(workload.name, workload.rate_unit, variant, ladder, list(data["arms"]), runs), ""]
+        out += [f"- {arm}, {text}: **{verdict(met, firm)}** ({numbers})" for arm in data["arms"]
+                if arm not in (A.STOCK, A.BY_HAND) for text, met, firm, numbers in
+                goals(variant, ladder, runs, arm, workload.name, workload.p99_resolution)]
+    return "\n".join(out)
+
+
+def open_markdown(data: dict, runs: List[T.Run]) -> str:
+    """One open-loop JSON: per offered load, its table and the goals' verdicts."""
+    ladder = R.ladder_of(runs)
+    out = []
+    for variant in R.variants_of(runs):
+        out.append(f"{data['workload']}, offered {R.O.fraction_of(variant):g} × stock's idle rate "
+                   f"({data['capacity']:,.0f}/s): {data['amounts'][variant]:,.0f}/s".replace(",", " "))
+        out += ["", R.markdown_open_table(variant, ladder, list(data["arms"]), runs), ""]
+        out += R.goals_lines(variant, ladder, list(data["arms"]), runs, float(data.get("p99_resolution", 1.0)))
+        out.append("")
+    return "\n".join(out).rstrip("\n")
+
+
+def preflight() -> int:
+    """0 where this process may run the bench; else 2, with why on stderr."""
     if os.geteuid() != 0:
         print("isolation.py: must run as root (temperd changes scheduling settings of other processes)", file=sys.stderr)
         return 2
@@ -357,11 +427,11 @@ def main() -> int:
               f"and the spinners against the server; expected 0 (echo 0 > /proc/{os.getpid()}/autogroup)",
               file=sys.stderr)
         return 2
-    if args.quick:
-        args.reps, args.ladder, args.seconds = 1, "0,4", min(args.seconds, 1.5)
-    workload = W.WORKLOADS[args.server]()
-    ladder = [int(x) for x in args.ladder.split(",")]
-    variants = args.variants.split(",") if args.variants else list(workload.variants)
+    return 0
+
+
+def arm_names_of(args: argparse.Namespace, workload: W.Workload) -> Tuple[List[str], Dict[str, str]]:
+    """The arms asked for (the trained arm added by --train, the --profile-arm arms after them)."""
     arm_names = [a for a in args.arms.split(",") if a]
     if args.train:
         if not args.trained_profile:
@@ -369,17 +439,72 @@ def main() -> int:
         if A.TRAINED not in arm_names:
             arm_names.append(A.TRAINED)
     elif A.TRAINED in arm_names and not args.trained_profile:
-        parser.error("the trained arm needs --trained-profile FILE (or --train SECONDS)")
+        args.error("the trained arm needs --trained-profile FILE (or --train SECONDS)")
     profile_arms = dict(spec.split("=", 1) for spec in args.profile_arm if "=" in spec)
     if len(profile_arms) != len(args.profile_arm) or set(profile_arms) & set(arm_names) - set(profile_arms):
-        parser.error("--profile-arm takes NAME=FILE, NAME a new arm's name")
-    arm_names += [name for name in profile_arms if name not in arm_names]
+        args.error("--profile-arm takes NAME=FILE, NAME a new arm's name")
+    return arm_names + [name for name in profile_arms if name not in arm_names], profile_arms
+
+
+def main() -> int:
+    args = parse_args()
+    if args.markdown:
+        print(markdown(args))
+        return 0
+    signal.signal(signal.SIGTERM, _interrupted)  # stop like Ctrl-C: servers stopped, cgroups removed
+    refused = preflight()
+    if refused:
+        return refused
+    workload = W.WORKLOADS[args.server]()
+    args.closed = args.closed or bool(args.variants)  # --variants names closed-loop loads
+    args.open = not args.closed and bool(workload.open_tool)
+    if not args.closed and not args.open:
+        print(f"isolation.py: {workload.name} has no open-loop load generator: closed loop", flush=True)
+    if args.open:
+        args.open_seconds = max(1, math.ceil(args.seconds or OPEN_SECONDS))
+        try:
+            args.loads = O.parse_loads(args.load)
+            if isinstance(workload, W.MemtierLoad):
+                workload.memtier = O.memtier_binary(args.memtier)
+        except (ValueError, O.GeneratorUnavailable) as exc:
+            print(f"isolation.py: {exc}", file=sys.stderr)
+            return 2
+    args.seconds = args.seconds or CLOSED_SECONDS
+    if args.quick:
+        args.seconds = min(args.seconds, 1.5)
+    arm_names, profile_arms = arm_names_of(args, workload)
     limits = T.NoiseLimits(args.noisy_foreign, args.noisy_steal)
     started = time.monotonic()
     print(C.host_description())
     print(f"started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, load average {C.load_average():.2f}")
-    print(f"host before the run: {T.wait_for_quiet(60.0, limits).describe()}")
+    args.host_state = f"host before the run: {T.wait_for_quiet(60.0, limits).describe()}"
+    print(args.host_state)
     runs: List[T.Run] = []
+    args.amounts, args.capacity, args.arm_descriptions = {}, 0.0, {n: n for n in arm_names}
+    try:
+        run_bench(args, workload, arm_names, profile_arms, limits, started, runs)
+    except KeyboardInterrupt:
+        print("interrupted: results so far", flush=True)
+    except S.ServerUnavailable as exc:
+        print(f"isolation.py: {exc}", file=sys.stderr)
+        return 2
+    if not runs:
+        print("no runs completed", file=sys.stderr)
+        return 1
+    report(args, workload, arm_names, runs, started)
+    if args.json:
+        write_json(args, workload, runs)
+    return 0
+
+
+OPEN_SECONDS, CLOSED_SECONDS = 5.0, 2.5
+
+
+def run_bench(args: argparse.Namespace, workload: W.Workload, arm_names: List[str], profile_arms: Dict[str, str],
+              limits: T.NoiseLimits, started: float, runs: List[T.Run]):
+    """The server up, its load sized (closed loop) or stock's idle-host rate measured (open loop),
+    every arm built, then every run interleaved; runs are appended to `runs` as they come, and
+    args gets the amounts, stock's idle-host rate and the arms' descriptions."""
     history_dir = tempfile.mkdtemp(prefix="temperd-bench-history-")  # the temperd arms' shared history
     try:
         with workload.server() as server, T.ScratchCgroup(T.scratch_name("server")) as server_cgroup, \
@@ -394,31 +519,26 @@ def main() -> int:
                 server_cgroup.add(pid)
             workload.prepare(server)
             timeout_s = args.run_timeout or max(60.0, 12 * args.seconds)
-            amounts = {v: workload.size(server, v, args.seconds, timeout_s) for v in variants}
+            variants, amounts, args.capacity = size_loads(args, workload, server, timeout_s)
+            args.amounts = amounts
+            closed_variant = workload.variants[0]  # training and warming run the closed-loop load
             if args.train:
-                A.train_profile(workload, server, variants[0], args.train, args.trained_profile, timeout_s)
+                A.train_profile(workload, server, closed_variant, args.train, args.trained_profile, timeout_s)
             if args.warm > 0 and workload.exclusive_group:
-                group = A.warm_history(workload, server, under, variants[0], args.warm, timeout_s)
-                print(f"after {args.warm:g} s under {variants[0]}'s load, temperd plans the {workload.exclusive_group} "
-                      f"group: {group}")
+                group = A.warm_history(workload, server, under, closed_variant, args.warm, timeout_s)
+                print(f"after {args.warm:g} s under {closed_variant}'s load, temperd plans the "
+                      f"{workload.exclusive_group} group: {group}")
             by_hand_cpus = A.planned_cpus(under) if A.BY_HAND in arm_names else frozenset()
             arms = A.make_arms(under, by_hand_cpus)
             unknown = [a for a in arm_names if a not in arms]
             if unknown or A.STOCK not in arm_names:
-                parser.error(f"--arms: expected stock plus any of {', '.join(arms)}, found {args.arms!r}")
+                args.error(f"--arms: expected stock plus any of {', '.join(arms)}, found {args.arms!r}")
             bench = Bench(workload, server, under, arms, amounts, timeout_s, A.pmqos_values(),
                           spinners_own_session=args.spinner_session == "own", neighbour=args.neighbour,
                           neighbour_cgroup=neighbour_cgroup)
-            print(f"{workload.name} {workload.version(server)} pid {server.pid} in cgroup {server_cgroup.relative}, spinners in "
-                  f"{spinner_cgroup.relative} and {'a session of their own' if bench.spinners_own_session else 'this session'}"
-                  "; work per run: " + ", ".join(f"{v}: {a}" for v, a in amounts.items()))
-            if args.neighbour:
-                print(f"an untagged neighbour beside it: {args.neighbour} stress-ng worker(s) in {neighbour_cgroup.relative}, "
-                      "a session of their own, standard tier")
-            for name in arm_names:
-                print(f"  arm {name}: {arms[name].description}")
-            if A.BY_HAND in arm_names:
-                print(f"  by-hand pins the server to CPU(s) {C.cpulist(by_hand_cpus)} (what temperd gives it)")
+            bench.open_seconds = args.open_seconds if args.open else 0
+            describe_setup(args, workload, server, bench, arm_names, by_hand_cpus)
+            ladder = [int(x) for x in args.ladder.split(",")]
             steps = [step_name(v, bg) for v in variants for bg in ladder]
             planned = len(steps) * len(arm_names) * args.reps
             print(f"{planned} runs: {len(steps)} steps x {len(arm_names)} arms x {args.reps} repetitions, interleaved")
@@ -429,40 +549,95 @@ def main() -> int:
                 runs.append(run)
                 _progress(len(runs), planned, run, started)
 
+            args.arm_descriptions = {n: arms[n].description for n in arm_names}
             try:
                 T.run_trials(plan, bench.run, progress)
             except T.OutOfTime:
                 print(f"stopping: --max-minutes {args.max_minutes:g} reached", flush=True)
-    except KeyboardInterrupt:
-        print("interrupted: results so far", flush=True)
-    except S.ServerUnavailable as exc:
-        print(f"isolation.py: {exc}", file=sys.stderr)
-        return 2
     finally:
         shutil.rmtree(history_dir, ignore_errors=True)
-    if not runs:
-        print("no runs completed", file=sys.stderr)
-        return 1
-    for variant in variants:
-        print_table(workload, variant, ladder, arm_names, runs, amounts[variant])
-    if workload.notes:
-        print(f"\nNote: {workload.notes}.")
-    print_scx(runs)
-    print("\ncwait% / swait%: runqueue wait (schedstat) of the load generator / the server's threads, % of the run;")
-    print("cdly%: the load generator's wait as a share of the time it wanted a CPU (run + wait).")
-    for variant in variants:
-        print_goals(workload, variant, ladder, arm_names, runs)
+
+
+def size_loads(args: argparse.Namespace, workload: W.Workload, server, timeout_s: float):
+    """(variants, amount of each, stock's idle-host rate). Closed loop: each variant's work sized
+    to --seconds. Open loop: stock's rate on the idle host (this process's arms not entered yet, no
+    spinners) measured with the open-loop generator running closed loop, the median of three runs;
+    each load a fraction of it."""
+    if not args.open:
+        variants = args.variants.split(",") if args.variants else list(workload.variants)
+        return variants, {v: workload.size(server, v, args.seconds, timeout_s) for v in variants}, 0.0
+    workload.prepare_open(server)
+    rates = []
+    for _ in range(3):
+        with tempfile.TemporaryDirectory(prefix="temperd-bench-load-") as out_dir:
+            out = subprocess.run(workload.open_argv(server, None, args.open_seconds, out_dir), capture_output=True,
+                                 text=True, timeout=timeout_s)
+            if out.returncode != 0:
+                raise SystemExit(f"{workload.open_tool} (closed loop) exited with {out.returncode}: "
+                                 f"{(out.stdout + out.stderr).strip()[-300:]}")
+            rates.append(workload.parse_open(out.stdout, out_dir, None).achieved)
+    capacity = T.median(rates)
+    print(f"stock on the idle host, {workload.open_tool} closed loop ({workload.open_connections()} connections): "
+          + ", ".join(f"{r:,.0f}" for r in rates) + f"/s; median {capacity:,.0f}/s")
+    variants = [O.load_variant(x) for x in args.loads]
+    return variants, {O.load_variant(x): workload.offered_rate(x * capacity) for x in args.loads}, capacity
+
+
+def describe_setup(args, workload: W.Workload, server, bench: "Bench", arm_names: Sequence[str], by_hand_cpus) -> None:
+    if args.open:
+        work = ", ".join(f"{v}: {workload.describe_open(a, args.open_seconds)}" for v, a in bench.amounts.items())
+    else:
+        work = ", ".join(f"{v}: {a}" for v, a in bench.amounts.items())
+    print(f"{workload.name} {workload.version(server)} pid {server.pid} in cgroup {bench.under.server_cgroup.relative}, "
+          f"spinners in {bench.under.spinner_cgroup.relative} and "
+          f"{'a session of their own' if bench.spinners_own_session else 'this session'}; work per run: {work}")
+    if args.neighbour:
+        print(f"an untagged neighbour beside it: {args.neighbour} stress-ng worker(s) in "
+              f"{bench.neighbour_cgroup.relative}, a session of their own, standard tier")
+    for name in arm_names:
+        print(f"  arm {name}: {bench.arms[name].description}")
+    if A.BY_HAND in arm_names:
+        print(f"  by-hand pins the server to CPU(s) {C.cpulist(by_hand_cpus)} (what temperd gives it)")
+
+
+def report(args, workload: W.Workload, arm_names: List[str], runs: List[T.Run], started: float) -> None:
+    ladder = [int(x) for x in args.ladder.split(",")]
+    amounts = args.amounts
+    if args.open:
+        data = {"workload": workload.name, "arms": {n: n for n in arm_names}, "amounts": amounts,
+                "capacity": args.capacity, "p99_resolution": workload.open_resolution}
+        print()
+        print(open_markdown(data, runs))
+        print(f"\nlatency: {O.LATENCY_FROM[workload.open_tool]}")
+    else:
+        for variant in amounts:
+            print_table(workload, variant, ladder, arm_names, runs, amounts[variant])
+        if workload.notes:
+            print(f"\nNote: {workload.notes}.")
+        print_scx(runs)
+        print("\ncwait% / swait%: runqueue wait (schedstat) of the load generator / the server's threads, % of the run;")
+        print("cdly%: the load generator's wait as a share of the time it wanted a CPU (run + wait).")
+        for variant in amounts:
+            print_goals(workload, variant, ladder, arm_names, runs)
     retried = sum(r.retried for r in runs)
     print(f"\n{len(runs)} runs in {(time.monotonic() - started) / 60:.1f} min, {retried} repeated as noisy; "
           f"finished {time.strftime('%H:%M:%S')}")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"host": C.host_description(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                       "workload": workload.name, "amounts": amounts, "spinner_session": args.spinner_session,
-                       "neighbour": args.neighbour,
-                       "arms": {n: arms[n].description for n in arm_names},
-                       "runs": [run_json(r) for r in runs]}, handle, indent=1)
-    return 0
+
+
+def write_json(args, workload: W.Workload, runs: List[T.Run]) -> None:
+    data = {"host": C.host_description(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "workload": workload.name, "amounts": args.amounts, "spinner_session": args.spinner_session,
+            "neighbour": args.neighbour, "arms": args.arm_descriptions, "host_state": args.host_state,
+            "repetitions": args.reps,
+            "command": "bench/isolation.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])}
+    if args.open:
+        data.update(mode="open", capacity=args.capacity, seconds=args.open_seconds, generator=workload.open_tool,
+                    latency_from=O.LATENCY_FROM[workload.open_tool], p99_resolution=workload.open_resolution)
+    else:
+        data.update(mode="closed", seconds=args.seconds)
+    data["runs"] = [run_json(r) for r in runs]
+    with open(args.json, "w") as handle:
+        json.dump(data, handle, indent=1)
 
 
 def _interrupted(signum, frame) -> None:
@@ -473,7 +648,10 @@ def _progress(done: int, planned: int, run: T.Run, started: float) -> None:
     if run.ok:
         m, w = run.metrics, run.window
         client = run.waits.get("client")
-        what = (f"{m['rate']:8.0f}/s p50 {m['p50_ms']:6.3f} p99 {m['p99_ms']:6.3f} ms, cwait "
+        offered = f" of {m['offered']:.0f}" if "offered" in m else ""
+        tail = (f"p50 {m['p50_ms']:6.3f} p99 {m['p99_ms']:6.3f} ms" if "p99_ms" in m
+                else f"NOT SUSTAINED ({m.get('achieved_ratio', float('nan')):.2f}x offered)")
+        what = (f"{m['rate']:8.0f}{offered}/s {tail}, cwait "
                 f"{client.wait_pct if client else float('nan'):4.1f} %, {w.describe() if w else ''}"
                 + (" NOISY" if run.noisy else "") + (" (repeated)" if run.retried else ""))
     else:

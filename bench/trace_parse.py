@@ -1,4 +1,4 @@
-"""How fast temperd.trace_parse reads a captured scheduling trace, and how much memory it needs.
+"""How fast temperd.trace.parse reads a captured scheduling trace, and how much memory it needs.
 
 Usage (from the checkout):
   .venv/bin/python bench/trace_parse.py                      # synthetic 1 M events, 5 runs
@@ -177,7 +177,7 @@ def main() -> int:
             shutil.copyfileobj(src, dst, 1 << 20)
         print(f"input: {source}, {events} events, {os.path.getsize(plain) / 2**20:.1f} MiB text, "
               f"{os.path.getsize(packed) / 2**20:.1f} MiB gzip (made in {made_s:.1f} s)")
-        print(f"parse: temperd.trace_parse.parse_trace, {args.runs} runs each, median")
+        print(f"parse: temperd.trace.parse.parse_trace, {args.runs} runs each, median")
         print()
         head = (f"{'input':<8} {'events':>9} {'median s':>9} {'min s':>7} {'max s':>7} {'events/s':>10} "
                 f"{'py peak MiB':>11} {'threads':>7} {'edges':>6}")

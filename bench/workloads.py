@@ -12,14 +12,15 @@ import csv
 import io
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Dict, FrozenSet, Iterator, List, Sequence
+from typing import Callable, ContextManager, Dict, FrozenSet, Iterator, List, Optional, Sequence
 
 import common as C
+import openloop as O  # bench/openloop.py
+from openloop import histogram_quantile  # noqa: F401  (re-exported: the closed-loop parsers use it)
 
 import servers as S  # noqa: E402  (tests/servers.py: real servers on loopback)
 from temperd.sources import procfs  # noqa: E402
@@ -45,6 +46,8 @@ class Workload:
     variants: Sequence[str] = ()
     notes = ""  # what a reader must know about the metric
     p99_resolution = 1.0  # a reported p99 may overstate the true one by this factor (2: a log2 bucket bound)
+    open_tool = ""  # the open-loop generator (bench/openloop.py); "" where there is none
+    open_resolution = 1.0  # the open-loop generator's p99 resolution (HdrHistogram, exact quantiles: 1)
 
     def server(self) -> ContextManager:
         raise NotImplementedError
@@ -81,18 +84,81 @@ class Workload:
     def describe(self, variant: str, amount: int) -> str:
         return f"{self.tool} {variant}, {amount} s per run"
 
+    # ---- open loop (bench/openloop.py): a rate held equal across arms ----
+
+    def open_connections(self) -> int:
+        return clients_of(self.variants[0])
+
+    def prepare_open(self, server) -> None:
+        pass
+
+    def offered_rate(self, rate: float) -> float:
+        """What the generator really offers when asked for `rate` per second."""
+        return float(round(rate))
+
+    def open_argv(self, server, rate: Optional[float], seconds: int, out_dir: str) -> List[str]:
+        """The open-loop generator at `rate` per second for `seconds`; closed loop (as fast as it is
+        answered, same connections) where rate is None: stock's idle-host rate is measured so."""
+        raise NotImplementedError
+
+    def parse_open(self, stdout: str, out_dir: str, rate: Optional[float]) -> O.OpenMeasurement:
+        raise NotImplementedError
+
+    def describe_open(self, rate: float, seconds: int) -> str:
+        return f"{self.open_tool} at {rate:,.0f}/s, {self.open_connections()} connections, {seconds} s per run"
+
+
+class MemtierLoad(Workload):
+    """redis and memcached under memtier_benchmark, open loop (--rate-limiting) or closed."""
+
+    open_tool = "memtier_benchmark"
+    protocol = ""
+    ratio = ""  # SET:GET
+    keys = 100000
+    memtier = ""  # the binary (openloop.memtier_binary), set by the bench before the first run
+
+    def prepare_open(self, server) -> None:
+        out = subprocess.run(O.memtier_fill_argv(self.memtier, server.port, self.protocol, self.keys),
+                             capture_output=True, text=True, timeout=300)
+        if out.returncode != 0:
+            raise SystemExit(f"memtier_benchmark could not fill {self.name}: {(out.stdout + out.stderr).strip()[-300:]}")
+
+    def offered_rate(self, rate: float) -> float:
+        return O.memtier_rate(rate, self.open_connections())[1]
+
+    def open_argv(self, server, rate: Optional[float], seconds: int, out_dir: str) -> List[str]:
+        per_conn = O.memtier_rate(rate, self.open_connections())[0] if rate else None
+        return O.memtier_argv(self.memtier, server.port, self.protocol, self.open_connections(), seconds, self.ratio,
+                              self.keys, os.path.join(out_dir, "memtier.json"), per_conn)
+
+    def parse_open(self, stdout: str, out_dir: str, rate: Optional[float]) -> O.OpenMeasurement:
+        try:
+            with open(os.path.join(out_dir, "memtier.json")) as handle:
+                text = handle.read()
+        except OSError:
+            raise ValueError(f"memtier_benchmark wrote no JSON: {stdout.strip()[-300:]!r}") from None
+        found = O.parse_memtier_json(text, rate or 0.0)
+        return O.closed_if_unrated(found, rate)
+
+    def describe_open(self, rate: float, seconds: int) -> str:
+        return (f"memtier_benchmark --ratio={self.ratio} at {rate:,.0f}/s (--rate-limiting "
+                f"{O.memtier_rate(rate, self.open_connections())[0]} x {self.open_connections()} connections), "
+                f"{seconds} s per run")
+
 
 def clients_of(variant: str) -> int:
     return int(variant.split("=", 1)[1])
 
 
-class Redis(Workload):
+class Redis(MemtierLoad):
     name = "redis"
     profile_id = "redis"
     exclusive_group = "event-loop"
     tool = "redis-benchmark"
     variants = ("c=50", "c=1")
     keys = 100000
+    protocol = "redis"
+    ratio = "0:1"  # GETs only, as redis-benchmark -t get
 
     def server(self):
         return S.redis_server()
@@ -136,7 +202,7 @@ class Redis(Workload):
         return f"redis-benchmark -t get {variant.replace('c=', '-c ')} -n {amount}"
 
 
-class Memcached(Workload):
+class Memcached(MemtierLoad):
     name = "memcached"
     profile_id = "memcached"
     exclusive_group = "workers"
@@ -144,6 +210,8 @@ class Memcached(Workload):
     variants = ("c=16",)
     notes = "memcaslap reports a log2 histogram: p50 and p99 are bucket upper bounds (a factor of 2 coarse)"
     p99_resolution = 2.0
+    protocol = "memcache_text"
+    ratio = "1:9"  # memcaslap's default mix
 
     def server(self):
         return S.memcached_server()
@@ -203,12 +271,20 @@ class MariaDB(Workload):
                 "--percentile=99", "--histogram=on", "run"]
 
     def parse(self, stdout: str) -> Measurement:
-        tps = re.search(r"transactions:\s+\d+\s+\(([\d.]+) per sec", stdout)
-        p99 = re.search(r"99th percentile:\s+([\d.]+)", stdout)
-        if not tps or not p99:
+        found = O.parse_sysbench(stdout, 0.0)
+        if found.achieved != found.achieved or O.QUEUE_FULL in stdout:
             raise ValueError(f"unexpected sysbench output: {stdout.strip()[-300:]!r}")
-        histogram = [(float(v), int(n)) for v, n in re.findall(r"^\s+([\d.]+) \|\*+\s+(\d+)$", stdout, re.M)]
-        return Measurement(float(tps.group(1)), histogram_quantile(histogram, 0.5), float(p99.group(1)))
+        return Measurement(found.achieved, found.p50_ms, found.p99_ms)
+
+    open_tool = "sysbench --rate"
+
+    def open_argv(self, server, rate: Optional[float], seconds: int, out_dir: str) -> List[str]:
+        argv = self.load_argv(server, self.variants[0], seconds)
+        return argv[:-1] + ([f"--rate={rate:.0f}"] if rate else []) + argv[-1:]
+
+    def parse_open(self, stdout: str, out_dir: str, rate: Optional[float]) -> O.OpenMeasurement:
+        found = O.parse_sysbench(stdout, rate or 0.0)
+        return O.closed_if_unrated(found, rate)
 
     def describe(self, variant: str, amount: int) -> str:
         return f"sysbench oltp_read_write --{variant} --time={amount} --percentile=99 (1 table, 2 000 rows)"
@@ -244,21 +320,24 @@ class PostgreSQL(Workload):
     def load_argv(self, server, variant: str, amount: int) -> List[str]:
         # pgbench writes one log line per transaction (latency in us, 3rd field) into files of its
         # own; they are printed after its report and removed, so parse() reads both from stdout.
-        env = (f"PGHOST={S.LOOPBACK} PGPORT={server.port} PGUSER=postgres PGDATABASE=postgres")
-        clients = clients_of(variant)
-        script = (f'd=$(mktemp -d) && cd "$d" && env {env} pgbench -c {clients} -j {min(clients, 2)} -T {amount} '
-                  f'-l --log-prefix="$d/tx" 2>&1; status=$?; cat "$d"/tx.* 2>/dev/null | sed "s/^/tx /"; '
-                  f'rm -rf "$d"; exit $status')
-        return ["/bin/sh", "-c", script]
+        return ["/bin/sh", "-c", O.pgbench_rate_script(self._env(server), clients_of(variant), amount, None)]
 
     def parse(self, stdout: str) -> Measurement:
-        tps = re.search(r"^tps = ([\d.]+)", stdout, re.M)
-        latencies = sorted(int(line.split()[3]) for line in stdout.splitlines()
-                           if line.startswith("tx ") and len(line.split()) >= 4)
-        if not tps or len(latencies) < 2:
-            raise ValueError(f"unexpected pgbench output: {stdout.strip()[:300]!r}")
-        cuts = statistics.quantiles(latencies, n=100)
-        return Measurement(float(tps.group(1)), cuts[49] / 1000.0, cuts[98] / 1000.0)
+        found = O.parse_pgbench(stdout, 0.0)
+        return Measurement(found.achieved, found.p50_ms, found.p99_ms)
+
+    @staticmethod
+    def _env(server) -> str:
+        return f"PGHOST={S.LOOPBACK} PGPORT={server.port} PGUSER=postgres PGDATABASE=postgres"
+
+    open_tool = "pgbench -R"
+
+    def open_argv(self, server, rate: Optional[float], seconds: int, out_dir: str) -> List[str]:
+        return ["/bin/sh", "-c", O.pgbench_rate_script(self._env(server), self.open_connections(), seconds, rate)]
+
+    def parse_open(self, stdout: str, out_dir: str, rate: Optional[float]) -> O.OpenMeasurement:
+        found = O.parse_pgbench(stdout, rate or 0.0)
+        return O.closed_if_unrated(found, rate)
 
     def describe(self, variant: str, amount: int) -> str:
         return f"pgbench -c {clients_of(variant)} -T {amount} (TPC-B-like, scale 1)"
@@ -299,17 +378,6 @@ def _touched(tid: int) -> bool:
         return os.getpriority(os.PRIO_PROCESS, tid) != 0 or os.sched_getscheduler(tid) != os.SCHED_OTHER
     except OSError:
         return False
-
-
-def histogram_quantile(rows: Sequence[tuple], q: float) -> float:
-    """The value at quantile q of (value, count) rows in ascending order."""
-    total = sum(n for _, n in rows)
-    seen = 0
-    for value, count in rows:
-        seen += count
-        if total and seen >= q * total:
-            return value
-    return float("nan")
 
 
 @dataclass
