@@ -148,3 +148,34 @@ def test_the_module_check_sees_a_moved_module():
     assert not dotted_exists("temperd.trace_parse.parse_trace") and not dotted_exists("temperd.trace.parse.nothing_here")
     assert MODULE_PATH.findall("see temperd/plan.py, not /usr/share/temperd/x.py") == ["temperd/plan.py"]
     assert DOTTED_NAME.findall("`temperd.trace_parse.parse_trace(FILE)`") == ["temperd.trace_parse.parse_trace"]
+
+
+# ---- package docstrings that list their modules --------------------------------------------------
+
+LISTED_MODULE = re.compile(r"^(?:- (\w+):|(\w+)\.py\s)", re.MULTILINE)
+
+
+def package_lists() -> Iterator[Tuple[str, List[str], List[str], str]]:
+    """(package, modules in its directory, modules its docstring lists, the docstring) for each
+    package whose docstring lists modules, one a line (`- name: ...` or `name.py  ...`)."""
+    for init in sorted(glob.glob(os.path.join(ROOT, "temperd", "**", "__init__.py"), recursive=True)):
+        with open(init, encoding="utf-8") as handle:
+            doc = ast.get_docstring(ast.parse(handle.read())) or ""
+        listed_names = [a or b for a, b in LISTED_MODULE.findall(doc)]
+        if not listed_names:
+            continue
+        folder = os.path.dirname(init)
+        modules = sorted(name[:-3] for name in os.listdir(folder) if name.endswith(".py") and name != "__init__.py")
+        yield os.path.relpath(folder, ROOT), modules, listed_names, doc
+
+
+def test_package_docstrings_list_the_modules_there_are():
+    """A package docstring that lists its modules lists each one there is (by name, in the list
+    or in a line of it) and none that moved away."""
+    lists = list(package_lists())
+    assert {"temperd/backends/native", "temperd/daemon", "temperd/observe"} <= {p for p, *_ in lists}
+    for package, modules, listed_names, doc in lists:
+        gone = [name for name in listed_names if name not in modules]
+        assert gone == [], f"{package}/__init__.py lists modules it does not hold: {gone}"
+        unnamed = [name for name in modules if not re.search(rf"\b{name}\b", doc)]
+        assert unnamed == [], f"{package}/__init__.py leaves out: {unnamed}"

@@ -9,15 +9,10 @@ into the daemon beyond asking its main loop for a replan.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Protocol
 
 from temperd.backends.result import ApplyResult
 from temperd.backends.status import BackendStatus
-
-try:
-    from typing import Protocol
-except ImportError:  # pragma: no cover - Python < 3.8 is not supported anyway
-    Protocol = object  # type: ignore
 
 if TYPE_CHECKING:
     from temperd.plan import LayerPlan

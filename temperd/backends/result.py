@@ -5,12 +5,7 @@ read these types without importing one another."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
-
-try:
-    from typing import Protocol
-except ImportError:  # pragma: no cover - Python < 3.8 is not supported anyway
-    Protocol = object  # type: ignore
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence
 
 
 class RestoreCounts(Protocol):

@@ -17,17 +17,12 @@ import select
 import signal
 import time
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 from temperd.config.daemon_config import DaemonConfig
 from temperd.daemon.notify import Notifier
 from temperd.sources.inventory import Inventory
 from temperd.wakeup import Wakeup
-
-try:
-    from typing import Protocol
-except ImportError:  # pragma: no cover - Python < 3.8 is not supported anyway
-    Protocol = object  # type: ignore
 
 WATCHDOG_DEFAULT_S = 10.0  # where the unit sets no WatchdogSec (systemd then ignores the pings)
 STARVED_RETRY_S = 1.0

@@ -5,7 +5,7 @@ none of them imports daemon.py (the main loop has its own, main_loop.LoopHost)."
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Protocol
 
 from temperd.backends.select import BackendChoice
 from temperd.backends.status import BackendStatus
@@ -17,11 +17,6 @@ from temperd.observe.sampler import Sampler
 from temperd.observe.workload_watch import WorkloadWatch
 from temperd.plan import LayerPlan
 from temperd.sources.inventory import Inventory
-
-try:
-    from typing import Protocol
-except ImportError:  # pragma: no cover - Python < 3.8 is not supported anyway
-    Protocol = object  # type: ignore
 
 
 class DaemonState(Protocol):

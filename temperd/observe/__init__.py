@@ -5,4 +5,9 @@
 - sampler: one observation sample: observer, linter, then the metrics
 - metrics: Prometheus metrics, one group per source, each fed that source's typed status
 - http: GET /metrics and /observe
+- journal: what temperd did and why, for the log
+- workload_watch: the workload watch's thread (classification and rightsizing), with its tracker
+  (usage_tracker), a workload's stable name (workload_labels), the classification signals over a
+  window (workload_window) and the decaying usage histograms (histogram) of the rightsizing
+  history (usage_history)
 """
