@@ -62,9 +62,6 @@ def test_nothing_to_undo_removes_the_state_file(tmp_path, children):
 @pytest.mark.parametrize("content, expect", [
     ("{not json", "unreadable state file"),
     ('{"version": 7}', "version: expected one of (1, 2), found 7"),
-    ('{"version": 1, "threads": [{"tid": 1}]}', "threads: malformed entry"),
-    ('{"version": 2}\n{"thread": {"tid": 1}}\n', "line 2: malformed entry"),
-    ('{"version": 2}\n{"what": 1}\n', "line 2: malformed entry: expected thread, gone or section"),
 ])
 def test_bad_state_file_is_one_line_error_naming_it(tmp_path, content, expect):
     path = tmp_path / "native-state.json"
@@ -73,6 +70,18 @@ def test_bad_state_file_is_one_line_error_naming_it(tmp_path, content, expect):
         RestoreLedger(str(tmp_path)).load()
     message = str(info.value)
     assert str(path) in message and expect in message and "\n" not in message
+
+
+@pytest.mark.parametrize("content, skipped", [
+    ('{"version": 1, "threads": [{"tid": 1}]}', ["threads[0]"]),
+    ('{"version": 2}\n{"thread": {"tid": 1}}\n', ["line 2"]),
+    ('{"version": 2}\n{"what": 1}\n', ["line 2"]),
+    ('{"version": 2}\n{"section": "pmqos", "set": {"originals": 3}}\n', ["line 2"]),
+])
+def test_a_malformed_entry_is_skipped_and_named_not_the_file(tmp_path, content, skipped):
+    (tmp_path / "native-state.json").write_text(content)
+    ledger = RestoreLedger(str(tmp_path))
+    assert ledger.load() is True and ledger.skipped == skipped and not ledger.records and not ledger.extras
 
 
 @needs_root

@@ -110,11 +110,12 @@ def parse_toml(text: str, file: str) -> TomlDocument:
     return TomlDocument(file, data, KeyLines(text))
 
 
-def trust_problem(st: os.stat_result) -> Optional[str]:
+def trust_problem(st: os.stat_result, owner: int = 0) -> Optional[str]:
     """Why a file that configures the root daemon is refused, or None. The rule of sudoers and
-    systemd units: owned by root, writable by nobody else (group-writable only for group root)."""
-    if st.st_uid != 0:
-        return f"refused: owned by uid {st.st_uid}, expected root"
+    systemd units: owned by root, writable by nobody else (group-writable only for group root).
+    owner: the uid expected instead of root (a file a daemon of another user wrote itself)."""
+    if st.st_uid != owner:
+        return f"refused: owned by uid {st.st_uid}, expected {'root' if owner == 0 else f'uid {owner}'}"
     if st.st_mode & stat.S_IWOTH:
         return "refused: writable by others, expected mode without o+w"
     if st.st_mode & stat.S_IWGRP and st.st_gid != 0:
@@ -123,7 +124,7 @@ def trust_problem(st: os.stat_result) -> Optional[str]:
 
 
 def read_config_bytes(path: str, require_trusted: bool = False, limit: int = MAX_FILE_BYTES,
-                      follow_symlinks: bool = True) -> bytes:
+                      follow_symlinks: bool = True, owner: int = 0) -> bytes:
     """A configuration file's content, read only if it is a regular file of at most `limit`
     bytes (and, when required, trusted). The checks use the opened file itself, so the file that
     was checked is the file that is read; O_NONBLOCK keeps a FIFO from blocking the open.
@@ -141,7 +142,7 @@ def read_config_bytes(path: str, require_trusted: bool = False, limit: int = MAX
             kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or \
                 stat.S_ISBLK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else "not a file"
             raise ConfigError([ConfigProblem(path, (), f"refused: {kind}, expected a regular file")])
-        refused = trust_problem(st) if require_trusted else None
+        refused = trust_problem(st, owner) if require_trusted else None
         if refused:
             raise ConfigError([ConfigProblem(path, (), refused)])
         if st.st_size > limit:

@@ -20,6 +20,7 @@ ones it never saw while running (inheritance.py).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set
 
@@ -43,6 +44,8 @@ __all__ = ["AUTOGROUP", "CPU_WEIGHT", "IDLE_CGROUP", "PMQOS", "ApplyResult", "DE
            "scan_threads"]
 
 DEFAULT_STATE_DIR = paths.RUN_DIR
+
+log = logging.getLogger(__name__)
 
 
 class NativeBackend:
@@ -249,9 +252,7 @@ class NativeBackend:
         try:
             found = previous.load()
         except LedgerError as exc:
-            aside = previous.path + ".unreadable"
-            os.replace(previous.path, aside)
-            result.errors.append(f"{exc}; moved to {aside}, nothing restored from it")
+            result.errors.append(previous.set_aside(exc))
             return
         if not found:
             return
@@ -261,6 +262,8 @@ class NativeBackend:
         result.take(previous.restore_all())
         result.take(restore_inherited(previous, creators))
         self._recover_held(result, previous, rest)
+        if previous.skipped:
+            result.errors.append(f"{previous.path}: {len(previous.skipped)} malformed entries skipped")
         result.notes.append(f"recovered from {previous.path}: {result.summary()}")
         previous.delete()
 
@@ -269,7 +272,13 @@ class NativeBackend:
         for held in held_settings:
             section = previous.extras.get(held.kind) or {}
             if section:
-                held.adopt_state(section)
+                try:
+                    held.adopt_state(section)
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                    # What was adopted before the bad entry is restored; the rest of the section is lost.
+                    result.errors.append(f"{previous.path}: section {held.kind}: malformed entry ({exc}); "
+                                         "the entries after it are not restored")
+                    log.error("%s", result.errors[-1])
                 result.take_counts(held.kind, held.restore_all())
 
     def status(self) -> BackendStatus:
@@ -321,16 +330,14 @@ class NativeBackend:
         self.drift.add(result.drift)
         return result
 
-    def _save(self, result: ApplyResult) -> None:
-        """Write the state file: the threads' records and each held setting's section."""
+    def _save(self, result: ApplyResult) -> bool:
+        """Write the state file: the threads' records and each held setting's section. False
+        where it cannot be written: the caller makes none of the changes it was to record."""
         self._saved_records = len(self.ledger.records)
         for held in self._held():
             self.ledger.extras[held.kind] = held.state()
-        try:
-            self.ledger.save()
-        except OSError as exc:
-            if "state_file" in result.failed:
-                return  # said once per call
+        failure = self.ledger.try_save()
+        if failure is not None and "state_file" not in result.failed:  # counted once per call
             result.bump(result.failed, "state_file")
-            result.errors.append(f"{self.ledger.path}: cannot write the state file: {exc.strerror or exc}; "
-                                 "a crash now would leave changes that the next start cannot undo")
+            result.errors.append(failure)
+        return failure is None

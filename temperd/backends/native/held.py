@@ -107,12 +107,13 @@ class HeldSettings(Generic[K, V]):
     def kind(self) -> str:
         return self.setting.kind
 
-    def hold(self, desired: Mapping[K, V], before_write: Optional[Callable[[], None]] = None,
+    def hold(self, desired: Mapping[K, V], before_write: Optional[Callable[[], Optional[bool]]] = None,
              trusted: Container[K] = (), read: Optional[Mapping[K, Optional[V]]] = None) -> HostSettingResult:
         """Make `desired` hold, and restore what is held but no longer desired.
 
         before_write is called once, after the originals and intended values are recorded and
-        before the first write (the caller saves its state file there). trusted: keys whose value
+        before the first write (the caller saves its state file there; False: it could not, and
+        nothing is written). trusted: keys whose value
         temperd wrote is taken as current without reading it (drift is found at the next call
         that does not trust them). read: values the caller has just read, not read again."""
         result = HostSettingResult()
@@ -124,11 +125,13 @@ class HeldSettings(Generic[K, V]):
         return result
 
     def _hold_more(self, desired: Mapping[K, V], result: HostSettingResult,
-                   before_write: Optional[Callable[[], None]], read: Mapping[K, Optional[V]]) -> None:
+                   before_write: Optional[Callable[[], Optional[bool]]], read: Mapping[K, Optional[V]]) -> None:
         """Make `desired` hold as well, what else is held staying as it is."""
         pending = self._intend(desired, result, read)
-        if pending and before_write is not None:
-            before_write()
+        if pending and before_write is not None and before_write() is False:
+            for key, _, previous in pending:
+                self._unintend(key, previous)  # unrecorded: not made
+            return
         for key, value, previous in pending:
             self._write(key, value, previous, result)
 
@@ -174,13 +177,16 @@ class HeldSettings(Generic[K, V]):
     def _not_written(self, key: K, value: V, previous: Optional[V], exc: BaseException,
                      result: HostSettingResult) -> None:
         """A write that _intend recorded failed: the record goes back to what it was."""
+        self._unintend(key, previous)
+        if not _gone(exc):
+            result.failed += 1
+            result.errors.append(f"{self.setting.where(key)}: setting {self.setting.shown(value)}: {_why(exc)}")
+
+    def _unintend(self, key: K, previous: Optional[V]) -> None:
         if previous is None:
             self._forget(key)  # nothing changed: nothing to restore
         else:
             self.written[key] = previous
-        if not _gone(exc):
-            result.failed += 1
-            result.errors.append(f"{self.setting.where(key)}: setting {self.setting.shown(value)}: {_why(exc)}")
 
     def restore(self, key: K) -> HostSettingResult:
         result = HostSettingResult()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
@@ -35,6 +36,9 @@ THREAD_KINDS = (AFFINITY, POLICY, NICE, SLICE)
 _SCHED_KINDS = (POLICY, NICE, SLICE)
 
 STATE_FILE = "native-state.json"
+_SHOWN = 10  # skipped entries named in the warning
+
+log = logging.getLogger(__name__)
 
 
 class LedgerError(Exception):
@@ -229,6 +233,8 @@ class RestoreLedger:
         self._recount: Set[Tuple[int, int]] = set()
         # Told (record, kind) before a value temperd wrote is given back (given_back.GivenBack.note).
         self.on_give_back: Optional[Callable[[ThreadRecord, str], None]] = None
+        self.skipped: List[str] = []  # the state file's entries load() could not read
+        self._failing = False  # the last save failed (said once, until one succeeds)
 
     # ---- records ------------------------------------------------------------------------------
 
@@ -415,14 +421,47 @@ class RestoreLedger:
             self._changed |= changed  # compared again at the next save
             raise
 
+    def try_save(self) -> Optional[str]:
+        """save(), or why it failed (OSError: no space left, an I/O error): the caller then
+        makes none of the changes it was to record. Logged once until a save succeeds again
+        (a fork storm's batches come ten a second)."""
+        try:
+            self.save()
+        except OSError as exc:
+            message = (f"{self.path}: cannot write the state file: {exc.strerror or exc}; "
+                       "the changes it would record are not made until it can be written")
+            if not self._failing:
+                log.error("%s", message)
+            self._failing = True
+            return message
+        if self._failing:
+            log.warning("%s: the state file is written again; changes are made again", self.path)
+            self._failing = False
+        return None
+
     def delete(self) -> None:
         self.file.delete()
+
+    def set_aside(self, error: LedgerError) -> str:
+        """A state file that cannot be used, renamed NAME.unreadable (kept for a look, never
+        read again); the error line, logged."""
+        aside = self.path + ".unreadable"
+        try:
+            os.replace(self.path, aside)
+            kept = f"moved to {aside}"
+        except OSError as exc:
+            kept = f"left in place ({exc.strerror or exc}) to be replaced at the first save"
+        message = f"{error}; {kept}, nothing restored from it"
+        log.error("%s", message)
+        return message
 
     def remove_stale_temp_files(self) -> List[str]:
         return self.file.remove_stale_temp_files()
 
     def load(self) -> bool:
-        """Read a state file left by an earlier run into this ledger; False when there is none."""
+        """Read a state file left by an earlier run into this ledger; False when there is none.
+        LedgerError: none of it can be used. An entry that cannot be read is skipped, the others
+        are kept, and one warning names the skipped ones (`skipped`)."""
         try:
             found = self.file.load()
         except StateFileError as exc:
@@ -430,10 +469,22 @@ class RestoreLedger:
         if found is None:
             return False
         threads, sections = found
+        skipped = list(self.file.skipped)
         for where, item in threads:
             try:
                 self.add(ThreadRecord.from_json(item))
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise LedgerError(f"{self.path}: {where}: malformed entry: {exc}") from None
+            except (KeyError, TypeError, ValueError, AttributeError):
+                skipped.append(where)
         self.extras.update(sections)
+        self.skipped = sorted(skipped, key=_position)
+        if skipped:
+            shown = ", ".join(self.skipped[:_SHOWN]) + (", ..." if len(skipped) > _SHOWN else "")
+            log.warning("%s: %d malformed entr%s skipped (%s); every other entry is restored",
+                        self.path, len(skipped), "y" if len(skipped) == 1 else "ies", shown)
         return True
+
+
+def _position(where: str) -> int:
+    """The line (or list index) a state-file entry's `where` names, to list them in file order."""
+    digits = "".join(char for char in where if char.isdigit())
+    return int(digits) if digits else 0

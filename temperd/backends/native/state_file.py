@@ -19,7 +19,15 @@ a killed temperd, not a power cut, and the page cache keeps it for the next star
 
 Each line is written before the change it records is made, so a line that a kill cut short (the
 last one, without its newline) announced a change that never happened: it is dropped on load.
+An append that fails (no space left, an I/O error) is cut back to where it began and raises:
+the caller makes none of the changes it recorded. A line that cannot be read costs its own
+entry, not the file: load() replays the others and names the lines it skipped (`skipped`).
 A file of version 1 (one JSON document, written by an earlier release) is read as well.
+
+The file tells a root daemon what to set on any thread, so it is read only as temperd writes
+it, checked on the opened file like temperd.toml: a regular file (never through a symbolic
+link, a FIFO or a device), owned by the daemon's user, writable by nobody else, of at most
+MAX_FILE_BYTES, each line at most MAX_LINE_BYTES.
 """
 
 from __future__ import annotations
@@ -27,14 +35,22 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from temperd.config.errors import ConfigError
+from temperd.config.tomlsource import read_config_bytes
 from temperd.files import remove_unfinished_writes, write_atomically
 
 STATE_VERSION = 2
 READ_VERSIONS = (1, STATE_VERSION)
 COMPACT_AFTER = 256  # appended lines before a whole rewrite is considered (and at least twice the live entries)
+# A thread's line is a few hundred bytes and the file a few times what it holds: tens of
+# thousands of held threads fit many times over. A section line (every autogroup's entries) is
+# the longest one temperd writes.
+MAX_FILE_BYTES = 64 << 20
+MAX_LINE_BYTES = 8 << 20
 
 ThreadKey = Tuple[int, int]
 Sections = Dict[str, Dict[str, Dict[str, Any]]]  # kind -> part -> key -> value
@@ -73,6 +89,8 @@ class StateFile:
         self._sections: Sections = {}
         self._appended = 0  # lines after the last whole write
         self._complete = False  # whether _threads is what the file holds of every record (after a save)
+        self._size: Optional[int] = None  # the file's length as this object last wrote it; None: write it whole
+        self.skipped: List[int] = []  # the lines the last load() could not read (their entries are lost)
         self.whole_writes = 0  # since this object was made: how often the file was rewritten
         self.appends = 0
 
@@ -99,7 +117,8 @@ class StateFile:
         if not lines and os.path.exists(self.path):
             return  # unchanged: no write and no sync
         entries = len(live) + sum(len(values) for section in now.values() for values in section.values())
-        if self._appended + len(lines) > max(COMPACT_AFTER, 2 * entries) or not self._append(lines):
+        data = "".join(lines).encode()
+        if self._appended + len(lines) > max(COMPACT_AFTER, 2 * entries) or not self._append(data, len(lines)):
             self._write_whole(live, now)
         self._threads, self._sections, self._complete = live, now, True
 
@@ -134,34 +153,61 @@ class StateFile:
                 lines.append(written.text)
         return live
 
-    def _append(self, lines: List[str]) -> bool:
-        """Append to the file as it stands; False where there is none to append to."""
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
+    def _append(self, data: bytes, count: int) -> bool:
+        """Append `count` lines to the file as this object last wrote it; False where it did not
+        write it, it is gone, or it is not as left (then it is written whole). An append that
+        fails is cut back to where it began, so that the next load reads no part of it, and raises."""
+        if self._size is None or self._size + len(data) > MAX_FILE_BYTES // 2:
             return False
         try:
-            data = "".join(lines).encode()
-            while data:
-                data = data[os.write(fd, data):]
+            # O_NONBLOCK: a FIFO put in the file's place answers at once instead of waiting for a reader.
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENXIO):
+                return False
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != self._size:
+                return False
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    if not written:
+                        raise OSError(errno.EIO, "short write")
+                    view = view[written:]
+            except OSError:
+                self._cut_back(fd, st.st_size)
+                raise
         finally:
             os.close(fd)
-        self._appended += len(lines)
+        self._size += len(data)
+        self._appended += count
         self.appends += 1
         return True
+
+    def _cut_back(self, fd: int, size: int) -> None:
+        """A failed append's part removed; where that fails too, the next save writes the file whole."""
+        try:
+            os.ftruncate(fd, size)
+        except OSError:
+            self._size = None
 
     def _write_whole(self, threads: Mapping[ThreadKey, _Written], sections: Sections) -> None:
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         header = _line({"version": STATE_VERSION, "writer_pid": os.getpid(), "written_at": time.time()})
         body = [written.text for written in threads.values()]
         body.extend(_line({"section": kind, "set": section}) for kind, section in sorted(sections.items()))
-        write_atomically(self.path, header + "".join(body), mode=0o600, durable=False)
+        data = (header + "".join(body)).encode()
+        write_atomically(self.path, data, mode=0o600, durable=False)
+        self._size = len(data)
         self._appended = 0
         self.whole_writes += 1
 
     def delete(self) -> None:
         self._threads, self._sections, self._appended = {}, {}, 0
-        self._complete = False
+        self._complete, self._size = False, None
         try:
             os.unlink(self.path)
         except OSError as exc:
@@ -180,21 +226,22 @@ class StateFile:
     def load(self) -> Optional[Tuple[List[Tuple[str, dict]], Sections]]:
         """What an earlier run's file holds: ([(where, thread record JSON)], sections), where
         `where` names the entry for messages; None when there is no file. StateFileError names
-        the file and what is wrong with it."""
-        try:
-            with open(self.path, "rb") as handle:
-                text = handle.read().decode()
-        except FileNotFoundError:
+        the file and why none of it can be used; the lines skipped are in `skipped`."""
+        self.skipped = []
+        if not os.path.lexists(self.path):
             return None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise StateFileError(f"{self.path}: unreadable state file: {exc}") from None
-        first, _, rest = text.partition("\n")
+        try:
+            raw = read_config_bytes(self.path, require_trusted=True, limit=MAX_FILE_BYTES, follow_symlinks=False,
+                                    owner=os.geteuid())
+        except ConfigError as exc:
+            raise StateFileError(f"{self.path}: {exc.problems[0].message}") from None
+        first, _, rest = raw.partition(b"\n")
         header = _parse(first)
         if isinstance(header, dict) and header.get("version") == STATE_VERSION:
             return self._replay(rest)
         try:
-            whole = json.loads(text)
-        except ValueError as exc:
+            whole = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
             raise StateFileError(f"{self.path}: unreadable state file: {exc}") from None
         found = whole.get("version") if isinstance(whole, dict) else type(whole).__name__
         if found != 1:
@@ -204,16 +251,18 @@ class StateFile:
             raise StateFileError(f"{self.path}: threads: expected a list")
         sections = {name: value for name, value in whole.items()
                     if name not in ("version", "writer_pid", "written_at", "threads")}
-        return [("threads", item) for item in threads], sections
+        return [(f"threads[{index}]", item) for index, item in enumerate(threads)], sections
 
-    def _replay(self, text: str) -> Tuple[List[Tuple[str, dict]], Sections]:
+    def _replay(self, text: bytes) -> Tuple[List[Tuple[str, dict]], Sections]:
         threads: Dict[ThreadKey, Tuple[str, dict]] = {}
         sections: Sections = {}
         # What follows the last newline is empty, or a line a kill cut short: dropped.
-        lines = text.split("\n")[:-1]
+        lines = text.split(b"\n")[:-1]
         for number, line in enumerate(lines, start=2):
             where = f"line {number}"
             try:
+                if len(line) > MAX_LINE_BYTES:
+                    raise ValueError("too long")
                 entry = json.loads(line)
                 if "thread" in entry:
                     record = entry["thread"]
@@ -225,15 +274,15 @@ class StateFile:
                     _apply_section_line(sections, entry)
                 else:
                     raise ValueError("expected thread, gone or section")
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise StateFileError(f"{self.path}: {where}: malformed entry: {exc}") from None
+            except (KeyError, TypeError, ValueError, AttributeError, RecursionError):
+                self.skipped.append(where)  # this entry is lost; the others still count
         return list(threads.values()), sections
 
 
-def _parse(line: str) -> Any:
+def _parse(line: bytes) -> Any:
     try:
         return json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -261,10 +310,15 @@ def _section_lines(before: Sections, now: Sections) -> List[str]:
 
 
 def _apply_section_line(sections: Sections, entry: Mapping[str, Any]) -> None:
+    """One section line replayed; ValueError (before any of it counts) where it is not as written."""
+    changed, dropped = entry.get("set") or {}, entry.get("drop") or {}
+    if not (isinstance(changed, dict) and all(isinstance(values, dict) for values in changed.values())
+            and isinstance(dropped, dict) and all(isinstance(keys, list) for keys in dropped.values())):
+        raise ValueError("expected set: {part: {key: value}} and drop: {part: [key]}")
     section = sections.setdefault(str(entry["section"]), {})
-    for part, values in (entry.get("set") or {}).items():
+    for part, values in changed.items():
         section.setdefault(part, {}).update(values)
-    for part, keys in (entry.get("drop") or {}).items():
+    for part, keys in dropped.items():
         table = section.get(part, {})
         for key in keys:
-            table.pop(key, None)
+            table.pop(str(key), None)

@@ -42,6 +42,7 @@ from temperd.sources.shape import format_cpulist
 log = logging.getLogger(__name__)
 
 _NOTE_NAMES = 6  # thread names listed in a note before "..."
+_UNSET = object()  # a kind the record did not hold before this pass's intent
 
 Change = Tuple[ThreadRecord, Dict[str, Any], List[str]]  # record, kind -> value to set, kinds to restore
 Stuck = Dict[str, List[str]]  # why threads keep a setting -> their names, for one note each
@@ -141,6 +142,7 @@ class ThreadTreatment:
         self._new: Optional[Container[ThreadKey]] = None
         self._held_pids: Set[int] = set()
         self._intents: Dict[ThreadKey, Set[str]] = {}
+        self._before: Dict[ThreadKey, Dict[str, Any]] = {}  # what a record held before this pass's intents
         self._parents = Parents()
         self._creators: Optional[Creators] = None
 
@@ -171,10 +173,11 @@ class ThreadTreatment:
         self._failed.clear()
         self.given_back.clear()
 
-    def treat(self, threads: Iterable, result: ApplyResult, before_write: Callable[[], None],
+    def treat(self, threads: Iterable, result: ApplyResult, before_write: Callable[[], Optional[bool]],
               new: Optional[Container[ThreadKey]] = None) -> None:
         """Two passes: record originals and intents (before_write saves them), then change. A kill
-        between the passes leaves a state file that undoes whatever was already changed.
+        between the passes leaves a state file that undoes whatever was already changed; where
+        before_write says False (the file could not be written), no change is made.
 
         new: the threads temperd has not looked at before (None: all of them); only those can
         have inherited temperd's treatment unseen."""
@@ -185,7 +188,7 @@ class ThreadTreatment:
         self._new = new
         self.given_back.prune()
         self._held_pids = self.ledger.pids() | self.given_back.pids()  # and where it gave treatment back lately
-        self._intents = {}
+        self._intents, self._before = {}, {}
         self._parents = Parents()
         self._creators = Creators(self.ledger, online, self.given_back)
         for thread in threads:
@@ -203,8 +206,9 @@ class ThreadTreatment:
                 continue
             if change is not None:
                 changes.append(change)
-        if changes:
-            before_write()
+        if changes and before_write() is False:
+            self._withdraw(changes)
+            changes = []
         for rec, sets, restores in changes:
             self._execute(rec, sets, restores, online, result)
         for why, names in sorted(stuck.items()):
@@ -298,6 +302,7 @@ class ThreadTreatment:
         for kind, value in sets.items():
             if kind in rec.applied and self.ledger.on_give_back is not None:
                 self.ledger.on_give_back(rec, kind)  # replaced: threads made before may carry it
+            self._before.setdefault(rec.key, {}).setdefault(kind, rec.applied.get(kind, _UNSET))
             rec.applied[kind] = tuple(sorted(value)) if kind == AFFINITY else value  # intent, before the change
         if sets:
             self._intents.setdefault(rec.key, set()).update(sets)
@@ -306,6 +311,20 @@ class ThreadTreatment:
                 self.ledger.forget(rec)
             return None
         return rec, sets, restores
+
+    def _withdraw(self, changes: List[Change]) -> None:
+        """The state file could not record these changes: none is made, and each record holds
+        what it held before this pass (a record made for them is dropped)."""
+        for rec, sets, _ in changes:
+            before = self._before.get(rec.key, {})
+            for kind in sets:
+                value = before.get(kind, _UNSET)
+                if value is _UNSET:
+                    rec.applied.pop(kind, None)
+                else:
+                    rec.applied[kind] = value
+            if not rec.applied and not rec.drifted:
+                self.ledger.forget(rec)
 
     def _execute(self, rec: ThreadRecord, sets: Dict[str, Any], restores: List[str],
                  online: FrozenSet[int], result: ApplyResult) -> None:
