@@ -103,32 +103,15 @@ def parse_trace(source: Union[str, Iterable[str]]) -> TraceSummary:
 
 
 def _parse(lines: Union[IO[str], Iterable[str]]) -> TraceSummary:
-    summary = TraceSummary()
-    threads = summary.threads
-    edges = summary.edges
-    by_event = summary.by_event
-    running: Dict[int, Tuple[int, int]] = {}  # cpu -> (tid, since ns)
-    ready_since: Dict[int, int] = {}  # tid -> when it became runnable (woken or preempted)
+    """One pass: each line's head read here, its event's fields by the _Parser's handler."""
+    parser = _Parser()
+    switch, waking, wakeup, lifecycle = parser.switch, parser.waking, parser.wakeup, parser.lifecycle
     head_match = _HEAD.match
-    switch_match = SWITCH_FIELDS.match
-    wake_match = WAKE_FIELDS.match
-    irq_flags = _IRQ_FLAGS
+    by_event, threads = parser.summary.by_event, parser.threads
     scale_for: Dict[int, int] = {}
-    first = None
-    ts = 0
     events = 0
     unparsed = 0
-    # With sched_waking in the trace it alone counts wakeups (sched_wakeup repeats it later,
-    # from the target CPU); older kernels only have sched_wakeup.
-    wakeup_only: Dict[int, int] = {}
-    saw_waking = False
-
-    def thread(tid: int, comm: str) -> ThreadStats:
-        stats = threads.get(tid)
-        if stats is None:
-            stats = threads[tid] = ThreadStats(tid, comm)
-        return stats
-
+    ts = 0
     for line in event_lines(lines):
         if line[:1] == "#":
             continue
@@ -142,8 +125,8 @@ def _parse(lines: Union[IO[str], Iterable[str]]) -> TraceSummary:
         if scale is None:
             scale = scale_for[len(frac)] = 10 ** (9 - len(frac))
         ts = int(sec + frac) * scale
-        if first is None:
-            first = ts
+        if parser.first is None:
+            parser.first = ts
         events += 1
         by_event[event] = by_event.get(event, 0) + 1
         tid = int(tid_s)
@@ -155,93 +138,146 @@ def _parse(lines: Union[IO[str], Iterable[str]]) -> TraceSummary:
                 me.tgid = int(tgid_s)
         fields = line[m.end():]
         if event == "sched_switch":
-            s = switch_match(fields)
-            if s is None:
-                unparsed += 1
-                continue
-            cpu = int(cpu_s)
-            prev = int(s.group(2))
-            nxt = int(s.group(6))
-            if prev:
-                p = threads.get(prev)
-                if p is None:
-                    p = threads[prev] = ThreadStats(prev, s.group(1))
-                current = running.get(cpu)
-                if current is None:
-                    _ran(p, first, ts, first)  # ran since before the trace began
-                elif current[0] == prev:
-                    _ran(p, current[1], ts, first)
-                state = s.group(4)
-                if state in _RUNNABLE_STATES:
-                    p.preempted += 1
-                    ready_since[prev] = ts
-                else:
-                    p.blocked += 1
-                    ready_since.pop(prev, None)  # a wakeup seen while it still ran is no wait
-                    if state[:1] == "D":
-                        p.blocked_d += 1
-            if nxt:
-                n = threads.get(nxt)
-                if n is None:
-                    n = threads[nxt] = ThreadStats(nxt, s.group(5))
-                else:
-                    n.comm = s.group(5)  # the name it runs under now (after exec or rename)
-                n.switches_in += 1
-                since = ready_since.pop(nxt, None)
-                if since is not None:
-                    n.wait_ns += ts - since
-                    n.waits += 1
-            running[cpu] = (nxt, ts)
+            parsed = switch(fields, int(cpu_s), ts)
         elif event == "sched_waking":
-            saw_waking = True
-            w = wake_match(fields)
-            if w is None:
-                unparsed += 1
-                continue
-            wakee = int(w.group(2))
-            target = thread(wakee, w.group(1))
-            ready_since.setdefault(wakee, ts)
-            if (flags and len(flags) > 2 and flags[2] in irq_flags) or tid == 0:
-                target.irq_wakeups += 1
-                if flags and len(flags) > 2 and flags[2] == "s":
-                    target.softirq_wakeups += 1
-            else:
-                target.wakeups += 1
-                key = (tid, wakee)
-                edges[key] = edges.get(key, 0) + 1
+            parsed = waking(fields, tid, flags, ts)
         elif event == "sched_wakeup" or event == "sched_wakeup_new":
-            w = wake_match(fields)
-            if w is None:
-                unparsed += 1
-                continue
-            wakee = int(w.group(2))
-            thread(wakee, w.group(1))
-            if not saw_waking or event == "sched_wakeup_new":
-                ready_since.setdefault(wakee, ts)
-            if not saw_waking:
-                wakeup_only[wakee] = wakeup_only.get(wakee, 0) + 1
-        elif event == "sched_migrate_task":
+            parsed = wakeup(fields, event == "sched_wakeup_new", ts)
+        else:
+            parsed = lifecycle(event, fields, tid, comm)
+        if not parsed:
+            unparsed += 1
+    return parser.finish(events, unparsed, ts)
+
+
+class _Parser:
+    """What one pass keeps between lines, and a handler per kind of event; a handler returns
+    False for fields it cannot read (the line counts as unparsed)."""
+
+    def __init__(self) -> None:
+        self.summary = TraceSummary()
+        self.threads = self.summary.threads
+        self.running: Dict[int, Tuple[int, int]] = {}  # cpu -> (tid, since ns)
+        self.ready_since: Dict[int, int] = {}  # tid -> when it became runnable (woken or preempted)
+        self.first: Optional[int] = None
+        # With sched_waking in the trace it alone counts wakeups (sched_wakeup repeats it later,
+        # from the target CPU); older kernels only have sched_wakeup.
+        self.wakeup_only: Dict[int, int] = {}
+        self.saw_waking = False
+
+    def thread(self, tid: int, comm: str) -> ThreadStats:
+        stats = self.threads.get(tid)
+        if stats is None:
+            stats = self.threads[tid] = ThreadStats(tid, comm)
+        return stats
+
+    def switch(self, fields: str, cpu: int, ts: int) -> bool:
+        """sched_switch: the thread switched out (its stretch on the CPU booked; runnable or
+        asleep) and the one switched in (its wait since it became runnable)."""
+        s = SWITCH_FIELDS.match(fields)
+        if s is None:
+            return False
+        threads, running, ready_since, first = self.threads, self.running, self.ready_since, self.first
+        prev = int(s.group(2))
+        nxt = int(s.group(6))
+        if prev:
+            p = threads.get(prev)
+            if p is None:
+                p = threads[prev] = ThreadStats(prev, s.group(1))
+            current = running.get(cpu)
+            if current is None:
+                _ran(p, first, ts, first)  # ran since before the trace began
+            elif current[0] == prev:
+                _ran(p, current[1], ts, first)
+            state = s.group(4)
+            if state in _RUNNABLE_STATES:
+                p.preempted += 1
+                ready_since[prev] = ts
+            else:
+                p.blocked += 1
+                ready_since.pop(prev, None)  # a wakeup seen while it still ran is no wait
+                if state[:1] == "D":
+                    p.blocked_d += 1
+        if nxt:
+            n = threads.get(nxt)
+            if n is None:
+                n = threads[nxt] = ThreadStats(nxt, s.group(5))
+            else:
+                n.comm = s.group(5)  # the name it runs under now (after exec or rename)
+            n.switches_in += 1
+            since = ready_since.pop(nxt, None)
+            if since is not None:
+                n.wait_ns += ts - since
+                n.waits += 1
+        running[cpu] = (nxt, ts)
+        return True
+
+    def waking(self, fields: str, tid: int, flags: Optional[str], ts: int) -> bool:
+        """sched_waking, in the waker's context: tid is the waker (0: the idle task)."""
+        self.saw_waking = True
+        w = WAKE_FIELDS.match(fields)
+        if w is None:
+            return False
+        wakee = int(w.group(2))
+        target = self.threads.get(wakee)
+        if target is None:
+            target = self.threads[wakee] = ThreadStats(wakee, w.group(1))
+        self.ready_since.setdefault(wakee, ts)
+        if (flags and len(flags) > 2 and flags[2] in _IRQ_FLAGS) or tid == 0:
+            target.irq_wakeups += 1
+            if flags and len(flags) > 2 and flags[2] == "s":
+                target.softirq_wakeups += 1
+        else:
+            target.wakeups += 1
+            edges = self.summary.edges
+            key = (tid, wakee)
+            edges[key] = edges.get(key, 0) + 1
+        return True
+
+    def wakeup(self, fields: str, new: bool, ts: int) -> bool:
+        """sched_wakeup (new: sched_wakeup_new), on the target CPU."""
+        w = WAKE_FIELDS.match(fields)
+        if w is None:
+            return False
+        wakee = int(w.group(2))
+        self.thread(wakee, w.group(1))
+        if not self.saw_waking or new:
+            self.ready_since.setdefault(wakee, ts)
+        if not self.saw_waking:
+            self.wakeup_only[wakee] = self.wakeup_only.get(wakee, 0) + 1
+        return True
+
+    def lifecycle(self, event: str, fields: str, tid: int, comm: str) -> bool:
+        """Migrations, forks, exits and renames; other events are counted only."""
+        if event == "sched_migrate_task":
             g = _MIGRATE_FIELDS.match(fields)
             if g is not None and g.group(2) != g.group(3):
-                thread(int(g.group(1)), comm).migrations += 1
+                self.thread(int(g.group(1)), comm).migrations += 1
         elif event == "sched_process_fork":
             f = FORK_FIELDS.match(fields)
             if f is not None:
-                thread(int(f.group(4)), f.group(3)).forked = True
+                self.thread(int(f.group(4)), f.group(3)).forked = True
         elif event == "sched_process_exit":
-            thread(tid, comm).exited = True
+            self.thread(tid, comm).exited = True
         elif event == "task_rename":
             r = RENAME_FIELDS.match(fields)
             if r is not None:
-                thread(int(r.group(1)), r.group(3)).comm = r.group(3)
-    for tid_, since in running.values():
-        if tid_:
-            _ran(threads[tid_], since, ts, first)  # still running when the trace ended
-    if not saw_waking:
-        for wakee, count in wakeup_only.items():
-            threads[wakee].wakeups += count
-    summary.events = events
-    summary.unparsed_lines = unparsed
-    summary.first_ts_ns = first
-    summary.last_ts_ns = ts if first is not None else None
-    return summary
+                self.thread(int(r.group(1)), r.group(3)).comm = r.group(3)
+        return True
+
+    def finish(self, events: int, unparsed: int, ts: int) -> TraceSummary:
+        """The summary once the lines are read (ts: the last event's time): who still ran is
+        booked up to the last event."""
+        threads, first = self.threads, self.first
+        for tid, since in self.running.values():
+            if tid:
+                _ran(threads[tid], since, ts, first)  # still running when the trace ended
+        if not self.saw_waking:
+            for wakee, count in self.wakeup_only.items():
+                threads[wakee].wakeups += count
+        summary = self.summary
+        summary.events = events
+        summary.unparsed_lines = unparsed
+        summary.first_ts_ns = first
+        summary.last_ts_ns = ts if first is not None else None
+        return summary
