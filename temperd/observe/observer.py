@@ -128,14 +128,27 @@ class Observer:
             self.telemetry.start()  # once: bpf where it loads, else the schedstat read below feeds it
         window = (wall - self._last_at) if self._last_at is not None else 0.0
         members = {tid: layer.name for layer in plan.layers for tid in layer.selector.tids}
-        groups = {t.tid: (w.key, t.group) for w in match.workloads for t in w.threads}
         tid_pid = {}
         for pid, proc in processes.items():
             for tid in proc.threads:
                 tid_pid[tid] = pid
-
         watched: Set[Tuple[int, int]] = {(tid_pid[tid], tid) for tid in members if tid in tid_pid}
-        # Host-wide: per-process CPU, then thread detail for the busiest unmanaged processes.
+        unmanaged, idle = self._busiest_unmanaged(plan, processes, window, watched)
+        groups = {t.tid: (w.key, t.group) for w in match.workloads for t in w.threads}
+        rows = self._read_threads(processes, sorted(watched), members, groups, idle, window)
+        self._plan = plan
+        samples = self._samples(rows)
+        layers = [self._layer_stats(layer, samples) for layer in plan.layers]
+        latency = self.telemetry.end_window(plan) if self.telemetry is not None else None
+        self._last_at = wall
+        overhead = self._overhead(cpu_start, window)
+        return Observation(now if now is not None else time.time(), self._shape_json(), layers, samples,
+                           psi.host_fields("cpu"), overhead, unmanaged, latency)
+
+    def _busiest_unmanaged(self, plan: LayerPlan, processes: Mapping[int, object], window: float,
+                           watched: Set[Tuple[int, int]]) -> Tuple[List[dict], Set[int]]:
+        """Host-wide: each process's CPU over the window; the TOP_PROCESSES busiest (their threads
+        added to `watched`) and the processes idle since the previous sample (_idle_processes)."""
         busy_procs = []
         ticks_now = {}
         for pid, proc in processes.items():
@@ -157,12 +170,17 @@ class Observer:
             proc = processes[pid]
             unmanaged.append({"pid": pid, "name": getattr(proc, "name", "?"), "util": round(ratio, 3)})
             watched.update((pid, tid) for tid in proc.threads)
+        return unmanaged, idle
 
+    def _read_threads(self, processes: Mapping[int, object], watched: List[Tuple[int, int]], members: Dict[int, str],
+                      groups: Dict[int, Tuple[str, str]], idle: Set[int], window: float) -> List[_Row]:
+        """A row per watched thread still there: its schedstat and files read again, or for a
+        process idle since the previous sample, what they said then. Keeps them for the next."""
         rows: List[_Row] = []
         runtime_now: Dict[Tuple[int, int], Tuple[int, int, int]] = {}
         files_now: Dict[Tuple[int, int], _Files] = {}
         moved: Set[int] = set()  # processes with a thread that ran since the previous sample
-        for pid, tid in sorted(watched):
+        for pid, tid in watched:
             layer_name = members.get(tid)
             before = self._runtime.get((pid, tid))
             thread = processes[pid].threads.get(tid) if pid in idle else None
@@ -192,17 +210,17 @@ class Observer:
         self._runtime = runtime_now
         self._files = files_now
         self._quiet = {pid for pid, _tid in files_now if pid not in moved}
-        self._plan = plan
-        samples = self._samples(rows)
+        return rows
 
-        layers = []
-        for layer in plan.layers:
-            mine = [s for s in samples if s.layer == layer.name]
-            layers.append(LayerStats(layer.name, layer.kind, layer.treatment, tuple(layer.cpus), len(layer.selector.tids),
-                                     round(sum(s.util for s in mine), 4), round(sum(s.wait for s in mine), 4), layer.tier,
-                                     layer.holds_cpus))
-        latency = self.telemetry.end_window(plan) if self.telemetry is not None else None
-        self._last_at = wall
+    @staticmethod
+    def _layer_stats(layer, samples: List[ThreadSample]) -> LayerStats:
+        mine = [s for s in samples if s.layer == layer.name]
+        return LayerStats(layer.name, layer.kind, layer.treatment, tuple(layer.cpus), len(layer.selector.tids),
+                          round(sum(s.util for s in mine), 4), round(sum(s.wait for s in mine), 4), layer.tier,
+                          layer.holds_cpus)
+
+    def _overhead(self, cpu_start: float, window: float) -> Overhead:
+        """What this sample cost (CPU from cpu_start on this thread) and the daemon's CPU over the window."""
         sample_cpu = time.thread_time() - cpu_start
         self._observe_cpu += sample_cpu
         self_cpu = self._self_cpu()
@@ -213,8 +231,7 @@ class Observer:
             window_s=round(window, 3),
         )
         self._last_self_cpu = self_cpu
-        return Observation(now if now is not None else time.time(), self._shape_json(), layers, samples,
-                           psi.host_fields("cpu"), overhead, unmanaged, latency)
+        return overhead
 
     def _idle_processes(self, ticks_now: Mapping[int, int], plan: LayerPlan) -> Set[int]:
         """Processes whose threads need not be read again: none of them ran in the window before
