@@ -89,6 +89,10 @@ def _print_status(status: dict) -> None:
                (" (" + ", ".join(f"{k} {v}" for k, v in sorted(lint["by_invariant"].items())) + ")" if lint["total"] else ""))
     if status.get("telemetry"):
         click.echo(f"telemetry:   {status['telemetry']}")
+    inventory = status.get("inventory")
+    if inventory:  # which process events the kernel sends, and how many processes nothing can match
+        click.echo(f"events:      {inventory.get('event_filter') or '-'}; {inventory['processes']} processes "
+                   f"tracked, {inventory.get('untracked', 0)} not ({status.get('candidates') or '-'})")
     overhead = status.get("overhead") or {}
     if overhead:
         click.echo("overhead:    " + ", ".join(f"{k} {v}" for k, v in overhead.items()))

@@ -37,6 +37,7 @@ from temperd.daemon.reload import ReloadResult, ViewLoader, restart_only_changes
 from temperd.daemon.services import Services
 from temperd.decide.hostview import HostView, all_profiles, decide, make_matcher
 from temperd.decide.planner import PlanMemo
+from temperd.decide.candidates import candidate_index
 from temperd.decide.matcher import Matcher, MatchResult, RuntimeBinding
 from temperd.observe.journal import Journal
 from temperd.observe.metrics import Metrics
@@ -149,6 +150,7 @@ class Daemon:
         self.plan_memo = PlanMemo()  # its layers are the old matcher's workloads' and profiles'
         matcher = make_matcher(view)
         matcher.set_runtime_bindings(self.runtime_bindings)  # bindings outlive a reload
+        self.inventory.set_gate(candidate_index(view, matcher))  # what a new process is checked by
         return matcher
 
     def set_runtime_bindings(self, bindings: Dict[int, RuntimeBinding], trigger: str) -> None:
@@ -157,6 +159,7 @@ class Daemon:
         assert self.matcher is not None
         self.runtime_bindings = dict(bindings)
         self.matcher.set_runtime_bindings(self.runtime_bindings)
+        self.inventory.set_gate(candidate_index(self.view, self.matcher))  # a bound process is tracked
         self.replan(trigger)
 
     def _start_backend(self, view: HostView) -> None:

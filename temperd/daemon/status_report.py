@@ -38,6 +38,7 @@ def status_json(daemon: "DaemonState") -> Dict[str, Any]:
         "telemetry": sampler.telemetry.describe(),
         "overhead": dataclasses.asdict(sampler.observation.overhead) if sampler.observation is not None else None,
         "inventory": dataclasses.asdict(daemon.inventory.stats),
+        "candidates": daemon.inventory.gate.describe,  # what a new program is checked by
         "replans": daemon.replans,
         "watch": daemon.watch.describe() if daemon.watch is not None else None,  # classification, rightsizing
         "http": f"http://{http.address}" if http else None,  # where it really listens

@@ -214,8 +214,8 @@ class Matcher:
     def decide(self, proc) -> Optional[_ProcessDecision]:
         """Profile and tier of one process, or None when nothing selects it (cached: the facts
         it depends on are the key, so an exec, a new title or a cgroup move decides again)."""
-        if proc.is_kernel_thread:
-            return None
+        if proc.is_kernel_thread or getattr(proc, "light", False):
+            return None  # light: the candidate index found that nothing can match it (decide/candidates.py)
         bound = self._bound.get(proc.pid)
         same = self._decided.get(proc.pid)
         if same is not None and same[0] is proc and same[1] is bound:

@@ -61,3 +61,7 @@ class InventoryStats:
     threads: int
     last_event_lag_s: float  # kernel timestamp of the last event to its handling
     max_event_lag_s: float
+    untracked: int = 0  # processes no profile, binding or marker can match: known by their leader only
+    untracked_seen: int = 0  # such processes since start (each cost the reads the candidate index asks, no plan)
+    bounded: int = 0  # an untrusted owner's processes and threads not read (sources/tracking.py's bounds)
+    event_filter: str = ""  # which process events the kernel delivers (proc_connector)

@@ -90,7 +90,7 @@ class ThreadFacts:
     pid: int  # the thread group (process) id
     start_time: int  # clock ticks after boot; (tid, start_time) identifies the thread
     comm: str  # the thread name (pthread_setname_np / PR_SET_NAME), at most 15 bytes
-    affinity: FrozenSet[int]
+    affinity: FrozenSet[int]  # empty: not read (the leader of an untracked process)
     policy: int  # SCHED_OTHER 0, FIFO 1, RR 2, BATCH 3, IDLE 5, DEADLINE 6
     nice: int
     last_cpu: int
@@ -119,6 +119,9 @@ class ProcessFacts:
     # Facts the kernel denied (exe, cmdline, uid): the process is there, these are not ours to
     # read — unlike a None of a process that is gone.
     unreadable: Tuple[str, ...] = ()
+    # Not tracked (sources/light.py): no profile, binding or marker can match it; only its leader
+    # is known, as last read, and the matcher passes it by.
+    light: bool = False
 
     def environ(self, name: str) -> Optional[str]:
         """A variable of the process environment (read once per program image), None if unset

@@ -16,7 +16,6 @@ change is reported alongside it.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import Callable, Iterable, List, Mapping, Optional, Tuple
@@ -25,9 +24,12 @@ from temperd.sources import procfs
 from temperd.sources.changes import (CHANGE_KINDS, EXEC, EXIT, NEW_PROCESS, NEW_THREAD, RENAME, REUSED, UPDATE,
                                      Change, InventoryStats, ReconcileSummary)
 from temperd.sources.facts import ProcessFacts, ThreadFacts
-from temperd.sources.process_store import InventorySnapshot, ProcessStore, thread_facts
+from temperd.sources.process_store import InventorySnapshot, ProcessRecord, ProcessStore
 from temperd.sources.proc_connector import Batch, ConnectorUnavailable, ProcConnector, ProcEvent
+from temperd.sources.events import EventApplier
+from temperd.sources.light import Gate
 from temperd.sources.scan import scan
+from temperd.sources.tracking import Tracker
 from temperd.sources.title_rechecks import TITLE_RECHECKS_S, TitleRechecks
 
 __all__ = ["CHANGE_KINDS", "EXEC", "EXIT", "NEW_PROCESS", "NEW_THREAD", "RENAME", "REUSED", "UPDATE", "Change",
@@ -52,12 +54,13 @@ class Inventory:
         self._resync_min_interval_s = resync_min_interval_s
         self._ack_timeout_s = ack_timeout_s
         self._rechecks = TitleRechecks(self._store, title_rechecks_s)
+        self._tracker = Tracker(self._store)
+        self._applier = EventApplier(self._store, self._tracker, self._rechecks)
         self._resync_pending = False
         self._last_reconcile_at = float("-inf")
         self._notice_logged = False
         self._events_received = 0
         self._events_lost = 0
-        self._vanished = 0
         self._reconciles = 0
         self._last_duration_s = 0.0
         self._last_cpu_s = 0.0
@@ -139,6 +142,27 @@ class Inventory:
 
         return unsubscribe
 
+    def set_gate(self, gate: Gate) -> None:
+        """Which processes to track from now on (decide/candidates.py's index, made at each reload
+        and runtime binding). Untracked processes are looked at again under it (those it wants are
+        read whole); tracked ones stay tracked. No change is reported: the caller applies the
+        whole plan next."""
+        self._tracker.gate = gate
+        for pid in sorted(self._store.light):  # parents mostly first: a wanted parent brings its children
+            if pid not in self._store.light:
+                continue
+            stat = procfs.read_task_stat(pid, pid)
+            if stat is None:
+                self._store.drop_light(pid)
+                continue
+            proc = self._tracker.read_new(pid, stat, fresh=True)
+            if isinstance(proc, ProcessRecord):
+                self._store.install(proc)
+
+    @property
+    def gate(self) -> Gate:
+        return self._tracker.gate
+
     # -- queries ----------------------------------------------------------------------------
 
     @property
@@ -146,6 +170,10 @@ class Inventory:
         return self._store.snapshot().processes
 
     def process(self, pid: int) -> Optional[ProcessFacts]:
+        """A process's facts; an untracked one's read whole now (explain, bind), not kept."""
+        if pid in self._store.light:
+            proc = self._store.read_process(pid)
+            return proc.freeze() if proc is not None else None
         return self._store.process(pid)
 
     def thread(self, tid: int) -> Optional[ThreadFacts]:
@@ -160,12 +188,16 @@ class Inventory:
             events_active=self.events_active,
             events_received=self._events_received,
             events_lost=self._events_lost,
-            vanished=self._vanished,
+            vanished=self._applier.vanished,
             reconciles=self._reconciles,
             last_reconcile_duration_s=self._last_duration_s,
             last_reconcile_cpu_s=self._last_cpu_s,
             processes=len(self._store.procs),
             threads=len(self._store.tid_pid),
+            untracked=len(self._store.light),
+            untracked_seen=self._tracker.kept_light,
+            bounded=self._tracker.bounds.refused,
+            event_filter=self._connector.filter if self._connector is not None else "no process events",
             last_event_lag_s=self._last_lag_s,
             max_event_lag_s=self._max_lag_s,
         )
@@ -190,11 +222,15 @@ class Inventory:
             self._events_lost += 1
             self._resync_pending = True
             log.debug("process events lost (receive buffer overflow); rescanning /proc")
+        events = batch.events
+        untrusted = self._tracker.bounds.owner_of
+        if untrusted:  # trusted owners' events first: an untrusted flood waits behind them
+            events = [e for e in events if e.pid not in untrusted] + [e for e in events if e.pid in untrusted]
         # A task that execs or ends later in the same batch is read then (or not at all), not at its
         # fork too: under a fork storm most new processes fork and exec within one batch.
-        settled = {event.tid: index for index, event in enumerate(batch.events) if event.kind in ("exec", "exit")}
+        settled = {event.tid: index for index, event in enumerate(events) if event.kind in ("exec", "exit")}
         unread_forks = []
-        for index, event in enumerate(batch.events):
+        for index, event in enumerate(events):
             if event.kind == "fork" and settled.get(event.tid, -1) > index:
                 self._events_received += 1
                 if event.tid == event.pid:
@@ -212,94 +248,7 @@ class Inventory:
     def apply_event(self, event: ProcEvent, changes: List[Change]) -> None:
         """Apply one event to the store, appending what changed (listeners are not called)."""
         self._events_received += 1
-        kind = event.kind
-        if kind == "fork":
-            self._on_task_appeared(event.pid, event.tid, changes)
-            if event.tid == event.pid:
-                self._rechecks.schedule(event.pid)
-        elif kind == "exec":
-            self._on_exec(event.pid, changes)
-        elif kind == "comm":
-            self._on_comm(event.pid, event.tid, event.comm or "", changes)
-        elif kind == "exit":
-            self._on_exit(event.pid, event.tid, changes)
-
-    def _on_task_appeared(self, pid: int, tid: int, changes: List[Change]) -> None:
-        proc = self._store.procs.get(pid)
-        if proc is None or tid == pid:
-            self._on_process_appeared(pid, changes)
-            return
-        stat = procfs.read_task_stat(pid, tid)
-        if stat is None:
-            self._vanished += 1
-            return
-        old = proc.threads.get(tid)
-        if old is not None and old.start_time == stat.start_time:
-            return
-        info = thread_facts(pid, tid, stat, None)
-        if info is None:
-            self._vanished += 1
-            return
-        self._store.put_thread(proc, info)
-        self._store.touch(proc)
-        changes.append(Change(REUSED if old is not None else NEW_THREAD, pid, tid, comm=info.comm))
-
-    def _on_process_appeared(self, pid: int, changes: List[Change]) -> None:
-        old = self._store.procs.get(pid)
-        if old is not None:
-            leader = procfs.read_task_stat(pid, pid)
-            if leader is None:
-                self._vanished += 1
-                return
-            if old.start_time == leader.start_time:
-                return  # already known (a scan saw it first)
-        proc = self._store.read_process(pid)
-        if proc is None:
-            self._vanished += 1
-            return
-        self._store.install(proc)
-        changes.append(Change(REUSED if old is not None else NEW_PROCESS, pid))
-
-    def _on_exec(self, pid: int, changes: List[Change]) -> None:
-        old = self._store.procs.get(pid)
-        proc = self._store.read_process(pid)
-        if proc is None:
-            self._vanished += 1
-            return
-        if old is None:
-            kind = NEW_PROCESS
-        elif old.start_time != proc.start_time:
-            kind = REUSED
-        else:
-            kind = EXEC
-            proc.execs = old.execs + 1
-        self._store.install(proc)
-        changes.append(Change(kind, pid))
-
-    def _on_comm(self, pid: int, tid: int, comm: str, changes: List[Change]) -> None:
-        proc = self._store.procs.get(pid)
-        old = proc.threads.get(tid) if proc is not None else None
-        if old is None:
-            self._on_task_appeared(pid, tid, changes)
-            return
-        if old.comm == comm:
-            return
-        self._store.put_thread(proc, dataclasses.replace(old, comm=comm))
-        self._store.touch(proc)
-        changes.append(Change(RENAME, pid, tid, comm=comm, old_comm=old.comm))
-
-    def _on_exit(self, pid: int, tid: int, changes: List[Change]) -> None:
-        proc = self._store.procs.get(pid)
-        if proc is None or tid not in proc.threads:
-            return
-        self._store.drop_thread(proc, tid)
-        if proc.threads:
-            # Another thread lives on (a leader that called pthread_exit, or exit_group under way).
-            self._store.touch(proc)
-            changes.append(Change(EXIT, pid, tid))
-        else:
-            self._store.remove_process(pid)
-            changes.append(Change(EXIT, pid))
+        self._applier.apply(event, changes)
 
     # -- scanning ---------------------------------------------------------------------------
 
@@ -310,7 +259,7 @@ class Inventory:
     def _reconcile(self, notify: bool) -> ReconcileSummary:
         wall0 = time.monotonic()
         cpu0 = time.thread_time()
-        changes = scan(self._store)
+        changes = scan(self._store, self._tracker)
         self._resync_pending = False
         self._last_reconcile_at = time.monotonic()
         self._reconciles += 1
@@ -331,7 +280,7 @@ class Inventory:
 
     def refresh_runtime(self, pids: Iterable[int]) -> None:
         """Read the CPU time of every thread of these processes (for "N busiest" selection)."""
-        self._vanished += self._store.refresh_runtime(pids)
+        self._applier.vanished += self._store.refresh_runtime(pids)
 
     def _notify(self, changes: List[Change]) -> None:
         if not changes:

@@ -18,12 +18,13 @@ from __future__ import annotations
 import errno
 import os
 import random
+import re
 import select
 import socket
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Tuple
 
 NETLINK_CONNECTOR = 11
 CN_IDX_PROC = 1
@@ -51,6 +52,15 @@ _PID_TGID = struct.Struct("=ii")  # exec, and the head of comm/exit
 _COMM = struct.Struct("=ii16s")
 _EXIT = struct.Struct("=iiII")  # pid, tgid, exit_code, exit_signal
 _ACK = struct.Struct("=I")
+
+# Linux 6.6 takes, with PROC_CN_MCAST_LISTEN, a mask of the event types a socket wants
+# (struct proc_input { mcast_op; event_type; }); older kernels drop a message of that size
+# without an ack. temperd needs forks (new threads of tracked processes, their children), execs,
+# renames and exits (ended threads leave the plan); the filter keeps out the rest (setuid,
+# setgid, setsid, ptrace and core dump events), which the kernel otherwise sends to every listener.
+FILTER_SINCE = (6, 6)
+WANTED_EVENTS = PROC_EVENT_FORK | PROC_EVENT_EXEC | PROC_EVENT_COMM | PROC_EVENT_EXIT
+_WANTED_NAMES = "fork, exec, comm, exit"
 
 _EVENT_OFFSET = _NLMSGHDR.size + _CN_MSG.size
 _DATA_OFFSET = _EVENT_OFFSET + _EVENT_HEAD.size
@@ -137,11 +147,17 @@ def decode_datagram(data: bytes) -> List[ProcEvent]:
     return events
 
 
-def _control_message(op: int, cookie: int) -> bytes:
-    """A PROC_CN_MCAST_* request. The kernel's ack echoes cn_msg.ack + 1 (newer kernels overwrite
-    cn_msg.seq with their own counter), so `cookie` goes in ack to recognise our ack among other
-    listeners' ones."""
-    payload = struct.pack("=I", op)
+def kernel_release(release: Optional[str] = None) -> Tuple[int, int]:
+    """(major, minor) of the running kernel (or of a release string such as "6.18.4-1-amd64")."""
+    match = re.match(r"(\d+)\.(\d+)", release if release is not None else os.uname().release)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+def _control_message(op: int, cookie: int, events: Optional[int] = None) -> bytes:
+    """A PROC_CN_MCAST_* request, with an event-type mask where `events` is given (Linux >= 6.6).
+    The kernel's ack echoes cn_msg.ack + 1 (newer kernels overwrite cn_msg.seq with their own
+    counter), so `cookie` goes in ack to recognise our ack among other listeners' ones."""
+    payload = struct.pack("=I", op) if events is None else struct.pack("=II", op, events)
     cn = _CN_MSG.pack(CN_IDX_PROC, CN_VAL_PROC, cookie, cookie, len(payload), 0) + payload
     return _NLMSGHDR.pack(_NLMSGHDR.size + len(cn), NLMSG_DONE, 0, cookie, os.getpid()) + cn
 
@@ -149,8 +165,10 @@ def _control_message(op: int, cookie: int) -> bytes:
 class ProcConnector:
     """A subscribed process-events socket. Not thread-safe; one per inventory."""
 
-    def __init__(self, rcvbuf_bytes: int = DEFAULT_RCVBUF):
+    def __init__(self, rcvbuf_bytes: int = DEFAULT_RCVBUF, event_filter: bool = True):
         self.rcvbuf_bytes = rcvbuf_bytes
+        self.want_filter = event_filter
+        self.filter = "none"  # which event types the kernel delivers to this socket, said for status
         self._sock: Optional[socket.socket] = None
         self._pending: List[ProcEvent] = []
         self._overflow_pending = False
@@ -175,9 +193,7 @@ class ProcConnector:
         try:
             self._set_rcvbuf(sock)
             sock.bind((0, CN_IDX_PROC))  # port id 0: the kernel assigns a unique one
-            cookie = random.randrange(1, 1 << 31)
-            sock.send(_control_message(PROC_CN_MCAST_LISTEN, cookie))
-            self._wait_for_ack(sock, cookie, ack_timeout_s)
+            self._subscribe(sock, ack_timeout_s)
         except OSError as exc:
             sock.close()
             if exc.errno in (errno.EPERM, errno.EACCES):
@@ -188,6 +204,27 @@ class ProcConnector:
             raise
         sock.setblocking(False)
         self._sock = sock
+
+    def _subscribe(self, sock: socket.socket, ack_timeout_s: float) -> None:
+        """LISTEN with the event-type filter where the kernel has it, else (or where it is refused
+        or not acknowledged: a kernel that drops the longer message) without."""
+        release = kernel_release()
+        if self.want_filter and release >= FILTER_SINCE:
+            cookie = random.randrange(1, 1 << 31)
+            try:
+                sock.send(_control_message(PROC_CN_MCAST_LISTEN, cookie, WANTED_EVENTS))
+                self._wait_for_ack(sock, cookie, min(ack_timeout_s, 0.5))
+                self.filter = f"kernel filter: {_WANTED_NAMES} only"
+                return
+            except (OSError, ConnectorUnavailable) as exc:
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not acknowledged"
+                self.filter = f"none: the kernel refused the event-type filter ({why}); every event type delivered"
+        elif self.want_filter:
+            self.filter = (f"none: Linux {release[0]}.{release[1]} has no event-type filter (since "
+                           f"{FILTER_SINCE[0]}.{FILTER_SINCE[1]}); every event type delivered")
+        cookie = random.randrange(1, 1 << 31)
+        sock.send(_control_message(PROC_CN_MCAST_LISTEN, cookie))
+        self._wait_for_ack(sock, cookie, ack_timeout_s)
 
     def _set_rcvbuf(self, sock: socket.socket) -> None:
         if not self.rcvbuf_bytes:

@@ -12,6 +12,7 @@ from typing import Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Set, 
 
 from temperd.sources import cgroups, procfs
 from temperd.sources.facts import OnDemand, ProcessFacts, ThreadFacts
+from temperd.sources.light import LightRecord
 
 ZOMBIE_STATES = ("Z", "X", "x")
 
@@ -42,6 +43,8 @@ class ProcessStore:
         self._cached: Optional[InventorySnapshot] = None
         self._changed: Set[int] = set()  # pids touched, installed or removed since the cached snapshot
         self.quotas = cgroups.QuotaCache()
+        self.light: Dict[int, LightRecord] = {}  # processes not tracked: no thread of theirs is read
+        self.removed: Callable[[int], None] = lambda pid: None  # told of each tracked process removed
 
     def process(self, pid: int) -> Optional[ProcessFacts]:
         proc = self.procs.get(pid)
@@ -63,7 +66,7 @@ class ProcessStore:
         if snap is None:
             processes: Dict[int, ProcessFacts] = {}
             threads: Dict[int, ThreadFacts] = {}
-            changed: Iterable[int] = self.procs
+            changed: Iterable[int] = [*self.procs, *self.light]
         else:
             processes, threads, changed = dict(snap.processes), dict(snap.threads), self._changed
             for pid in changed:
@@ -77,6 +80,11 @@ class ProcessStore:
             if proc is not None:
                 info = processes[pid] = proc.freeze()
                 threads.update(info.threads)
+            elif pid in self.light:
+                facts = self.light[pid].freeze()
+                if facts is not None:
+                    processes[pid] = facts
+                    threads.update(facts.threads)
         self._changed = set()
         snap = InventorySnapshot(MappingProxyType(processes), MappingProxyType(threads), self.generation)
         self._cached = snap
@@ -100,10 +108,25 @@ class ProcessStore:
         if self.tid_pid.get(tid) == proc.pid:
             del self.tid_pid[tid]
 
+    def put_light(self, record: LightRecord) -> None:
+        """An untracked process (replacing whatever the store knew under its pid)."""
+        if record.pid in self.procs:
+            self.remove_process(record.pid)
+        self.light[record.pid] = record
+        self._changed.add(record.pid)
+        self.generation += 1
+
+    def drop_light(self, pid: int) -> None:
+        if self.light.pop(pid, None) is not None:
+            self._changed.add(pid)
+            self.generation += 1
+
     def remove_process(self, pid: int) -> None:
         proc = self.procs.pop(pid, None)
         if proc is None:
+            self.drop_light(pid)
             return
+        self.removed(pid)
         for tid in proc.threads:
             if self.tid_pid.get(tid) == pid:
                 del self.tid_pid[tid]
@@ -134,17 +157,19 @@ class ProcessStore:
         old = self.procs.get(proc.pid)
         if old is not None:
             self.remove_process(proc.pid)
+        self.light.pop(proc.pid, None)
         self.procs[proc.pid] = proc
         for tid in proc.threads:
             self.tid_pid[tid] = proc.pid
         self._changed.add(proc.pid)
         self.generation += 1
 
-    def read_process(self, pid: int,
-                      stats: Optional[Dict[int, procfs.TaskStat]] = None) -> Optional[ProcessRecord]:
-        """A whole process from /proc; None if it is gone or only a zombie is left."""
+    def read_process(self, pid: int, stats: Optional[Dict[int, procfs.TaskStat]] = None,
+                     limit: Optional[int] = None) -> Optional[ProcessRecord]:
+        """A whole process from /proc (at most `limit` of its threads, leader first); None if it
+        is gone or only a zombie is left."""
         if stats is None:
-            stats = procfs.read_thread_stats(pid)
+            stats = procfs.read_thread_stats(pid) if limit is None else read_some_stats(pid, limit)
             if stats is None:
                 return None
         leader = stats.get(pid)
@@ -240,6 +265,20 @@ class ProcessRecord:
                 unreadable=self.unreadable,
             )
         return self.frozen
+
+
+def read_some_stats(pid: int, limit: int) -> Optional[Dict[int, procfs.TaskStat]]:
+    """stat of at most `limit` threads of a process, the leader first (a bounded process's)."""
+    tids = procfs.list_tids(pid)
+    if tids is None:
+        return None
+    tids.sort()
+    stats = {}
+    for tid in tids[:max(1, limit)]:
+        stat = procfs.read_task_stat(pid, tid)
+        if stat is not None:
+            stats[tid] = stat
+    return stats
 
 
 def _fact(read, name: str, denied: set, pid: int, via: Optional[int]):

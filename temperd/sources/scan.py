@@ -5,38 +5,54 @@ owner changed by setuid())."""
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from temperd.sources import procfs
 from temperd.sources.changes import EXEC, EXIT, NEW_PROCESS, NEW_THREAD, RENAME, REUSED, UPDATE, Change
-from temperd.sources.process_store import ZOMBIE_STATES, ProcessRecord, ProcessStore, thread_facts
+from temperd.sources.process_store import ZOMBIE_STATES, ProcessRecord, ProcessStore, read_some_stats, thread_facts
+from temperd.sources.tracking import LIGHT, Tracker
 
 
-def scan(store: ProcessStore) -> List[Change]:
-    """Scan /proc and make the store equal to it; the changes made."""
+def scan(store: ProcessStore, tracker: Optional[Tracker] = None) -> List[Change]:
+    """Scan /proc and make the store equal to it; the changes made. A tracked process is read
+    whole (a bounded one's known threads and the room left), any other by its leader's stat and
+    what the gate asks for, never its threads: a host's idle threads cost nothing unless a
+    process of theirs could match."""
+    tracker = tracker if tracker is not None else Tracker(store)
     changes: List[Change] = []
     seen = set()
     store.quotas.clear()  # an operator may have set one since
     for pid in procfs.list_pids():
-        stats = procfs.read_thread_stats(pid)
-        if stats is None:
-            continue
-        leader = stats.get(pid)
-        if leader is None:
-            continue
         old = store.procs.get(pid)
-        if old is None or old.start_time != leader.start_time:
-            proc = store.read_process(pid, stats)
-            if proc is None:
+        if old is not None:
+            room = tracker.thread_room(pid)
+            stats = procfs.read_thread_stats(pid) if room is None else read_some_stats(pid, len(old.threads) + room)
+            leader = stats.get(pid) if stats is not None else None
+            if leader is None:
                 continue
-            store.install(proc)
-            changes.append(Change(REUSED if old is not None else NEW_PROCESS, pid))
-        elif not rescan_process(store, old, leader, stats, changes):
+            if old.start_time == leader.start_time:
+                if rescan_process(store, old, leader, stats, changes):  # type: ignore[arg-type]
+                    seen.add(pid)
+                continue
+            store.remove_process(pid)  # its pid reused
+            changes.append(Change(EXIT, pid))
+        else:
+            leader = procfs.read_task_stat(pid, pid)
+            if leader is None:
+                continue
+        proc = tracker.read_new(pid, leader, fresh=True)
+        if proc is None:
             continue
         seen.add(pid)
+        if proc is LIGHT:
+            continue
+        store.install(proc)  # type: ignore[arg-type]
+        changes.append(Change(REUSED if old is not None else NEW_PROCESS, pid))
     for pid in [pid for pid in store.procs if pid not in seen]:
         store.remove_process(pid)
         changes.append(Change(EXIT, pid))
+    for pid in [pid for pid in store.light if pid not in seen]:
+        store.drop_light(pid)
     return changes
 
 

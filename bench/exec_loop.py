@@ -1,0 +1,94 @@
+"""What a process that no profile matches costs temperd: a loop that runs /bin/true at a set rate.
+
+temperd runs with the builtin profiles (and the native backend); a generator forks and execs
+/bin/true --rate times a second for --duration seconds, for each rate given. The daemon's CPU is
+read from /proc before and after (its CPU time per exec does not depend on what else the host
+runs), its replans from its status. --tree DIR runs the temperd package found in DIR (another
+checkout) instead of this one, for a side-by-side comparison.
+
+    sudo .venv/bin/python bench/exec_loop.py [--rates 50,500] [--duration 30] [--tree DIR] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import HostMonitor, host_description, running_temperd  # noqa: E402
+
+
+def generate(rate: float, duration: float) -> int:
+    """Fork and exec /bin/true at `rate` per second (paced, not bursty); how many ran."""
+    made = 0
+    start = time.monotonic()
+    while True:
+        now = time.monotonic()
+        if now - start >= duration:
+            return made
+        due = start + made / rate
+        if due > now:
+            time.sleep(due - now)
+        subprocess.run(["/bin/true"], check=False)
+        made += 1
+
+
+def measure(daemon, rate: float, duration: float) -> Dict[str, object]:
+    hz = os.sysconf("SC_CLK_TCK")
+    replans0 = int(daemon.status(timeout=30)["replans"])
+    monitor = HostMonitor()
+    monitor.start()
+    ticks0, t0 = daemon.cpu_ticks(), time.monotonic()
+    made = generate(rate, duration)
+    wall = time.monotonic() - t0
+    ticks1 = daemon.cpu_ticks()
+    window = monitor.stop()
+    replans1 = int(daemon.status(timeout=30)["replans"])
+    cpu_s = (ticks1 - ticks0) / hz
+    return {"rate_asked": rate, "rate_made": made / wall, "execs": made,
+            "daemon_cpu_pct_of_core": 100.0 * cpu_s / wall, "daemon_cpu_us_per_exec": 1e6 * cpu_s / max(1, made),
+            "replans": replans1 - replans0, "host_idle_pct": window.idle_pct,
+            "foreign_cpu_pct_of_core": window.foreign_core_pct, "foreign_top": window.foreign_top}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", default="50,500", help="execs per second, comma-separated")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds per rate")
+    parser.add_argument("--tree", help="run the temperd package of this checkout")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("run as root: temperd changes other processes' scheduling", file=sys.stderr)
+        return 2
+    command: Optional[List[str]] = None
+    if args.tree:
+        tree = os.path.abspath(args.tree)
+        command = [sys.executable, "-c", f"import sys; sys.path.insert(0, {tree!r}); "
+                   "from temperd.daemon.main import main; sys.exit(main())"]
+    rows = []
+    with running_temperd(command=command) as daemon:
+        time.sleep(2.0)  # the start's scan and first plan out of the window
+        for rate in (float(r) for r in args.rates.split(",")):
+            rows.append(measure(daemon, rate, args.duration))
+    if args.json:
+        json.dump({"host": host_description(), "tree": args.tree or ".", "rows": rows}, sys.stdout, indent=1)
+        print()
+        return 0
+    print(host_description())
+    print(f"temperd from {args.tree or 'this checkout'}; builtin profiles; /bin/true exec'd for {args.duration:.0f} s per rate")
+    print(f"{'asked/s':>8} {'made/s':>7} {'% core':>7} {'us/exec':>8} {'replans':>8} {'idle %':>7} {'foreign % core':>15}")
+    for r in rows:
+        print(f"{r['rate_asked']:>8.0f} {r['rate_made']:>7.0f} {r['daemon_cpu_pct_of_core']:>7.2f} "
+              f"{r['daemon_cpu_us_per_exec']:>8.0f} {r['replans']:>8} {r['host_idle_pct']:>7.0f} "
+              f"{r['foreign_cpu_pct_of_core']:>15.0f}  {r['foreign_top'] or ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
