@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from temperd.config.daemon_config import WatchSettings
 from temperd.observe import workload_window as W
@@ -166,6 +166,26 @@ class UsageTracker:
             if self.settings.rightsizing:
                 self.history.of(t.label).record_idle(now, intervals)
             return
+        moved, residual, elapsed = self._read_processes(t, w, now)
+        if not moved:  # nothing ran: a zero for every kept thread, counted in one go; no rank can change
+            if self.settings.rightsizing:
+                self.history.of(t.label).record_idle(now, intervals)
+            t.counters.sampled = True
+            return
+        if now - t.reranked_at >= RERANK_S or len(t.kept) < min(self.settings.keep_threads, len(w.threads)):
+            self._rerank(t, w, now)
+        dt = elapsed or self.settings.sample_interval_s
+        samples, on_cpu, asked_total = self._read_kept(t, set(moved), dt, idle_by_cpu)
+        residual = max(0.0, residual - on_cpu)  # what the threads not kept used
+        t.counters.demand_s += (asked_total + residual) * dt
+        t.counters.used_s += (on_cpu + residual) * dt
+        t.counters.sampled = True
+        if self.settings.rightsizing:
+            self.history.of(t.label).record(now, samples, residual, self.settings.keep_threads, intervals)
+
+    def _read_processes(self, t: Tracked, w, now: float) -> Tuple[List[int], float, Optional[float]]:
+        """Each process's CPU ticks and major faults since the last sample: (the pids that ran or
+        are new, the CPUs they used together, the last interval measured; None: none was)."""
         moved: List[int] = []
         residual = 0.0
         elapsed = None
@@ -189,58 +209,62 @@ class UsageTracker:
                 moved.append(pid)
                 residual += grown / CLOCK_TICKS / dt
                 elapsed = dt
-        if not moved:  # nothing ran: a zero for every kept thread, counted in one go; no rank can change
-            if self.settings.rightsizing:
-                self.history.of(t.label).record_idle(now, intervals)
-            t.counters.sampled = True
-            return
-        if now - t.reranked_at >= RERANK_S or len(t.kept) < min(self.settings.keep_threads, len(w.threads)):
-            self._rerank(t, w, now)
-        dt = elapsed or self.settings.sample_interval_s
+        return moved, residual, elapsed
+
+    def _read_kept(self, t: Tracked, moved: Set[int], dt: float,
+                   idle_by_cpu: Optional[Sequence[float]]) -> Tuple[List[ThreadSample], float, float]:
+        """A sample of each kept thread (read again only where its process ran): (the samples,
+        the CPUs they ran, the CPUs they asked for)."""
         samples = []
         on_cpu = asked_total = 0.0
-        moved_set = set(moved)
         for tid, thread in t.kept.items():
             cpus = run_cpus = asked = 0.0
             hungry = False
-            if thread.pid in moved_set:
-                sched = procfs.read_schedstat(thread.pid, tid)
-                task = read_task_counters(thread.pid, tid)
-                if sched is None or task is None or task.start_time != thread.start_time:
+            if thread.pid in moved:
+                read = self._read_kept_thread(t, tid, thread, dt, idle_by_cpu)
+                if read is None:
                     continue
-                read_at = self.clock()  # this thread's own interval: the sampler itself may be delayed
-                interval = read_at - thread.read_at
-                if thread.seen and interval > 0:
-                    ran = max(0, sched[0] - thread.run_ns) / 1e9
-                    waited = max(0, sched[1] - thread.wait_ns) / 1e9
-                    run_cpus = min(1.0, ran / interval)
-                    room = _room(idle_by_cpu, thread, tid) if waited >= STARVED_WAIT_SHARE * interval else None
-                    cpus, hungry = demand(ran, waited, interval, room)
-                    # Classification reads what the thread asked for (run share of the time it was
-                    # not kept waiting): a spinner crowded by others is still compute-intense.
-                    # Rightsizing's history keeps `cpus`, which a starved thread cannot vouch for.
-                    asked = wanted_cpus(ran, waited, interval)
-                    t.counters.blkio_ticks += max(0, task.blkio_ticks - thread.blkio_ticks)
-                thread.run_ns, thread.wait_ns, thread.blkio_ticks = sched[0], sched[1], task.blkio_ticks
-                thread.comm = task.comm  # a thread names itself after it starts
-                thread.read_at, thread.seen = read_at, True
-                totals = t.counters.threads.setdefault(tid, W.ThreadTotals(pid=thread.pid))
-                totals.samples += 1
-                if task.state in SLEEPING:
-                    t.counters.sleep_samples += 1
-                    if task.state == "D":
-                        t.counters.d_samples += 1
-                        totals.d_samples += 1
-                totals.demand_s += asked * dt
+                cpus, run_cpus, asked, hungry = read
             on_cpu += run_cpus
             asked_total += asked
             samples.append(ThreadSample(tid, thread.start_time, thread.comm, thread.group, cpus, hungry))
-        residual = max(0.0, residual - on_cpu)  # what the threads not kept used
-        t.counters.demand_s += (asked_total + residual) * dt
-        t.counters.used_s += (on_cpu + residual) * dt
-        t.counters.sampled = True
-        if self.settings.rightsizing:
-            self.history.of(t.label).record(now, samples, residual, self.settings.keep_threads, intervals)
+        return samples, on_cpu, asked_total
+
+    def _read_kept_thread(self, t: Tracked, tid: int, thread: _Thread, dt: float,
+                          idle_by_cpu: Optional[Sequence[float]]) -> Optional[Tuple[float, float, float, bool]]:
+        """One kept thread's schedstat and counters since its last read, into t's counters:
+        (CPUs it needed, CPUs it ran, CPUs it asked for, starved); None if it is gone."""
+        cpus = run_cpus = asked = 0.0
+        hungry = False
+        sched = procfs.read_schedstat(thread.pid, tid)
+        task = read_task_counters(thread.pid, tid)
+        if sched is None or task is None or task.start_time != thread.start_time:
+            return None
+        read_at = self.clock()  # this thread's own interval: the sampler itself may be delayed
+        interval = read_at - thread.read_at
+        if thread.seen and interval > 0:
+            ran = max(0, sched[0] - thread.run_ns) / 1e9
+            waited = max(0, sched[1] - thread.wait_ns) / 1e9
+            run_cpus = min(1.0, ran / interval)
+            room = _room(idle_by_cpu, thread, tid) if waited >= STARVED_WAIT_SHARE * interval else None
+            cpus, hungry = demand(ran, waited, interval, room)
+            # Classification reads what the thread asked for (run share of the time it was
+            # not kept waiting): a spinner crowded by others is still compute-intense.
+            # Rightsizing's history keeps `cpus`, which a starved thread cannot vouch for.
+            asked = wanted_cpus(ran, waited, interval)
+            t.counters.blkio_ticks += max(0, task.blkio_ticks - thread.blkio_ticks)
+        thread.run_ns, thread.wait_ns, thread.blkio_ticks = sched[0], sched[1], task.blkio_ticks
+        thread.comm = task.comm  # a thread names itself after it starts
+        thread.read_at, thread.seen = read_at, True
+        totals = t.counters.threads.setdefault(tid, W.ThreadTotals(pid=thread.pid))
+        totals.samples += 1
+        if task.state in SLEEPING:
+            t.counters.sleep_samples += 1
+            if task.state == "D":
+                t.counters.d_samples += 1
+                totals.d_samples += 1
+        totals.demand_s += asked * dt
+        return cpus, run_cpus, asked, hungry
 
     def _rerank(self, t: Tracked, w, now: float) -> None:
         """Keep the busiest threads: runtime since the last rerank, read for processes that ran."""
