@@ -3,18 +3,27 @@ CPU spinners crowd the host, under several arms: the stock scheduler, what an op
 hand, and temperd.
 
 Usage (root, from the checkout):
-  .venv/bin/python bench/isolation.py                     # redis, all default arms, about 15 minutes
+  .venv/bin/python bench/isolation.py                     # redis, open loop at 0.5 and 0.8 of stock's rate
   .venv/bin/python bench/isolation.py --quick             # smoke run: 1 repetition, bg 0 and 4
   .venv/bin/python bench/isolation.py --server memcached  # see --help for the servers
-  options: --reps N --ladder 0,1,2,4 --variants c=50,c=1 --arms stock,by-hand,temperd,temperd+bg
+  options: --reps N --ladder 0,1,2,4 --load 0.5,0.8 --arms stock,by-hand,temperd,temperd+bg
            --seconds S --run-timeout S --trained-profile FILE --train SECONDS --profile-arm NAME=FILE --json FILE
-  e.g. the trained profile against stock and the builtin (temperctl train under the first variant's
-  load for 20 s first, the profile kept beside --json):
+  closed loop (as fast as answered: throughput; a faster arm gets more load): --closed, or --variants c=50,c=1
+  the Markdown of a run's JSON (docs/benchmarks.md and README.md carry it): --markdown FILE [--summary]
+  e.g. the trained profile against stock and the builtin (temperctl train under the first closed-loop
+  variant's load for 20 s first, the profile kept beside --json):
   .venv/bin/python bench/isolation.py --train 20 --arms stock,temperd+bg,trained --ladder 0,4 --reps 5
   and a hand-edited variant of a trained profile beside it, in the same interleaved runs:
   .venv/bin/python bench/isolation.py --server jvm --trained-profile jvm.toml --profile-arm edited=jvm-edited.toml
   an untagged CPU-busy service beside the server (2 stress-ng workers, standard tier) in every run:
   .venv/bin/python bench/isolation.py --neighbour 2 --arms stock,by-hand,temperd+bg
+
+Open loop (bench/openloop.py; redis and memcached: memtier_benchmark, PostgreSQL: pgbench -R, MariaDB:
+sysbench --rate; the others have none and run closed loop): first, on the idle host and before any
+arm, stock's rate with the same generator running closed loop (median of three runs); each --load
+is a fraction of it, offered at the same rate to every arm. A run whose achieved rate is below 0.95x
+the offered one did not carry the load: it has no p99, and the tables say "not sustained". Where
+each generator's latency starts (memtier's does not include a late send) is in bench/openloop.py.
 
 What runs (bench/workloads.py has each server and its load; bench/arms.py each arm):
 - The server in its own session (as a service manager starts it) and in a cgroup v2 directory
@@ -370,6 +379,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="a run whose load generator has not finished by then is an error (default: the larger "
                              "of 60 s and 12 x --seconds; give more under software emulation)")
     parser.add_argument("--json", metavar="FILE", help="write every run as JSON")
+    parser.add_argument("--note", default="", metavar="TEXT",
+                        help="what the JSON (and the tables made from it) should say of this run, e.g. \"smoke run on a "
+                             "busy host\"")
     parser.add_argument("--markdown", metavar="JSON", help="print the Markdown tables of --json files (comma-separated, "
                         "pooled; open-loop files: one table per offered load, and the goals) and exit")
     parser.add_argument("--summary", action="store_true",
@@ -408,8 +420,8 @@ def open_markdown(data: dict, runs: List[T.Run]) -> str:
     ladder = R.ladder_of(runs)
     out = []
     for variant in R.variants_of(runs):
-        out.append(f"{data['workload']}, offered {R.O.fraction_of(variant):g} × stock's idle rate "
-                   f"({data['capacity']:,.0f}/s): {data['amounts'][variant]:,.0f}/s".replace(",", " "))
+        out.append(f"{data['workload']}, offered {O.fraction_of(variant):g} × stock's idle rate "
+                   f"({R.count(data['capacity'])}/s): {R.count(data['amounts'][variant])}/s")
         out += ["", R.markdown_open_table(variant, ladder, list(data["arms"]), runs), ""]
         out += R.goals_lines(variant, ladder, list(data["arms"]), runs, float(data.get("p99_resolution", 1.0)))
         out.append("")
@@ -476,8 +488,10 @@ def main() -> int:
     limits = T.NoiseLimits(args.noisy_foreign, args.noisy_steal)
     started = time.monotonic()
     print(C.host_description())
-    print(f"started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, load average {C.load_average():.2f}")
-    args.host_state = f"host before the run: {T.wait_for_quiet(60.0, limits).describe()}"
+    load_average = C.load_average()
+    print(f"started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, load average {load_average:.2f}")
+    args.host_state = (f"{args.note + '; ' if args.note else ''}load average {load_average:.2f} at the start; "
+                       f"before the first run: {_quiet_state(T.wait_for_quiet(60.0, limits))}")
     print(args.host_state)
     runs: List[T.Run] = []
     args.amounts, args.capacity, args.arm_descriptions = {}, 0.0, {n: n for n in arm_names}
@@ -638,6 +652,11 @@ def write_json(args, workload: W.Workload, runs: List[T.Run]) -> None:
     data["runs"] = [run_json(r) for r in runs]
     with open(args.json, "w") as handle:
         json.dump(data, handle, indent=1)
+
+
+def _quiet_state(window: T.HostWindow) -> str:
+    """The host before the runs, without naming its busiest foreign process (kept per run in the JSON)."""
+    return f"idle {window.idle_pct:.0f} %, steal {window.steal_pct:.1f} %, foreign {window.foreign_core_pct:.1f} % of a core"
 
 
 def _interrupted(signum, frame) -> None:

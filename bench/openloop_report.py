@@ -54,6 +54,17 @@ class Cells:
         return f"{q.median:.3f} ({q.low:.3f}–{q.high:.3f})" if with_range else f"{q.median:.3f}"
 
 
+def count(value: Optional[float]) -> str:
+    """A rate as the tables write it: 40 801 (a space between thousands)."""
+    return "-" if value is None or value != value else f"{value:,.0f}".replace(",", " ")
+
+
+def failed(cells: "Cells", variant: str, bg: int, arm: str) -> str:
+    """Why a cell has no good run ("" where it has one, or no run at all)."""
+    errors = [r.error for r in cells.groups.get((step_name(variant, bg), arm), []) if not r.ok]
+    return "" if cells.ok_runs(variant, bg, arm) or not errors else errors[-1]
+
+
 def p99_ratio(cells: Cells, variant: str, bg: int, arm: str, base: str, base_bg: Optional[int] = None) -> str:
     """arm's p99 over base's (a * where the ranges are apart by the compare rule); "-" where either
     did not sustain the rate."""
@@ -74,19 +85,21 @@ def markdown_open_table(variant: str, ladder: Sequence[int], arm_names: Sequence
     for bg in ladder:
         for arm in arm_names:
             group = cells.ok_runs(variant, bg, arm)
+            if failed(cells, variant, bg, arm):
+                lines.append(f"| {bg} | {arm} | every run failed: {failed(cells, variant, bg, arm)} |")
             if not group:
                 continue
             offered, ratio = cells.get(cells.offered, variant, bg, arm), cells.get(cells.ratio, variant, bg, arm)
             p50 = cells.get(cells.p50, variant, bg, arm)
             short = sum(1 for r in group if not r.metrics.get("sustained"))
             lines.append(
-                f"| {bg} | {arm} | {offered.median:,.0f} | {ratio.median:.3f} | "
+                f"| {bg} | {arm} | {count(offered.median)} | {ratio.median:.3f} | "
                 f"{p50.median if cells.sustained(variant, bg, arm) else float('nan'):.3f} | "
                 f"{cells.p99_text(variant, bg, arm)} | {p99_ratio(cells, variant, bg, arm, A.STOCK)} | "
                 f"{p99_ratio(cells, variant, bg, arm, A.BY_HAND)} | {len(group)} ({short}) | "
                 f"{wait_pct(group, 'client'):.1f} | {window_median(group, 'idle_pct'):.0f} | "
                 f"{window_median(group, 'steal_pct'):.1f} | {window_median(group, 'foreign_core_pct'):.1f} |")
-    return "\n".join(lines).replace(",", " ").replace("nan", "-")
+    return "\n".join(lines).replace("| nan |", "| - |")
 
 
 def open_goals(variant: str, ladder: Sequence[int], runs: Sequence[T.Run], arm: str,
@@ -123,6 +136,9 @@ def open_goals(variant: str, ladder: Sequence[int], runs: Sequence[T.Run], arm: 
         met, firm = T.settled(bounds)
         out.append((text, met, firm, ", ".join(words for _, words in parts)))
 
+    for bg in ladder:
+        if failed(cells, variant, bg, arm):
+            out.append((f"bg={bg}: not measured", None, False, f"every run failed: {failed(cells, variant, bg, arm)}"))
     hand = [bg for bg in have if cells.ok_runs(variant, bg, A.BY_HAND)]
     if hand:
         judged("p99 <= 1.1x by-hand's at every spinner step", [against(bg, A.BY_HAND, 1.1) for bg in hand])
@@ -177,22 +193,25 @@ def summary_rows(data: dict, runs: Sequence[T.Run]) -> List[str]:
     for variant in variants_of(runs):
         offered = cells.get(cells.offered, variant, 0, A.STOCK) or cells.get(cells.offered, variant, top, A.STOCK)
         found = open_goals(variant, ladder, runs, PRIMARY, float(data.get("p99_resolution", 1.0)))
-        passed = sum(1 for _, met, _, _ in found if met)
-        firm = sum(1 for _, met, settled, _ in found if met and settled)
-        arms = " | ".join(f"{cells.p99_text(variant, 0, arm, False)} → {cells.p99_text(variant, top, arm, False)}"
-                          for arm in (A.STOCK, A.BY_HAND, PRIMARY))
-        rows.append(f"| {data['workload']} | {O.fraction_of(variant):g} × {data['capacity']:,.0f} = "
-                    f"{offered.median if offered else float('nan'):,.0f}/s | {top} | {arms} | "
-                    f"{passed} of {len(found)} ({firm} settled) |")
+        judged = [g for g in found if g[1] is not None]
+        passed = sum(1 for _, met, _, _ in judged if met)
+        firm = sum(1 for _, met, settled, _ in judged if met and settled)
+        unmeasured = len(found) - len(judged)
+        arms = " | ".join(" → ".join("error" if failed(cells, variant, bg, arm) else cells.p99_text(variant, bg, arm, False)
+                                     for bg in (0, top)) for arm in (A.STOCK, A.BY_HAND, PRIMARY))
+        rows.append(f"| {data['workload']} | {O.fraction_of(variant):g} × {count(data['capacity'])} = "
+                    f"{count(offered.median if offered else None)}/s | {top} | {arms} | "
+                    f"{passed} of {len(judged)} ({firm} settled)"
+                    + (f"; {unmeasured} step(s) not measured" if unmeasured else "") + " |")
     return rows
 
 
 def summary_table(datasets: Sequence[Tuple[dict, Sequence[T.Run]]]) -> str:
-    lines = ["| server | offered (× stock's idle rate) | spinners | stock p99 ms, 0 → spinners | by-hand | "
+    lines = ["| server | offered (× stock's idle rate) | spinners | stock p99 ms, 0 spinners → the top step | by-hand | "
              "temperd+bg | temperd+bg goals met |", "|---|---|---|---|---|---|---|"]
     for data, runs in datasets:
         lines += summary_rows(data, runs)
-    return "\n".join(lines).replace(",", " ")
+    return "\n".join(lines)
 
 
 def summary_caption(datasets: Sequence[Tuple[dict, Sequence[T.Run]]]) -> str:
