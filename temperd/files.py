@@ -5,17 +5,31 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, TypeVar, Union
+
+Text = TypeVar("Text", str, bytes)
 
 
 def read_stripped(path: str) -> Optional[str]:
     """The file's text without surrounding white space, or None when it cannot be read (gone,
-    not permitted, not there on this kernel): the caller decides what absence means."""
+    not permitted, not there on this kernel): the caller decides what absence means. newline="":
+    universal newlines would turn a \\r inside a line into the end of one (kernel_lines)."""
     try:
-        with open(path) as handle:
+        with open(path, newline="") as handle:
             return handle.read().strip()
     except OSError:
         return None
+
+
+def kernel_lines(data: Text) -> List[Text]:
+    """The lines of a line-oriented kernel file (/proc, sysfs, cgroupfs, tracefs), split on "\\n"
+    alone; no empty last line for the final newline. splitlines() also breaks on \\r, \\v, \\f,
+    \\x1c-\\x1e, U+0085, U+2028 and U+2029 (bytes: on \\r), which the kernel lets a name in the
+    file hold (a cgroup, a mount point): such a name would end its line and forge the next one."""
+    lines = data.split("\n" if isinstance(data, str) else b"\n")
+    if not lines[-1]:
+        lines.pop()
+    return lines
 
 
 def write_atomically(path: str, data: Union[str, bytes], mode: int = 0o644, sync_dir: bool = False,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Dict, FrozenSet, Optional, Tuple
 
-from temperd.files import read_stripped
+from temperd.files import kernel_lines, read_stripped
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 
@@ -84,7 +84,7 @@ def _v1_file(cgroup: str, controller: str, name: str, root: str) -> Optional[str
 
 def _keyed(text: Optional[str]) -> dict:
     out = {}
-    for line in (text or "").splitlines():
+    for line in kernel_lines(text or ""):
         key, _, value = line.partition(" ")
         try:
             out[key] = int(value)

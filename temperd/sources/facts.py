@@ -7,6 +7,7 @@ and the observer read them, never /proc directly for these fields. What only som
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
@@ -47,6 +48,7 @@ _NOTHING = OnDemand.known()
 # Unit suffixes a process can live in (slices only contain units; they hold no processes).
 UNIT_SUFFIXES = (".service", ".scope", ".socket", ".mount", ".swap")
 USER_SLICE = "user.slice"  # logind's sessions and each user's own manager (user@UID.service)
+_USER_MANAGER = re.compile(r"user@\d+\.service")  # a manager of units of its own
 
 
 def systemd_cgroup(unified: Optional[str], named: Optional[str]) -> Optional[str]:
@@ -57,17 +59,22 @@ def systemd_cgroup(unified: Optional[str], named: Optional[str]) -> Optional[str
 
 
 def unit_from_cgroup(path: Optional[str]) -> Optional[str]:
-    """The systemd unit a cgroup path belongs to: its deepest component naming a unit.
-
-    /system.slice/memcached.service -> memcached.service; a delegated subtree such as
-    /system.slice/app.service/worker still belongs to app.service.
+    """The systemd unit a cgroup path belongs to: its first component naming a unit, the one the
+    manager made. /system.slice/memcached.service -> memcached.service; a delegated subtree such
+    as /system.slice/app.service/worker still belongs to app.service, whatever its owner names
+    the directories below (a container's /system.slice/memcached.service inside
+    docker-1.scope is docker-1.scope's). Below a user's own manager (user@UID.service) the unit
+    is the first one that manager made: user@1000.service/app.slice/foo.service -> foo.service.
     """
     if not path:
         return None
-    for part in reversed(path.split("/")):
+    unit = None
+    for part in path.split("/"):
         if part.endswith(UNIT_SUFFIXES):
-            return part
-    return None
+            unit = part
+            if not _USER_MANAGER.fullmatch(part):
+                return part
+    return unit
 
 
 def system_unit_of(path: Optional[str]) -> Optional[str]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import List, NamedTuple, Optional
 
+from temperd.files import kernel_lines
+
 MOUNTINFO = "/proc/self/mountinfo"
 
 
@@ -16,10 +18,11 @@ class Mount(NamedTuple):
 
 def parse_mountinfo(text: str) -> List[Mount]:
     out = []
-    for line in text.splitlines():
+    for line in kernel_lines(text):
+        # Fields are separated by one space; a name may hold any other white space (\\r, \\v).
         left, sep, right = line.partition(" - ")
-        fields = right.split()
-        before = left.split()
+        fields = right.split(" ")
+        before = left.split(" ")
         if sep and len(fields) >= 3 and len(before) >= 5:
             out.append(Mount(before[4], fields[0], fields[2].split(",")))
     return out
@@ -28,7 +31,7 @@ def parse_mountinfo(text: str) -> List[Mount]:
 def mounts(mountinfo: str = MOUNTINFO) -> List[Mount]:
     """Every mount; none where the table cannot be read."""
     try:
-        with open(mountinfo) as handle:
+        with open(mountinfo, newline="") as handle:  # a \r in a mount point ends no line
             return parse_mountinfo(handle.read())
     except OSError:
         return []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
+from temperd.files import kernel_lines
 from temperd.sources import procfs
 
 
@@ -20,7 +21,7 @@ class ProcessIo(NamedTuple):
 
 def parse_io(data: bytes) -> Optional[ProcessIo]:
     values = {}
-    for line in data.split(b"\n"):
+    for line in kernel_lines(data):
         key, _, value = line.partition(b":")
         if value:
             try:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
+from temperd.files import kernel_lines
 from temperd.sources.shape import parse_cpulist
 from temperd.sources.facts import systemd_cgroup, unit_from_cgroup
 
@@ -90,6 +91,9 @@ class CgroupPaths:
     unified: Optional[str]
     systemd: Optional[str]
     cpu_v1: Optional[str] = None
+    # Why the file was refused (a line that is not hierarchy:controllers:/path): then no path is
+    # known, so the process has no unit rather than one a crafted line names.
+    refused: Optional[str] = None
 
     @property
     def unit(self) -> Optional[str]:
@@ -306,7 +310,7 @@ def read_resched_interrupts() -> Optional[int]:
     The scheduler sends one to make another CPU reschedule: to preempt what it runs, or to wake it
     from an idle state that does not poll."""
     data = read_bytes(f"{PROC}/interrupts", 65536) or b""
-    for line in data.split(b"\n"):
+    for line in kernel_lines(data):
         if line.rstrip().endswith(b"Rescheduling interrupts"):
             counts = line.split(b":", 1)[1].split()
             return sum(int(c) for c in counts if c.isdigit())
@@ -316,7 +320,7 @@ def read_resched_interrupts() -> Optional[int]:
 def read_boot_time() -> float:
     """When the host booted, in seconds since the epoch (/proc/stat btime); 0 where unknown."""
     data = read_bytes(f"{PROC}/stat", 65536) or b""
-    for line in data.split(b"\n"):
+    for line in kernel_lines(data):
         if line.startswith(b"btime "):
             return float(line.split()[1])
     return 0.0
@@ -390,7 +394,7 @@ def read_uid(pid: int, tid: Optional[int] = None, *, strict: bool = False) -> Op
     data = read_file(path, 4096) if strict else read_bytes(path, 4096)
     if data is None:
         return None
-    for line in data.split(b"\n"):
+    for line in kernel_lines(data):
         if line.startswith(b"Uid:"):
             try:
                 return int(line.split()[1])
@@ -427,12 +431,18 @@ def read_cmdline(pid: int, tid: Optional[int] = None, *, strict: bool = False) -
 
 
 def parse_cgroup(data: bytes) -> CgroupPaths:
+    """/proc/PID/cgroup: one `hierarchy-id:controllers:/path` line per hierarchy. Split on "\\n"
+    alone: a cgroup name may hold any other character (\\r, \\v, U+2028, ...), and one that ended
+    a line could forge a name=systemd line and with it a system unit. A line of another form is
+    refused, and with it the whole file: no path, no unit."""
     unified = None
     systemd = None
     cpu_v1 = None
-    for line in data.decode("utf-8", "replace").splitlines():
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
+    for line in kernel_lines(data.decode("utf-8", "replace")):
+        hierarchy, sep1, rest = line.partition(":")
+        controllers, sep2, path = rest.partition(":")
+        if not (sep1 and sep2 and hierarchy.isdigit() and hierarchy.isascii() and path.startswith("/")):
+            return CgroupPaths(None, None, None, refused=f"not hierarchy:controllers:/path: {line[:80]!r}")
         if hierarchy == "0" and controllers == "":
             unified = path
         elif controllers == "name=systemd":
@@ -468,7 +478,7 @@ def missing_capabilities(needed: Sequence[Tuple[str, int]], status_path: str = "
     (CapEff) lacks; none when it holds the `covered_by` bit (CAP_SYS_ADMIN for what older
     kernels asked of it). An unreadable status lacks them all (assume the worst, say so)."""
     data = read_bytes(status_path, 8192)
-    for line in (data or b"").splitlines():
+    for line in kernel_lines(data or b""):
         if line.startswith(b"CapEff:"):
             effective = int(line.split()[1], 16)
             if covered_by is not None and effective >> covered_by & 1:

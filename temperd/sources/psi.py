@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Dict, NamedTuple, Optional
 
-from temperd.files import read_stripped
+from temperd.files import kernel_lines, read_stripped
 from temperd.sources.cgroups import CGROUP_ROOT, v2_dir
 
 RESOURCES = ("cpu", "memory", "io")
@@ -22,7 +22,7 @@ class PressureTotals(NamedTuple):
 
 def parse_pressure(text: str) -> Optional[PressureTotals]:
     totals: Dict[str, int] = {}
-    for line in text.splitlines():
+    for line in kernel_lines(text):
         kind, *pairs = line.split()
         for pair in pairs:
             key, _, value = pair.partition("=")
@@ -36,7 +36,7 @@ def parse_pressure(text: str) -> Optional[PressureTotals]:
 def pressure_fields(text: str) -> Dict[str, Dict[str, float]]:
     """Every field of a pressure file: {"some": {"avg10": 1.5, ..., "total": 123}, "full": {...}}."""
     out: Dict[str, Dict[str, float]] = {}
-    for line in text.splitlines():
+    for line in kernel_lines(text):
         kind, *pairs = line.split()
         out[kind] = {k: float(v) if "." in v else int(v) for k, v in (p.split("=", 1) for p in pairs)}
     return out

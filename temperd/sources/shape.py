@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from temperd.files import kernel_lines
+
 CPU_DIR = "devices/system/cpu"
 NODE_DIR = "devices/system/node"
 UNKNOWN_MODEL = "unknown"
@@ -127,7 +129,7 @@ class MachineShape:
 
 def _read(path: str, expected: str) -> str:
     try:
-        with open(path, encoding="ascii", errors="replace") as handle:
+        with open(path, encoding="ascii", errors="replace", newline="") as handle:
             return handle.read().strip()
     except FileNotFoundError:
         raise ShapeError(f"{path}: missing; expected {expected}") from None
@@ -268,7 +270,7 @@ def read_cpu_model(cpuinfo_path: str) -> str:
     """The 'model name' of the first CPU in a /proc/cpuinfo style file; 'unknown' when it has none
     (arm64 kernels do not write one)."""
     text = _read(cpuinfo_path, "a /proc/cpuinfo style file")
-    for line in text.splitlines():
+    for line in kernel_lines(text):
         key, sep, value = line.partition(":")
         if sep and key.strip() == "model name" and value.strip():
             return " ".join(value.split())

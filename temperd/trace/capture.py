@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from temperd import paths
+from temperd.files import kernel_lines
 from temperd.sources.mounts import tracefs_mount
 from temperd.sources import procfs
 from temperd.sources.facts import UNIT_SUFFIXES
@@ -175,7 +176,7 @@ def _write(path: str, value: str) -> None:
 
 
 def _read(path: str) -> str:
-    with open(path) as handle:
+    with open(path, newline="") as handle:
         return handle.read()
 
 
@@ -255,7 +256,7 @@ class Instance:
                 text = _read(os.path.join(per_cpu, cpu, "stats"))
             except OSError:
                 continue
-            for line in text.splitlines():
+            for line in kernel_lines(text):
                 key, _, value = line.partition(":")
                 if key.strip() in ("overrun", "dropped events"):
                     try:

@@ -33,6 +33,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import IO, Dict, Iterable, Iterator, Optional, Set, Tuple
 
+from temperd.files import kernel_lines
 from temperd.sources import procfs
 from temperd.text import printable, printable_lines
 
@@ -155,7 +156,7 @@ def process_row(pid: int, names: "NameBook") -> str:
     """One PROCESS DUMP row: Perfetto takes the 2nd and 3rd tokens as pid and ppid, the 9th as
     the process name and the rest as its command line; the columns between are placeholders."""
     status = procfs.read_bytes(f"{procfs.PROC}/{pid}/status") or b""
-    found = dict(line.split(b":", 1) for line in status.splitlines() if b":" in line)
+    found = dict(line.split(b":", 1) for line in kernel_lines(status) if b":" in line)
     name = (found.get(b"Name", b"").strip().decode("utf-8", "replace") or names.comm.get(pid) or f"pid{pid}")
     ppid = int(found.get(b"PPid", b"0").strip() or 0)
     try:

@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
+from temperd.files import kernel_lines
 from temperd.sources import procfs
 from temperd.sources.cgroups import cpu_quota
 
@@ -91,7 +92,7 @@ def workload_pids(root_pid: Optional[int], unit: Optional[str]) -> List[int]:
 def _switches(pid: int, tid: int) -> tuple:
     data = procfs.read_bytes(f"{procfs.PROC}/{pid}/task/{tid}/status", 4096)
     voluntary = involuntary = 0
-    for line in (data or b"").splitlines():
+    for line in kernel_lines(data or b""):
         if line.startswith(b"voluntary_ctxt_switches:"):
             voluntary = int(line.split()[1])
         elif line.startswith(b"nonvoluntary_ctxt_switches:"):
