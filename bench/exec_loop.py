@@ -3,7 +3,8 @@
 temperd runs with the builtin profiles (and the native backend); a generator forks and execs
 /bin/true --rate times a second for --duration seconds, for each rate given. The daemon's CPU is
 read from /proc before and after (its CPU time per exec does not depend on what else the host
-runs), its replans from its status. --tree DIR runs the temperd package found in DIR (another
+runs), over an idle window first and then each rate; the CPU per exec is what it spent above
+its idle rate, per exec. Its replans come from its status. --tree DIR runs the temperd package found in DIR (another
 checkout) instead of this one, for a side-by-side comparison.
 
     sudo .venv/bin/python bench/exec_loop.py [--rates 50,500] [--duration 30] [--tree DIR] [--json]
@@ -44,14 +45,14 @@ def measure(daemon, rate: float, duration: float) -> Dict[str, object]:
     monitor = HostMonitor()
     monitor.start()
     ticks0, t0 = daemon.cpu_ticks(), time.monotonic()
-    made = generate(rate, duration)
+    made = generate(rate, duration) if rate > 0 else time.sleep(duration) or 0
     wall = time.monotonic() - t0
     ticks1 = daemon.cpu_ticks()
     window = monitor.stop()
     replans1 = int(daemon.status(timeout=30)["replans"])
     cpu_s = (ticks1 - ticks0) / hz
-    return {"rate_asked": rate, "rate_made": made / wall, "execs": made,
-            "daemon_cpu_pct_of_core": 100.0 * cpu_s / wall, "daemon_cpu_us_per_exec": 1e6 * cpu_s / max(1, made),
+    return {"rate_asked": rate, "rate_made": made / wall, "execs": made, "cpu_s": cpu_s, "wall_s": wall,
+            "daemon_cpu_pct_of_core": 100.0 * cpu_s / wall,
             "replans": replans1 - replans0, "host_idle_pct": window.idle_pct,
             "foreign_cpu_pct_of_core": window.foreign_core_pct, "foreign_top": window.foreign_top}
 
@@ -74,18 +75,24 @@ def main() -> int:
     rows = []
     with running_temperd(command=command) as daemon:
         time.sleep(2.0)  # the start's scan and first plan out of the window
+        idle = measure(daemon, 0.0, args.duration)  # the daemon's own cost without the loop, subtracted below
         for rate in (float(r) for r in args.rates.split(",")):
             rows.append(measure(daemon, rate, args.duration))
+    for row in [idle] + rows:
+        above = row["cpu_s"] - idle["cpu_s"] * row["wall_s"] / idle["wall_s"]  # type: ignore[operator]
+        row["daemon_cpu_us_per_exec"] = 1e6 * above / row["execs"] if row["execs"] else None
     if args.json:
-        json.dump({"host": host_description(), "tree": args.tree or ".", "rows": rows}, sys.stdout, indent=1)
+        json.dump({"host": host_description(), "tree": args.tree or ".", "idle": idle, "rows": rows}, sys.stdout, indent=1)
         print()
         return 0
     print(host_description())
     print(f"temperd from {args.tree or 'this checkout'}; builtin profiles; /bin/true exec'd for {args.duration:.0f} s per rate")
+    print("us/exec: the daemon's CPU above its own idle window's rate, per exec")
     print(f"{'asked/s':>8} {'made/s':>7} {'% core':>7} {'us/exec':>8} {'replans':>8} {'idle %':>7} {'foreign % core':>15}")
-    for r in rows:
+    for r in [idle] + rows:
+        per = r["daemon_cpu_us_per_exec"]
         print(f"{r['rate_asked']:>8.0f} {r['rate_made']:>7.0f} {r['daemon_cpu_pct_of_core']:>7.2f} "
-              f"{r['daemon_cpu_us_per_exec']:>8.0f} {r['replans']:>8} {r['host_idle_pct']:>7.0f} "
+              f"{'-' if per is None else f'{per:.0f}':>8} {r['replans']:>8} {r['host_idle_pct']:>7.0f} "
               f"{r['foreign_cpu_pct_of_core']:>15.0f}  {r['foreign_top'] or ''}")
     return 0
 

@@ -228,15 +228,19 @@ class MainLoop:
         try:
             changes = []
             cpu_before, wall_before = time.thread_time(), time.monotonic()
+            received = inventory.events_received
             if inventory.events_active and time.monotonic() >= self.events_not_before:
                 changes = inventory.handle_events()
+            # Events that changed nothing (processes no profile can match) are batched too: a pass
+            # per exec of an unmatched loop would cost more than reading it.
+            handled = bool(changes) or inventory.events_received != received
             if RELOAD in pending:
                 daemon.reload(pending[RELOAD])
             elif REPLAN in pending:
                 daemon.replan(pending[REPLAN])  # a whole apply: the backend's situation changed
             elif changes:
                 daemon.replan("events", changes)
-            if changes:
+            if handled:
                 ended = (time.process_time(), time.monotonic())
                 cost = cycle_cost(self._last_batch_end, ended, time.thread_time() - cpu_before)
                 self._last_batch_end = ended

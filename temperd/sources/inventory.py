@@ -160,6 +160,10 @@ class Inventory:
                 self._store.install(proc)
 
     @property
+    def events_received(self) -> int:
+        return self._events_received
+
+    @property
     def gate(self) -> Gate:
         return self._tracker.gate
 
