@@ -75,6 +75,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import arms as A  # bench/arms.py
 import common as C  # bench/common.py; also puts the checkout and tests/ on sys.path
+import docblocks  # bench/docblocks.py
 import openloop as O  # bench/openloop.py
 import openloop_report as R  # bench/openloop_report.py
 import workloads as W  # bench/workloads.py
@@ -334,10 +335,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--server", choices=sorted(W.WORKLOADS), default="redis")
     parser.add_argument("--reps", type=int, default=3, help="repetitions per step (default 3)")
     parser.add_argument("--ladder", default="0,1,2,4", help="spinner counts (default 0,1,2,4)")
-    parser.add_argument("--load", default="0.5,0.8",
+    parser.add_argument("--load",
                         help="open loop (the default where the server has an open-loop generator): offered rates as "
                              "fractions of what stock serves on the idle host, measured first in the same run and "
-                             "held equal across arms (default 0.5,0.8)")
+                             "held equal across arms (default 0.5,0.8); with --markdown --summary, the loads shown")
     parser.add_argument("--closed", action="store_true",
                         help="closed loop instead: the load generator sends as fast as it is answered (throughput; "
                              "a faster arm is measured at a higher load)")
@@ -384,6 +385,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              "busy host\"")
     parser.add_argument("--markdown", metavar="JSON", help="print the Markdown tables of --json files (comma-separated, "
                         "pooled; open-loop files: one table per offered load, and the goals) and exit")
+    parser.add_argument("--update-docs", action="store_true",
+                        help="write the generated tables of README.md and docs/benchmarks.md again from the JSON "
+                             "their markers name (bench/docblocks.py), and exit")
     parser.add_argument("--summary", action="store_true",
                         help="with --markdown (open-loop files, one per server): the short results table only")
     args = parser.parse_args(argv)
@@ -400,7 +404,9 @@ def markdown(args: argparse.Namespace) -> str:
     datasets = [runs_from_json(path) for path in args.markdown.split(",")]
     if all(data.get("mode") == "open" for data, _ in datasets):
         if args.summary:
-            return R.summary_caption(datasets) + "\n\n" + R.summary_table(datasets)
+            loads = O.parse_loads(args.load) if args.load else None
+            return "\n".join([R.summary_caption(datasets), "", R.summary_table(datasets, loads), "",
+                              R.reproduce(datasets)])
         return "\n\n".join(open_markdown(data, runs) for data, runs in datasets)
     data, runs = datasets[-1][0], [r for _, more in datasets for r in more]  # several runs of one workload pooled
     workload = W.WORKLOADS[data["workload"]]()
@@ -463,6 +469,10 @@ def main() -> int:
     if args.markdown:
         print(markdown(args))
         return 0
+    if args.update_docs:
+        changed = docblocks.update(lambda argv: markdown(parse_args(argv)))
+        print("written again: " + (", ".join(changed) or "nothing (every table in step with its JSON)"))
+        return 0
     signal.signal(signal.SIGTERM, _interrupted)  # stop like Ctrl-C: servers stopped, cgroups removed
     refused = preflight()
     if refused:
@@ -475,7 +485,7 @@ def main() -> int:
     if args.open:
         args.open_seconds = max(1, math.ceil(args.seconds or OPEN_SECONDS))
         try:
-            args.loads = O.parse_loads(args.load)
+            args.loads = O.parse_loads(args.load or DEFAULT_LOADS)
             if isinstance(workload, W.MemtierLoad):
                 workload.memtier = O.memtier_binary(args.memtier)
         except (ValueError, O.GeneratorUnavailable) as exc:
@@ -512,6 +522,7 @@ def main() -> int:
 
 
 OPEN_SECONDS, CLOSED_SECONDS = 5.0, 2.5
+DEFAULT_LOADS = "0.5,0.8"
 
 
 def run_bench(args: argparse.Namespace, workload: W.Workload, arm_names: List[str], profile_arms: Dict[str, str],

@@ -183,7 +183,7 @@ def ladder_of(runs: Sequence[T.Run]) -> List[int]:
     return sorted({parse_step(r.step)[1] for r in runs})
 
 
-def summary_rows(data: dict, runs: Sequence[T.Run]) -> List[str]:
+def summary_rows(data: dict, runs: Sequence[T.Run], loads: Optional[Sequence[float]] = None) -> List[str]:
     """The short results table's rows for one JSON: per offered load, p99 at 0 spinners -> the top
     step for stock, by-hand and temperd+bg, and how many of temperd+bg's goals pass."""
     cells = Cells(runs)
@@ -191,6 +191,8 @@ def summary_rows(data: dict, runs: Sequence[T.Run]) -> List[str]:
     top = max(ladder)
     rows = []
     for variant in variants_of(runs):
+        if loads is not None and O.fraction_of(variant) not in loads:
+            continue
         offered = cells.get(cells.offered, variant, 0, A.STOCK) or cells.get(cells.offered, variant, top, A.STOCK)
         found = open_goals(variant, ladder, runs, PRIMARY, float(data.get("p99_resolution", 1.0)))
         judged = [g for g in found if g[1] is not None]
@@ -206,11 +208,11 @@ def summary_rows(data: dict, runs: Sequence[T.Run]) -> List[str]:
     return rows
 
 
-def summary_table(datasets: Sequence[Tuple[dict, Sequence[T.Run]]]) -> str:
+def summary_table(datasets: Sequence[Tuple[dict, Sequence[T.Run]]], loads: Optional[Sequence[float]] = None) -> str:
     lines = ["| server | offered (× stock's idle rate) | spinners | stock p99 ms, 0 spinners → the top step | by-hand | "
              "temperd+bg | temperd+bg goals met |", "|---|---|---|---|---|---|---|"]
     for data, runs in datasets:
-        lines += summary_rows(data, runs)
+        lines += summary_rows(data, runs, loads)
     return "\n".join(lines)
 
 
@@ -222,3 +224,10 @@ def summary_caption(datasets: Sequence[Tuple[dict, Sequence[T.Run]]]) -> str:
                      f"{data.get('seconds', '?')} s runs; {data.get('host_state', 'host state not recorded')}")
     host = datasets[0][0]["host"].split(": ", 1)[-1] if datasets else ""
     return f"Host: {host}. " + "; ".join(parts) + "."
+
+
+def reproduce(datasets: Sequence[Tuple[dict, Sequence[T.Run]]]) -> str:
+    """The command that made each JSON, as run from the checkout."""
+    commands = "; ".join(f"`sudo .venv/bin/python {data['command']}`" for data, _ in datasets if data.get("command"))
+    return (f"Reproduce: {commands}, then `.venv/bin/python bench/isolation.py --update-docs`; every server's "
+            "table and the full ladder's command: [docs/benchmarks.md](docs/benchmarks.md).")
