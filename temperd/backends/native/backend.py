@@ -38,7 +38,7 @@ from temperd.backends.result import ApplyResult, Drift, DriftRecord
 from temperd.backends.native.treatment import ThreadTreatment
 from temperd.backends.native.universe import Universe
 from temperd.backends.status import NATIVE, BackendStatus
-from temperd.plan import YIELD, LayerPlan, moved_members
+from temperd.plan import YIELD, LayerPlan, layer_changes, moved_members
 
 __all__ = ["AUTOGROUP", "CPU_WEIGHT", "IDLE_CGROUP", "PMQOS", "ApplyResult", "DEFAULT_STATE_DIR", "NativeBackend", "ThreadRef",
            "scan_threads"]
@@ -90,12 +90,15 @@ class NativeBackend:
     # ---- public API --------------------------------------------------------------------------
 
     def apply(self, plan: LayerPlan, threads: Iterable, changed: Optional[Iterable] = None) -> ApplyResult:
-        """Carry out `plan` over `threads`, the host's whole thread list (or a tid -> thread
-        mapping). `changed`: the threads new since the last apply, where the caller knows them;
-        then a plan that differs from the one in force only in its members treats those and the
-        threads whose layer changed, and reads nothing else (a fork storm costs per fork, not per
-        thread of the host)."""
+        """The one way a plan is carried out. `threads`: the host's whole thread list (or a tid ->
+        thread mapping). `changed`: the threads new since the last apply (a delta); then the plan
+        in force treats only those, and one that differs from it only in its members and weights
+        (plan.host_wide) those and the threads whose layer changed: a fork storm costs per fork,
+        not per thread or workload of the host. Anything else, or `changed` None: the whole host."""
         if changed is not None and self.plan is not None and self._recovered:
+            if plan is self.plan and self.treatment.membership is not None:
+                self.treatment.membership.forget_processes()  # their pids may name other processes now
+                return self._treat_some(list(changed), ApplyResult())
             moved = moved_members(self.plan, plan)
             if moved is not None:
                 return self._apply_members(plan, threads, changed, moved)
@@ -123,7 +126,9 @@ class NativeBackend:
         """A plan equal to the one in force beyond its members (plan.host_wide): the new threads
         and the moved ones are treated under it."""
         result = ApplyResult()
-        self.treatment.set_plan(plan, False, result)
+        if plan.cgroup_weights != self.plan.cgroup_weights:  # a workload came, went or changed tier
+            result.take_counts(CPU_WEIGHT, self.weights.apply(plan.cgroup_weights, functools.partial(self._save, result)))
+        self.treatment.set_plan(plan, False, result, layer_changes(self.plan, plan)[1])
         self.plan = plan
         touched = {thread.tid: thread for thread in changed}
         if moved:
@@ -135,12 +140,8 @@ class NativeBackend:
         return self._treat_some(list(touched.values()), result)
 
     def on_new_threads(self, threads: Iterable) -> ApplyResult:
-        """Treat threads the inventory just saw, under the current plan, without waiting for a replan."""
-        result = ApplyResult()
-        if self.plan is None or self.treatment.membership is None:
-            return result
-        self.treatment.membership.forget_processes()
-        return self._treat_some(list(threads), result)
+        """Threads the inventory just saw: apply()'s delta under the plan in force."""
+        return self.apply(self.plan, (), threads) if self.plan is not None else ApplyResult()
 
     def _treat_some(self, threads: List, result: ApplyResult) -> ApplyResult:
         """These threads treated under the plan in force; the autogroup pass only where one of

@@ -425,6 +425,7 @@ class RestoreLedger:
         """save(), or why it failed (OSError: no space left, an I/O error): the caller then
         makes none of the changes it was to record. Logged once until a save succeeds again
         (a fork storm's batches come ten a second)."""
+        holds = not self.is_empty()  # a save that only removes the file says nothing of the disk
         try:
             self.save()
         except OSError as exc:
@@ -434,7 +435,7 @@ class RestoreLedger:
                 log.error("%s", message)
             self._failing = True
             return message
-        if self._failing:
+        if self._failing and holds:
             log.warning("%s: the state file is written again; changes are made again", self.path)
             self._failing = False
         return None

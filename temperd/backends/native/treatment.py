@@ -27,7 +27,7 @@ from __future__ import annotations
 import errno
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 from temperd.backends.native import sched
 from temperd.backends.native.given_back import GivenBack
@@ -146,17 +146,22 @@ class ThreadTreatment:
         self._parents = Parents()
         self._creators: Optional[Creators] = None
 
-    def set_plan(self, plan: LayerPlan, changed: bool, result: ApplyResult) -> None:
+    def set_plan(self, plan: LayerPlan, changed: bool, result: ApplyResult,
+                 added: Optional[Sequence[Layer]] = None) -> None:
+        """added: the layers that came, where the plan differs from the one in force only in its
+        members (plan.host_wide): the CPUs kept for fenced layers stand, and only these are looked at."""
         if changed:
             self._failed.clear()  # a new plan tries again what the kernel refused under the old one
         self.membership = Membership(plan, self.membership)
-        self.exclusive, error = exclusive_cpus(plan, sched.online_cpus())
-        if error:
-            result.errors.append(error)
+        if added is None:
+            self.exclusive, error = exclusive_cpus(plan, sched.online_cpus())
+            if error:
+                result.errors.append(error)
+        layers = plan.layers if added is None else added
         support = sched.slice_support()
-        if any(l.slice_us for l in plan.layers) and not support.supported:
+        if any(l.slice_us for l in layers) and not support.supported:
             result.unsupported.append(f"custom slice: {support.reason}")
-        for layer in plan.layers:
+        for layer in layers:
             if layer.kind == GROUPED and layer.cpus:
                 result.notes.append(f"layer {layer.name}: Grouped on CPUs {format_cpulist(layer.cpus)} has no "
                                     "native form (owned but shared when idle); members keep their affinity")
