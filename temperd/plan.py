@@ -114,13 +114,13 @@ class LayerPlan:
 
     @functools.cached_property
     def host_wide(self) -> tuple:
-        """What the plan asks of threads outside its layers and of the host itself: the reserve,
-        the CPUs of Confined layers (every other thread is kept off them), the PM QoS bounds and
-        the tiers' cgroup weights. Two plans equal in this differ only in who is a member of what."""
+        """What the plan asks of threads outside its layers: the reserve, the CPUs of Confined
+        layers (every other thread is kept off them) and the PM QoS bounds. Two plans equal in
+        this differ only in who is a member of what, and in the workloads' cgroup weights (each
+        its own workload's, applied by itself)."""
         owned = tuple(sorted((l.kind, l.cpus, l.idle_siblings, l.idle_resume_us, l.ownership)
                              for l in self.layers if l.cpus or l.idle_resume_us is not None))
-        weights = frozenset((w.unit, w.cgroup, w.weight) for w in self.cgroup_weights)
-        return self.reserve_cpus, owned, weights
+        return self.reserve_cpus, owned
 
 
 class TidLayers:

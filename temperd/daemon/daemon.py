@@ -205,9 +205,8 @@ class Daemon:
     # ---- decide and act -----------------------------------------------------------------------
 
     def replan(self, trigger: str, changes: Optional[List[Any]] = None) -> None:
-        """Match and plan again. After process events (`changes`) only the threads that are new or
-        whose layer changed are treated, unless the plan changed beyond its members; otherwise
-        the whole plan is applied (a whole-host apply costs milliseconds per hundred threads)."""
+        """Match and plan again. After process events (`changes`) only the workloads they changed are planned
+        (plan_delta) and the threads new or moved treated, unless CPUs or a tier move; else the whole plan."""
         assert self.view is not None and self.matcher is not None and self.backend is not None
         snapshot = self.inventory.snapshot()
         _refresh_busiest(self.inventory, self.match, self.view.profiles.active)
@@ -217,9 +216,10 @@ class Daemon:
             used.append(self._sizing(workloads))
             return used[-1]
 
-        match, layer_plan = decide(self.view, self.matcher, snapshot.processes.values(), sizing, self.plan_memo)
-        self._sizes = used[-1].sizes() if used else {}
-        unchanged = changes is not None and layer_plan == self.plan
+        match, layer_plan = decide(self.view, self.matcher, snapshot.processes.values(), sizing, self.plan_memo,
+                                   self.plan if changes is not None else None)
+        self._sizes = used[-1].sizes() if used else self._sizes  # a delta (plan_delta) is not sized again
+        unchanged = changes is not None and (layer_plan is self.plan or layer_plan == self.plan)
         self.match, self.plan = match, layer_plan
         fresh = _new_threads(changes, snapshot) if changes is not None else None
         try:

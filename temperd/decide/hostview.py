@@ -14,6 +14,7 @@ from temperd.config.errors import ConfigError, ConfigProblem
 from temperd.decide.trust import trust_policy
 from temperd.decide.matcher import Matcher, MatchResult, Workload
 from temperd.plan import LayerPlan
+from temperd.decide.plan_delta import plan_delta
 from temperd.decide.planner import PlanMemo, PlannerSettings, plan
 from temperd.decide.sizing import NO_SIZING, Sizing
 from temperd.config.profile import Profile
@@ -55,12 +56,19 @@ def planner_settings(config: DaemonConfig) -> PlannerSettings:
 
 def decide(view: HostView, matcher: Matcher, processes: Iterable,
            sizing: Callable[[Sequence[Workload]], Sizing] = lambda workloads: NO_SIZING,
-           memo: Optional[PlanMemo] = None) -> Tuple[MatchResult, LayerPlan]:
+           memo: Optional[PlanMemo] = None, previous: Optional[LayerPlan] = None) -> Tuple[MatchResult, LayerPlan]:
     """sizing(workloads): what the matched workloads' exclusive groups were measured to use.
-    memo: the daemon's, kept from one replan to the next (one per matcher: a reload makes both anew)."""
+    memo: the daemon's, kept from one replan to the next (one per matcher: a reload makes both anew).
+    previous: the plan in force, made from this matcher's last match, where only the workloads
+    that match changed are to be planned again (plan_delta; the whole plan where it declines:
+    then sizing is asked)."""
     match = matcher.match(processes)
-    return match, plan(view.shape, match.workloads, all_profiles(view, matcher), planner_settings(view.config),
-                       sizing(match.workloads), memo)
+    profiles, settings = all_profiles(view, matcher), planner_settings(view.config)
+    if previous is not None:
+        delta = plan_delta(previous, match.workloads, profiles, settings)
+        if delta is not None:
+            return match, delta
+    return match, plan(view.shape, match.workloads, profiles, settings, sizing(match.workloads), memo)
 
 
 def all_profiles(view: HostView, matcher: Matcher) -> Dict[str, Profile]:

@@ -33,6 +33,7 @@ from temperd.config.profile import Profile, ThreadGroup
 from temperd.decide.sizing import NO_SIZING, Sizing
 
 TIER_RANK = {tier: rank for rank, tier in enumerate(TIERS)}
+PARTS = "_parts"  # the slot of a plan's (settings, workload key -> _Part): what plan_delta starts from
 LAYER_NAME_MAX = 63
 
 
@@ -177,6 +178,7 @@ def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
 
     if memo is not None:
         memo.begin(settings)
+    parts: Dict[str, _Part] = {}  # what each workload added: a later plan_delta replaces only some
     ordered = sorted(workloads, key=lambda w: (TIER_RANK.get(w.tier, 99), w.key))
     for workload in ordered:
         profile = profiles.get(workload.profile_id) if workload.profile_id else None
@@ -187,6 +189,7 @@ def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
             names.update(dict.fromkeys(part.names, 1))
             layers.extend(part.layers)
             decisions.extend(part.decisions)
+            parts[workload.key] = part
             continue
         tier_weight = settings.weight_of(workload.tier)
         weight = CgroupWeight(workload.key, workload.tier, tier_weight, workload.unit, workload.cgroup) \
@@ -201,13 +204,16 @@ def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
                                       settings.owner_resume_of(workload.tier))
         layers.extend(made)
         decisions.extend(said)
+        part = _Part(workload, profile, weight, tuple(given for _name, given in asked), tuple(made), tuple(said))
+        parts[workload.key] = part
         if memo is not None and _needs_no_cpus(workload, profile) and all(name == given for name, given in asked):
-            memo.put(_Part(workload, profile, weight, tuple(given for _name, given in asked), tuple(made),
-                           tuple(said)))
+            memo.put(part)
     if memo is not None:
         memo.turn()
-    return LayerPlan(layers=tuple(layers), reserve_cpus=reserve, decisions=tuple(decisions),
-                     errors=tuple(errors), cgroup_weights=tuple(weights))
+    made_plan = LayerPlan(layers=tuple(layers), reserve_cpus=reserve, decisions=tuple(decisions),
+                          errors=tuple(errors), cgroup_weights=tuple(weights))
+    made_plan.__dict__[PARTS] = (settings, parts)  # a cache beside the plan's fields, as its cached properties
+    return made_plan
 
 
 def _workload_layers(workload: Workload, profile: Optional[Profile], alloc: "_CoreAllocator", tier_weight: int,

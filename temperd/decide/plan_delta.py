@@ -1,0 +1,142 @@
+"""A plan made again for the workloads a batch of process events changed, and for no other.
+
+plan() walks every live workload; after a batch of process events most of them are the very
+objects the matcher handed back last time (it builds again only the workloads whose processes
+changed). plan_delta starts from the plan in force and what each workload added to it
+(planner._Part, kept beside the plan), takes out the layers, decision lines and cgroup weight
+of the workloads that changed or ended, and adds those of the changed ones, planned alone.
+
+It declines (None: the caller makes the whole plan) where one workload's change reaches
+others: a workload that holds or wants CPUs of its own (an exclusive group, a critical tier
+with a budget: the CPUs of every later one would move), a PM QoS bound, a tier change, a
+profile that is not loaded, a layer name another workload already has (the order of workloads
+decides who gets the suffix), or other settings. The layers of the workloads it planned again
+go at the end: no layer of one workload selects another's threads, so their order is the
+plan's only where a backend tries one workload's layers in turn, and those keep theirs.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Dict, List, Mapping, Optional, Sequence, Set
+
+from temperd.config.profile import Profile
+from temperd.decide.matcher import Workload
+from temperd.decide.planner import LAYER_NAME_MAX, PARTS, PlannerSettings, _needs_no_cpus, _Part, _workload_layers
+from temperd.decide.sizing import NO_SIZING
+from temperd.plan import CgroupWeight, Layer, LayerPlan
+
+NAMES = "_names"  # the slot of a plan's set of layer names
+
+
+class _Declined(Exception):
+    """A change that needs the whole plan."""
+
+
+def plan_delta(previous: LayerPlan, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
+               settings: PlannerSettings) -> Optional[LayerPlan]:
+    """The plan for `workloads` made from `previous` by planning again only the workloads that
+    are not the objects `previous` was made for; `previous` itself where none changed what it
+    asks; None where the whole plan must be made (see the module's docstring)."""
+    kept = previous.__dict__.get(PARTS)
+    if kept is None or kept[0] != settings or previous.errors:
+        return None
+    parts: Dict[str, _Part] = kept[1]
+    # A pointer comparison per live workload: the matcher hands back the very object it did not rebuild.
+    changed = [w for w in workloads if getattr(parts.get(w.key), "workload", None) is not w]
+    gone: List[str] = []
+    if len(workloads) != len(parts) or any(w.key not in parts for w in changed):
+        now = {w.key for w in workloads}
+        gone = [key for key in parts if key not in now]
+    if not changed and not gone:
+        return previous
+    try:
+        return _delta(previous, parts, changed, gone, profiles, settings)
+    except _Declined:
+        return None
+
+
+def _delta(previous: LayerPlan, parts: Dict[str, _Part], changed: List[Workload], gone: List[str],
+           profiles: Mapping[str, Profile], settings: PlannerSettings) -> LayerPlan:
+    touched = {w.key for w in changed} | set(gone)
+    old_parts = [parts[key] for key in touched if key in parts]
+    removed = [layer for part in old_parts for layer in part.layers]
+    if any(_reaches_others(layer) for layer in removed):
+        raise _Declined
+    names = set(_names(previous))
+    names.difference_update(layer.name for layer in removed)
+    new_parts = [_plan_one(w, parts.get(w.key), profiles, settings, names) for w in changed]
+    if not gone and all(_same(parts.get(new.workload.key), new) for new in new_parts):
+        for new in new_parts:  # the plan in force stands; its record names the workloads now
+            parts[new.workload.key] = _with_workload(parts[new.workload.key], new.workload)
+        return previous
+    added = [layer for part in new_parts for layer in part.layers]
+    dropped = {line for part in old_parts for line in part.decisions}
+    plan = LayerPlan(
+        layers=tuple(layer for layer in previous.layers if layer.workload not in touched) + tuple(added),
+        reserve_cpus=previous.reserve_cpus,
+        decisions=tuple(line for line in previous.decisions if line not in dropped)
+        + tuple(line for part in new_parts for line in part.decisions),
+        errors=(),
+        cgroup_weights=tuple(w for w in previous.cgroup_weights if w.workload not in touched)
+        + tuple(part.weight for part in new_parts if part.weight is not None))
+    index = dict(parts)
+    for key in gone:
+        del index[key]
+    index.update((part.workload.key, part) for part in new_parts)
+    # What the plan's cached properties and layer_changes would find by walking every layer.
+    plan.__dict__[PARTS] = (settings, index)
+    plan.__dict__[NAMES] = names
+    plan.__dict__["_changes"] = (weakref.ref(previous), (removed, added))
+    plan.__dict__["host_wide"] = previous.host_wide  # no layer on CPUs of its own came or went
+    return plan
+
+
+def _reaches_others(layer: Layer) -> bool:
+    """A layer whose coming or going changes what other threads get: CPUs of its own (everyone
+    else is kept off them, later exclusive groups move), a PM QoS bound."""
+    return bool(layer.cpus) or layer.idle_resume_us is not None
+
+
+def _plan_one(workload: Workload, before: Optional[_Part], profiles: Mapping[str, Profile],
+              settings: PlannerSettings, names: Set[str]) -> _Part:
+    profile = profiles.get(workload.profile_id) if workload.profile_id else None
+    if (workload.profile_id and profile is None) or not _needs_no_cpus(workload, profile):
+        raise _Declined
+    if before is not None and before.workload.tier != workload.tier:
+        raise _Declined  # its cgroup weight and its place among the others change
+    given: List[str] = []
+
+    def unique(name: str) -> str:
+        name = name[:LAYER_NAME_MAX]
+        if name in names:
+            raise _Declined  # a suffix, which the order of every workload decides
+        names.add(name)
+        given.append(name)
+        return name
+
+    tier_weight = settings.weight_of(workload.tier)
+    made, said = _workload_layers(workload, profile, None, tier_weight, unique, NO_SIZING,
+                                  settings.owner_resume_of(workload.tier))
+    if any(_reaches_others(layer) for layer in made):
+        raise _Declined
+    weight = CgroupWeight(workload.key, workload.tier, tier_weight, workload.unit, workload.cgroup) \
+        if workload.unit or workload.cgroup else None
+    return _Part(workload, profile, weight, tuple(given), tuple(made), tuple(said))
+
+
+def _same(before: Optional[_Part], after: _Part) -> bool:
+    return (before is not None and before.layers == after.layers and before.decisions == after.decisions
+            and before.weight == after.weight)
+
+
+def _with_workload(part: _Part, workload: Workload) -> _Part:
+    return _Part(workload, part.profile, part.weight, part.names, part.layers, part.decisions)
+
+
+def _names(plan: LayerPlan) -> Set[str]:
+    names = plan.__dict__.get(NAMES)
+    if names is None:
+        names = plan.__dict__[NAMES] = {layer.name for layer in plan.layers}
+    return names
+

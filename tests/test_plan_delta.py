@@ -1,0 +1,206 @@
+"""Change proportional to the change: a batch of process events plans again only the workloads it
+touched (plan_delta) and the native backend applies that delta alone; a stream of such deltas
+leaves the host exactly as one whole plan, applied in full to the final state, does. The kernel
+is tests/fake_kernel.py's, the processes facts_builder's: nothing of the host is touched."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from facts_builder import FactsHost, profile
+from fake_kernel import FakeKernel
+from fixture_shapes import load_fixture_shape
+
+from temperd.backends.native.backend import NativeBackend
+from temperd.backends.native.cgroup_weight import CGROUPFS, CgroupWeights, WeightSupport
+from temperd.backends.native.idle_cgroup import IdleCgroup
+from temperd.backends.native.pmqos import PmQos
+from temperd.config.daemon_config import parse_config
+from temperd.decide import plan_delta as delta_module, planner
+from temperd.decide.hostview import decide
+from temperd.decide.matcher import Matcher
+from temperd.decide.trust import TrustPolicy
+
+SHAPE = load_fixture_shape("gcp-c2-standard-8")
+CPUS = sorted(cpu for core in SHAPE.cores for cpu in core.cpus)
+PROFILES = {p.id: p for p in (
+    profile("yielder", 'process_names = ["yld*"]',
+            'name = "bg"\nthread_names = ["bg-*"]\ntreatment = "yield"\nyield_policy = "batch"\nnice = 5'),
+    profile("mixed", 'process_names = ["mix*"]',
+            'name = "fast"\nthread_names = ["fast-*"]\ntreatment = "latency"\nnice = -5',
+            'name = "rest"\ncatch_all = true\ntreatment = "yield"\nyield_policy = "idle"'),
+    profile("db", 'process_names = ["db"]',
+            'name = "conn"\nthread_names = ["conn-*"]\ntreatment = "exclusive"',
+            'name = "rest"\ncatch_all = true\ntreatment = "yield"\nyield_policy = "batch"\nnice = 10'),
+)}
+CONFIG = parse_config("[tiers.standard]\nweight = 300\n", "temperd.toml")  # a weight unlike the kernel's 100
+VIEW = SimpleNamespace(shape=SHAPE, config=CONFIG, profiles=SimpleNamespace(active=PROFILES))
+THREAD_NAMES = ("bg-1", "bg-2", "fast-1", "conn-1", "conn-2", "zz", "worker")
+
+
+class Host:
+    """One daemon's view: processes (facts), the kernel, the matcher and the backend, driven as
+    Daemon.replan drives them after each batch of process events."""
+
+    def __init__(self, root: str, kernel: FakeKernel):
+        self.root, self.kernel = root, kernel
+        self.facts = FactsHost()
+        self.matcher = Matcher(CONFIG, PROFILES, trust=TrustPolicy(uid_min=1000))
+        os.makedirs(os.path.join(root, "run"), exist_ok=True)
+        self.backend = NativeBackend(
+            os.path.join(root, "run"), pmqos=PmQos(os.path.join(root, "cpu")), autogroup=False,
+            weights=CgroupWeights(WeightSupport(CGROUPFS, os.path.join(root, "cg"), "a directory of the test")),
+            idle_cgroup=IdleCgroup(why_not="no idle cgroup in a fake kernel"))
+        self.plan = None
+
+    def launch(self, name: str, threads, cgroup: bool) -> None:
+        path = None
+        if cgroup:
+            path = f"/tmpd/{name}-{len(self.facts.by_pid)}"
+            os.makedirs(os.path.join(self.root, "cg", path.lstrip("/")), exist_ok=True)
+            with open(os.path.join(self.root, "cg", path.lstrip("/"), "cpu.weight"), "w") as handle:
+                handle.write("100\n")
+        proc = self.facts.process(name, threads=[name, *threads], cgroup=path)
+        for t in proc.threads.values():
+            self.kernel.add(t.tid, t.pid, t.start_time, t.comm)
+
+    def threads(self):
+        return {tid: t for proc in self.facts.processes for tid, t in proc.threads.items()}
+
+    def replan(self, fresh=None, ended=()):
+        """Daemon.replan: after events (`fresh`, not None) the plan in force is the delta's start."""
+        threads = self.threads()
+        _match, layer_plan = decide(VIEW, self.matcher, self.facts.processes, memo=None,
+                                    previous=self.plan if fresh is not None else None)
+        if fresh is not None and layer_plan is self.plan:
+            result = self.backend.on_new_threads(fresh) if fresh else None
+        else:
+            result = self.backend.apply(layer_plan, threads, fresh)
+        if fresh is not None:
+            self.backend.forget_threads(list(ended), threads)
+        self.plan = layer_plan
+        assert result is None or not result.errors, result.errors
+
+    def held(self):
+        """What the backend holds: each thread's original where it applied something, and the weights."""
+        records = {key: (rec.original, dict(rec.applied)) for key, rec in self.backend.ledger.records.items()
+                   if rec.applied}
+        weights = {}
+        live = {proc.cgroup for proc in self.facts.processes}
+        for top, _dirs, files in os.walk(os.path.join(self.root, "cg")):
+            for name in files:
+                with open(os.path.join(top, name)) as handle:
+                    value = handle.read().strip()
+                cgroup = "/" + os.path.relpath(top, os.path.join(self.root, "cg"))
+                if cgroup in live:
+                    weights[cgroup] = value
+                else:  # its workload ended: its weight given back
+                    assert value == "100", (cgroup, value)
+        return records, weights
+
+
+def _act(host: Host, action: str, pick: int, name_pick: int):
+    """One batch of events; returns (new threads, ended tids)."""
+    procs = host.facts.processes
+    proc = procs[pick % len(procs)] if procs else None
+    comm = THREAD_NAMES[name_pick % len(THREAD_NAMES)]
+    if action == "spawn" or proc is None:
+        kind = ("yld", "mix", "mix2", "yld2", "db")[pick % 5]
+        host.launch(kind, [THREAD_NAMES[(name_pick + i) % len(THREAD_NAMES)] for i in range(pick % 4)],
+                   cgroup=bool(name_pick % 2))
+        new = host.facts.processes[-1]
+        return list(new.threads.values()), []
+    if action == "thread":
+        grown = host.facts.add_threads(proc, [comm])
+        (tid,) = set(grown.threads) - set(proc.threads)
+        t = grown.threads[tid]
+        host.kernel.add(tid, t.pid, t.start_time, t.comm)
+        return [t], []
+    if action == "rename":
+        tid = sorted(proc.threads)[name_pick % len(proc.threads)]
+        host.facts.rename_thread(proc, tid, comm)
+        host.kernel.rename(tid, comm)
+        return [], []
+    if action == "exit_thread" and len(proc.threads) > 1:
+        tid = sorted(proc.threads)[1 + name_pick % (len(proc.threads) - 1)]
+        host.facts.replace(proc, threads={k: v for k, v in proc.threads.items() if k != tid})
+        host.kernel.remove(tid)
+        return [], [tid]
+    host.facts.remove(proc)
+    for tid in proc.threads:
+        host.kernel.remove(tid)
+    return [], list(proc.threads)
+
+
+ACTIONS = st.lists(st.tuples(st.sampled_from(["spawn", "spawn", "thread", "rename", "exit_thread", "exit"]),
+                             st.integers(0, 50), st.integers(0, 50)), min_size=1, max_size=30)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ACTIONS)
+def test_a_stream_of_deltas_leaves_the_host_as_one_whole_apply_of_the_final_state(actions):
+    with tempfile.TemporaryDirectory() as root, pytest.MonkeyPatch.context() as patch:
+        kernel = FakeKernel(CPUS)
+        kernel.install(patch)
+        host = Host(os.path.join(root, "delta"), kernel)
+        host.launch("yld", ["bg-1", "worker"], cgroup=True)
+        host.launch("mix", ["fast-1", "zz"], cgroup=False)
+        host.replan()  # the start: a whole apply
+        for action, pick, name_pick in actions:
+            fresh, ended = _act(host, action, pick, name_pick)
+            host.replan(fresh, ended)
+        after_deltas, held = kernel.state(), host.held()
+
+        # The same final processes on a host temperd never touched, planned and applied whole.
+        whole_kernel = FakeKernel(CPUS)
+        whole_kernel.install(patch)
+        whole = Host(os.path.join(root, "whole"), whole_kernel)
+        for proc in host.facts.processes:
+            whole.facts.by_pid[proc.pid] = proc
+            for t in proc.threads.values():
+                whole_kernel.add(t.tid, t.pid, t.start_time, t.comm)
+            if proc.cgroup:
+                os.makedirs(os.path.join(whole.root, "cg", proc.cgroup.lstrip("/")), exist_ok=True)
+                with open(os.path.join(whole.root, "cg", proc.cgroup.lstrip("/"), "cpu.weight"), "w") as handle:
+                    handle.write("100\n")
+        whole.replan()
+        assert after_deltas == whole_kernel.state(), actions
+        assert held == whole.held(), actions
+
+
+def test_an_event_in_one_workload_plans_and_reads_that_workload_alone(tmp_path, monkeypatch):
+    kernel = FakeKernel(CPUS)
+    kernel.install(monkeypatch)
+    host = Host(str(tmp_path), kernel)
+    host.launch("db", ["conn-1", "zz"], cgroup=True)  # an exclusive group: CPUs of its own
+    for i in range(20):
+        host.launch(f"yld{i}", ["bg-1", "bg-2"], cgroup=bool(i % 2))
+    host.replan()
+    db_layers = [layer for layer in host.plan.layers if layer.workload.startswith("db")]
+    assert any(layer.cpus for layer in db_layers)
+
+    planned, whole = [], []
+    real = planner._workload_layers
+    monkeypatch.setattr(delta_module, "_workload_layers",
+                        lambda workload, *rest: planned.append(workload.key) or real(workload, *rest))
+    real_plan = planner.plan
+    monkeypatch.setattr("temperd.decide.hostview.plan", lambda *a, **k: whole.append(1) or real_plan(*a, **k))
+    kernel.reads.clear()
+    target = host.facts.processes[5]
+    fresh, _ = _act(host, "thread", 5, 0)  # a new bg-1 thread in one yielding process
+    host.replan(fresh, [])
+    assert not whole, "the whole plan was made for one workload's event"
+    assert planned == [host.matcher.match(host.facts.processes).workload_of(target.pid).key]
+    assert set(kernel.reads) == {fresh[0].tid}  # only the new thread was read
+    assert [layer for layer in host.plan.layers if layer.workload.startswith("db")] == db_layers
+    assert kernel.threads[fresh[0].tid].policy == 3  # SCHED_BATCH: the bg group's
+
+    # A new process with an exclusive group moves CPUs: the whole plan.
+    fresh, _ = _act(host, "spawn", 4, 1)
+    host.replan(fresh, [])
+    assert whole
