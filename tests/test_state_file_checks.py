@@ -131,3 +131,22 @@ def test_an_append_cut_short_by_a_full_disk_is_taken_back(tmp_path, monkeypatch)
     ledger.save()  # the change is written at the next save that can
     again = RestoreLedger(str(tmp_path))
     assert again.load() is True and again.get(101, 5101).applied == {NICE: 9} and not again.skipped
+
+
+def test_a_failed_append_that_cannot_be_cut_back_is_followed_by_a_whole_write(tmp_path, monkeypatch):
+    ledger = _saved(tmp_path, 3)
+    ledger.get(101, 5101).applied[NICE] = 9
+    _failing_writes(monkeypatch, ledger.path, after=20)
+
+    def refused(*_):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(state_file.os, "ftruncate", refused)
+    with pytest.raises(OSError):
+        ledger.save()
+    monkeypatch.undo()
+    ledger.get(102, 5102).applied[NICE] = 7
+    ledger.save()  # not appended after the 20 bytes left: they would spoil the line after them
+    again = RestoreLedger(str(tmp_path))
+    assert again.load() is True and not again.skipped
+    assert again.get(101, 5101).applied == {NICE: 9} and again.get(102, 5102).applied == {NICE: 7}
