@@ -23,11 +23,13 @@ import pytest
 import servers as S
 from test_metrics_http import hold_idle
 from temperd.control.client import request
-from thread_children import wait_for
+from temperd.daemon.main_loop import STARVED_RETRY_S
+from thread_children import holds, steady, wait_for
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
 
 BINDIR = os.path.dirname(sys.executable)
+STARVED_PASSES = 3  # starved passes through which the plan in force must stay
 
 PROFILE = """schema_version = 1
 id = "memcached"
@@ -396,8 +398,7 @@ def test_idle_connections_and_running_out_of_descriptors_do_not_stop_temperd(tmp
     temperd_.start(nofile=1024)
     try:
         wait_for(lambda: yielded(first.pid), 20, "tmpd-fd1 treated")
-        time.sleep(1.0)
-        base = temperd_.open_fds()
+        base = steady(temperd_.open_fds, "temperd's open descriptors")
         held = hold_idle(temperd_.port, 1100)
         try:
             assert len(held) >= MAX_CONNECTIONS + 500, len(held)
@@ -425,10 +426,10 @@ def test_idle_connections_and_running_out_of_descriptors_do_not_stop_temperd(tmp
             wait_for(lambda: "out of file descriptors" in starved.logtext(), 30,
                      f"a pass skipped for EMFILE (limit {base + 8}, {starved.open_fds()} open): {starved.logtext()}")
             third = named("tmpd-fd3")
-            for _ in range(10):
-                assert starved.proc.poll() is None, starved.logtext()
-                assert yielded(first.pid), "the plan in force stays"
-                time.sleep(0.3)
+            # Starved, temperd retries every STARVED_RETRY_S: what must stay true is checked all through
+            # STARVED_PASSES retries, and the log's count below says that they were skipped passes.
+            holds(lambda: starved.proc.poll() is None and yielded(first.pid), STARVED_PASSES * STARVED_RETRY_S,
+                  f"temperd alive and the plan in force kept: {starved.logtext()}")
         finally:
             for sock in held:
                 sock.close()
@@ -437,6 +438,8 @@ def test_idle_connections_and_running_out_of_descriptors_do_not_stop_temperd(tmp
         assert get(starved.port, "/metrics") == 200
         log = starved.logtext()
         assert log.count("out of file descriptors") == 1, log
+        skipped = int(log.split("file descriptors available again after ")[1].split()[0])
+        assert skipped >= STARVED_PASSES, log
         assert "file descriptors available again" in log and "Traceback" not in log, log
     finally:
         assert starved.stop() == 0, starved.logtext()

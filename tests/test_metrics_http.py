@@ -18,6 +18,7 @@ from temperd.observe.metrics import Metrics
 from temperd.observe.observer import BUSY_RATIO, Observer
 from temperd.plan import CONFINED, EXCLUSIVE, YIELD, OPEN, Layer, LayerPlan, MemberSelector
 from temperd.sources.inventory import Inventory
+from temperd.sources.procfs import read_schedstat
 from temperd.decide.matcher import MatchResult
 from temperd.sources.shape import read_shape
 
@@ -85,17 +86,14 @@ def test_real_prometheus_scrapes_temperd(api, tmp_path):
     proc = subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
                              f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def scraped():
+        try:
+            return json.loads(get(port, "/api/v1/query?query=temperd_config_generation")[2])["data"]["result"]
+        except OSError:
+            return None
     try:
-        deadline = time.monotonic() + 30
-        found = None
-        while time.monotonic() < deadline and not found:
-            time.sleep(1)
-            try:
-                reply = json.loads(get(port, "/api/v1/query?query=temperd_config_generation")[2])
-            except OSError:
-                continue
-            found = reply["data"]["result"]
-        assert found and found[0]["value"][1] == "3", found
+        found = wait_for(scraped, 30, "Prometheus's first scrape of temperd", step=0.5)
+        assert found[0]["value"][1] == "3", found
         targets = json.loads(get(port, "/api/v1/targets")[2])["data"]["activeTargets"]
         assert targets[0]["health"] == "up"
     finally:
@@ -130,7 +128,9 @@ def test_linter_sees_a_confined_member_running_outside_its_cpus(children):
     inventory.reconcile()
     observer = Observer(shape)
     observer.sample(plan, inventory.processes, MatchResult())
-    time.sleep(0.5)  # a window in which the hot thread runs on CPU 0
+    ran = read_schedstat(child.pid, hot).run_ns
+    # A window in which the hot thread runs on CPU 0: a third of a second on it.
+    wait_for(lambda: read_schedstat(child.pid, hot).run_ns - ran >= 0.3e9, 10, "the hot thread running on CPU 0")
     obs = observer.sample(plan, inventory.processes, MatchResult())
     seen = obs.member(hot)
     assert seen is not None and seen.cpu == 0 and seen.util >= BUSY_RATIO, seen

@@ -17,7 +17,9 @@ from temperd.plan import EXCLUSIVE, LATENCY, OPEN, YIELD, Layer, LayerPlan, Memb
 from temperd.decide.matcher import MatchResult
 from temperd.sources import runqlat as R
 from temperd.sources.inventory import Inventory
+from temperd.sources.procfs import read_schedstat
 from temperd.sources.shape import read_shape
+from thread_children import wait_for
 
 
 def test_slots_match_bcc_log2():
@@ -155,7 +157,8 @@ def test_observer_fills_the_histogram_from_schedstat_of_real_threads():
         telemetry = R.Telemetry(want_bpf=False)
         observer = Observer(read_shape(), telemetry=telemetry)
         observer.sample(plan, inventory.processes, MatchResult())
-        time.sleep(0.5)
+        slices = read_schedstat(pid, pid).slices
+        wait_for(lambda: read_schedstat(pid, pid).slices > slices + 60, 10, "60 wakeups of the waker")
         obs = observer.sample(plan, inventory.processes, MatchResult())
     finally:
         child.kill()

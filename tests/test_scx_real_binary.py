@@ -97,9 +97,13 @@ def rejected_by_binary(path: str) -> bool:
 
 
 def test_the_real_binary_runs_where_required():
-    """.ci/run sets TEMPERD_SCX_REQUIRE=1 when it has the binary: then a skip would hide a failure."""
-    if os.environ.get("TEMPERD_SCX_REQUIRE") == "1":
-        assert PREFIX is not None, f"real scx_layered cannot run here: {WHY_NOT}"
+    """.ci/run sets TEMPERD_SCX_REQUIRE=1 when it has the binary: then a skip would hide a failure.
+    Where a command prefix is found, it runs the real binary: a golden config parses through it."""
+    if PREFIX is None:
+        assert os.environ.get("TEMPERD_SCX_REQUIRE") != "1", f"real scx_layered cannot run here: {WHY_NOT}"
+        pytest.skip(f"real scx_layered cannot run here: {WHY_NOT}")
+    parsed = print_and_exit(PREFIX, GOLDEN[0])
+    assert parsed.accepted, f"{' '.join(PREFIX)} does not run scx_layered (exit {parsed.code}): {parsed.message}"
 
 
 def test_goldens_are_there():

@@ -11,6 +11,7 @@ import sys
 import time
 
 from fixture_shapes import load_fixture_shape
+from thread_children import wait_for
 
 from temperd.config.profile import parse_profile
 from temperd.decide.matcher import ThreadMatch, Workload
@@ -142,7 +143,7 @@ def test_four_busy_workers_get_two_cores_on_a_4_core_shape_and_are_demoted_on_a_
             assert proc.stdout.readline().strip() == "ready"
         tids = [proc.pid for proc in procs]
         history = WorkloadHistory("pool", half_life_s=3600.0)
-        sample_into(history, tids, samples=MIN_SAMPLES, interval_s=0.25)
+        sample_into(history, tids, samples=MIN_SAMPLES, run_s=0.1)  # 2.5 of their 40 ms bursts
     finally:
         for proc in procs:
             proc.kill()
@@ -209,7 +210,9 @@ while time.monotonic() < end:
 """
 
 
-def sample_into(history: WorkloadHistory, tids, samples: int, interval_s: float) -> None:
+def sample_into(history: WorkloadHistory, tids, samples: int, run_s: float) -> None:
+    """`samples` samples of the threads into history, each window ending once every thread ran
+    run_s in it (a crowded host makes the windows longer, never thinner)."""
     def read():
         out = {}
         for tid in tids:
@@ -220,7 +223,8 @@ def sample_into(history: WorkloadHistory, tids, samples: int, interval_s: float)
 
     before, at = read()
     for _ in range(samples):
-        time.sleep(interval_s)
+        wait_for(lambda: min(read()[0][tid][0] - before[tid][0] for tid in tids) >= run_s * 1e9, 10,
+                 f"{run_s} s run by each of {tids}", step=0.01)
         now, now_at = read()
         span = now_at - at
         history.record(now_at, [ThreadSample(tid, 0, f"worker{i}", "workers",

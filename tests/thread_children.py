@@ -175,6 +175,32 @@ def ticks_used_until(pids, total: int, timeout: float = 10.0) -> Dict[int, int]:
     return used()
 
 
+def tree_ticks(pid: int) -> int:
+    """utime + stime of a process and its living descendants, in clock ticks (0 once it is gone)."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for proc in procs:
+        try:
+            total += cpu_ticks(proc.pid)
+        except (OSError, ValueError):
+            continue  # exited since listed
+    return total
+
+
+def busy_until(pid: int, total: int, timeout: float = 20.0) -> None:
+    """Until a server (with the processes it forks per connection) used `total` ticks of CPU from
+    now: its clients are connected and served."""
+    start = tree_ticks(pid)
+    wait_for(lambda: tree_ticks(pid) - start >= total, timeout, f"{total} ticks of CPU used by pid {pid}'s tree",
+             step=0.1)
+
+
 def wait_until(predicate, timeout_s: float = 5.0, step_s: float = 0.02) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -184,15 +210,41 @@ def wait_until(predicate, timeout_s: float = 5.0, step_s: float = 0.02) -> bool:
     return predicate()
 
 
-def wait_for(condition, timeout: float = 10.0, what: str = "condition"):
-    """condition()'s first truthy value within timeout seconds; AssertionError naming `what` otherwise."""
+def wait_for(condition, timeout: float = 10.0, what: str = "condition", step: float = 0.05):
+    """condition()'s first truthy value within timeout seconds, asked every `step` seconds (a
+    condition that runs a command asks less often, so as not to load what it measures);
+    AssertionError naming `what` otherwise."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
-        time.sleep(0.05)
+        time.sleep(min(step, max(0.0, deadline - time.monotonic())))
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def holds(condition, seconds: float, what: str, step: float = 0.05) -> None:
+    """condition() true at every `step` for `seconds`: for what must stay true through a span that
+    the code under test measures on its own clock (a retry interval, say); AssertionError naming
+    `what` at the first read that is false."""
+    deadline = time.monotonic() + seconds
+    while True:
+        assert condition(), f"no longer true: {what}"
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(min(step, max(0.0, deadline - time.monotonic())))
+
+
+def steady(read, what: str, reads: int = 4, step: float = 0.1, timeout: float = 20.0):
+    """read()'s value once `reads` reads in a row, `step` seconds apart, agree: what a process
+    holds once its start-up is behind it, say."""
+    seen = []
+
+    def agree() -> bool:
+        seen.append(read())
+        return len(seen) >= reads and len(set(seen[-reads:])) == 1
+    wait_for(agree, timeout, f"{what} steady over {reads} reads (last: {seen[-reads:]})", step)
+    return seen[-1]
 
 
 def percpu_kthreads(cpu: int) -> List[int]:
