@@ -9,7 +9,7 @@ Usage (from the checkout):
 The synthetic trace is what a busy 10 s capture of an 8-CPU host looks like: 400 threads in
 20 processes on 8 CPUs; each step one CPU's running thread wakes another (sched_waking, then
 sched_wakeup on the target CPU) and is switched out, runnable or asleep; now and then a task
-migrates. Lines are written with temperd.trace_format, as a capture writes them. It is parsed
+migrates. Lines are written with temperd.trace.format, as a capture writes them. It is parsed
 plain and gzip-compressed.
 
 --pingpong runs two processes that bounce a byte through two pipes as fast as they can during
