@@ -11,6 +11,7 @@ import urllib.request
 from temperd.daemon.control import ControlServer
 from temperd.control.client import request
 from temperd.observe.http import HttpApi
+from thread_children import holds, steady
 
 
 def _wakeups(thread) -> int:
@@ -23,11 +24,10 @@ def _wakeups(thread) -> int:
 
 
 def _assert_sleeps_then_stops(server, thread_of):
-    time.sleep(0.3)  # past start-up
     thread = thread_of(server)
-    before = _wakeups(thread)
-    time.sleep(1.5)
-    assert _wakeups(thread) == before, "the accept thread woke with no client"
+    before = steady(lambda: _wakeups(thread), "the accept thread's wakeups")  # past start-up and the first client
+    # A timer to look for a stop would wake it several times a second.
+    holds(lambda: _wakeups(thread) == before, 1.5, "the accept thread sleeps with no client")
     started = time.monotonic()
     server.stop()
     assert time.monotonic() - started < 2.0 and not thread.is_alive()
