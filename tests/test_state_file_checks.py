@@ -64,9 +64,35 @@ def test_a_state_file_reached_through_a_symbolic_link_is_refused(tmp_path):
     assert "refused: a symbolic link, expected a regular file" in _refusal(tmp_path)
 
 
-def test_a_state_file_over_the_bound_is_refused_unread(tmp_path):
-    ledger = _saved(tmp_path)
-    os.truncate(ledger.path, state_file.MAX_FILE_BYTES + 1)  # sparse: no disk used
+def test_a_line_longer_than_the_file_bound_costs_only_itself(tmp_path, monkeypatch):
+    # One 100 MB line in a journal: the file is read line by line, that line through in pieces.
+    monkeypatch.setattr(state_file, "MAX_LINE_BYTES", 4096)
+    monkeypatch.setattr(state_file, "MAX_FILE_BYTES", 16384)
+    ledger = _saved(tmp_path, 2)
+    with open(ledger.path, "ab") as handle:
+        handle.write(b"x" * (state_file.MAX_FILE_BYTES * 3) + b"\n")
+        ledger.get(101, 5101).applied[NICE] = 9
+        handle.write(json.dumps({"thread": ledger.get(101, 5101).as_json()}).encode() + b"\n")
+    again = RestoreLedger(str(tmp_path))
+    assert again.load() is True and again.skipped == ["line 4"]
+    assert sorted(again.records) == [(100, 5100), (101, 5101)] and again.get(101, 5101).applied == {NICE: 9}
+
+
+def test_a_journal_past_the_read_bound_keeps_what_came_before_and_names_the_rest(tmp_path, monkeypatch):
+    monkeypatch.setattr(state_file, "MAX_READ_BYTES", 2048)
+    ledger = _saved(tmp_path, 2)
+    os.truncate(ledger.path, 1 << 40)  # sparse: a terabyte of zeros after the records, no disk used
+    again = RestoreLedger(str(tmp_path))
+    assert again.load() is True
+    assert sorted(again.records) == [(100, 5100), (101, 5101)]
+    assert len(again.skipped) == 1 and again.skipped[0].startswith("line 4 and after (past 2048 bytes")
+
+
+def test_a_version_1_file_over_the_bound_is_refused_unread(tmp_path):
+    path = tmp_path / "native-state.json"
+    path.write_bytes(b'{"version": 1, "threads": []}')
+    os.chmod(path, 0o600)
+    os.truncate(path, state_file.MAX_FILE_BYTES + 1)  # sparse: no disk used
     assert f"expected at most {state_file.MAX_FILE_BYTES}" in _refusal(tmp_path)
 
 

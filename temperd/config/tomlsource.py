@@ -123,12 +123,13 @@ def trust_problem(st: os.stat_result, owner: int = 0) -> Optional[str]:
     return None
 
 
-def read_config_bytes(path: str, require_trusted: bool = False, limit: int = MAX_FILE_BYTES,
-                      follow_symlinks: bool = True, owner: int = 0) -> bytes:
-    """A configuration file's content, read only if it is a regular file of at most `limit`
-    bytes (and, when required, trusted). The checks use the opened file itself, so the file that
-    was checked is the file that is read; O_NONBLOCK keeps a FIFO from blocking the open.
-    follow_symlinks=False refuses a symbolic link (files temperd writes itself are never one)."""
+def open_checked(path: str, require_trusted: bool = False, limit: Optional[int] = MAX_FILE_BYTES,
+                 follow_symlinks: bool = True, owner: int = 0) -> int:
+    """An open descriptor of a file that configures the daemon, checked on the opened file itself
+    (so the file checked is the file read): a regular file, of at most `limit` bytes (None: any
+    size, for a reader that streams it) and, when required, trusted. O_NONBLOCK keeps a FIFO from
+    blocking the open; follow_symlinks=False refuses a symbolic link (files temperd writes itself
+    are never one). ConfigError names the file and why it is refused."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
@@ -145,8 +146,19 @@ def read_config_bytes(path: str, require_trusted: bool = False, limit: int = MAX
         refused = trust_problem(st, owner) if require_trusted else None
         if refused:
             raise ConfigError([ConfigProblem(path, (), refused)])
-        if st.st_size > limit:
+        if limit is not None and st.st_size > limit:
             raise ConfigError([ConfigProblem(path, (), f"refused: {st.st_size} bytes, expected at most {limit}")])
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_config_bytes(path: str, require_trusted: bool = False, limit: int = MAX_FILE_BYTES,
+                      follow_symlinks: bool = True, owner: int = 0) -> bytes:
+    """A configuration file's content, read only if open_checked accepts it."""
+    fd = open_checked(path, require_trusted, limit, follow_symlinks, owner)
+    try:
         chunks, total = [], 0
         while total <= limit:
             try:

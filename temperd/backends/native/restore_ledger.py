@@ -21,6 +21,7 @@ import copy
 import functools
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
 
@@ -487,5 +488,5 @@ class RestoreLedger:
 
 def _position(where: str) -> int:
     """The line (or list index) a state-file entry's `where` names, to list them in file order."""
-    digits = "".join(char for char in where if char.isdigit())
-    return int(digits) if digits else 0
+    number = re.search(r"\d+", where)
+    return int(number.group()) if number else 0

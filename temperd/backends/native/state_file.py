@@ -26,8 +26,9 @@ A file of version 1 (one JSON document, written by an earlier release) is read a
 
 The file tells a root daemon what to set on any thread, so it is read only as temperd writes
 it, checked on the opened file like temperd.toml: a regular file (never through a symbolic
-link, a FIFO or a device), owned by the daemon's user, writable by nobody else, of at most
-MAX_FILE_BYTES, each line at most MAX_LINE_BYTES.
+link, a FIFO or a device), owned by the daemon's user, writable by nobody else. The journal is
+read line by line, so its size costs no memory: a line over MAX_LINE_BYTES costs its own entry,
+read through and never held. A file of version 1 is one document of at most MAX_FILE_BYTES.
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ import json
 import os
 import stat
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, BinaryIO, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from temperd.config.errors import ConfigError
-from temperd.config.tomlsource import read_config_bytes
+from temperd.config.tomlsource import open_checked
 from temperd.files import remove_unfinished_writes, write_atomically
 
 STATE_VERSION = 2
@@ -51,6 +52,10 @@ COMPACT_AFTER = 256  # appended lines before a whole rewrite is considered (and 
 # the longest one temperd writes.
 MAX_FILE_BYTES = 64 << 20
 MAX_LINE_BYTES = 8 << 20
+# What a start reads of a journal at most: the writer keeps it under MAX_FILE_BYTES, so more is
+# damage; what lies past this bound is skipped and named, not read for minutes.
+MAX_READ_BYTES = 4 * MAX_FILE_BYTES
+_REST = b"\n"  # in place of a line: the rest of the file, past MAX_READ_BYTES (a real line has no newline)
 
 ThreadKey = Tuple[int, int]
 Sections = Dict[str, Dict[str, Dict[str, Any]]]  # kind -> part -> key -> value
@@ -231,14 +236,21 @@ class StateFile:
         if not os.path.lexists(self.path):
             return None
         try:
-            raw = read_config_bytes(self.path, require_trusted=True, limit=MAX_FILE_BYTES, follow_symlinks=False,
-                                    owner=os.geteuid())
+            # No size bound on the open: a journal is read line by line (a line too long costs
+            # itself); only a file of version 1, one document, is bounded as a whole.
+            fd = open_checked(self.path, require_trusted=True, limit=None, follow_symlinks=False, owner=os.geteuid())
         except ConfigError as exc:
             raise StateFileError(f"{self.path}: {exc.problems[0].message}") from None
-        first, _, rest = raw.partition(b"\n")
-        header = _parse(first)
-        if isinstance(header, dict) and header.get("version") == STATE_VERSION:
-            return self._replay(rest)
+        with os.fdopen(fd, "rb") as handle:
+            first = handle.readline(MAX_LINE_BYTES + 1)
+            header = _parse(first)
+            if isinstance(header, dict) and header.get("version") == STATE_VERSION:
+                return self._replay(_journal_lines(handle))
+            size = os.fstat(fd).st_size
+            if size > MAX_FILE_BYTES:
+                raise StateFileError(f"{self.path}: refused: {size} bytes without a version {STATE_VERSION} header, "
+                                     f"expected at most {MAX_FILE_BYTES}")
+            raw = first + handle.read(MAX_FILE_BYTES)
         try:
             whole = json.loads(raw)
         except (ValueError, RecursionError) as exc:
@@ -253,15 +265,16 @@ class StateFile:
                     if name not in ("version", "writer_pid", "written_at", "threads")}
         return [(f"threads[{index}]", item) for index, item in enumerate(threads)], sections
 
-    def _replay(self, text: bytes) -> Tuple[List[Tuple[str, dict]], Sections]:
+    def _replay(self, lines: Iterable[Optional[bytes]]) -> Tuple[List[Tuple[str, dict]], Sections]:
         threads: Dict[ThreadKey, Tuple[str, dict]] = {}
         sections: Sections = {}
-        # What follows the last newline is empty, or a line a kill cut short: dropped.
-        lines = text.split(b"\n")[:-1]
         for number, line in enumerate(lines, start=2):
             where = f"line {number}"
+            if line is _REST:  # the last item
+                self.skipped.append(f"line {number} and after (past {MAX_READ_BYTES} bytes)")
+                break
             try:
-                if len(line) > MAX_LINE_BYTES:
+                if line is None:
                     raise ValueError("too long")
                 entry = json.loads(line)
                 if "thread" in entry:
@@ -277,6 +290,30 @@ class StateFile:
             except (KeyError, TypeError, ValueError, AttributeError, RecursionError):
                 self.skipped.append(where)  # this entry is lost; the others still count
         return list(threads.values()), sections
+
+
+def _journal_lines(handle: BinaryIO) -> Iterator[Optional[bytes]]:
+    """Each complete line of the journal after its header, without its newline; None for a line
+    over MAX_LINE_BYTES, read through in pieces and never held whole. What follows the last
+    newline (empty, or a line a kill cut short) is not a line. _REST once past MAX_READ_BYTES."""
+    while True:
+        if handle.tell() > MAX_READ_BYTES:
+            yield _REST
+            return
+        line = handle.readline(MAX_LINE_BYTES + 1)
+        if line.endswith(b"\n"):
+            yield line[:-1]
+            continue
+        if len(line) <= MAX_LINE_BYTES:
+            return  # the end of the file: nothing, or a last line cut short
+        while not line.endswith(b"\n") and handle.tell() <= MAX_READ_BYTES:
+            line = handle.readline(MAX_LINE_BYTES)
+            if not line:
+                return  # a last line cut short, whatever its length
+        if not line.endswith(b"\n"):
+            yield _REST  # left unfinished at the read bound
+            return
+        yield None
 
 
 def _parse(line: bytes) -> Any:
