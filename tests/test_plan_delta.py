@@ -10,7 +10,7 @@ import tempfile
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from facts_builder import FactsHost, profile
 from fake_kernel import FakeKernel
@@ -62,9 +62,7 @@ class Host:
         path = None
         if cgroup:
             path = f"/tmpd/{name}-{len(self.facts.by_pid)}"
-            os.makedirs(os.path.join(self.root, "cg", path.lstrip("/")), exist_ok=True)
-            with open(os.path.join(self.root, "cg", path.lstrip("/"), "cpu.weight"), "w") as handle:
-                handle.write("100\n")
+            _cgroup(self.root, path)
         proc = self.facts.process(name, threads=[name, *threads], cgroup=path)
         for t in proc.threads.values():
             self.kernel.add(t.tid, t.pid, t.start_time, t.comm)
@@ -102,6 +100,15 @@ class Host:
                 else:  # its workload ended: its weight given back
                     assert value == "100", (cgroup, value)
         return records, weights
+
+
+def _cgroup(root: str, path: str) -> None:
+    """A cgroup directory with the kernel's default weight, unless it exists (two processes may share one)."""
+    weight = os.path.join(root, "cg", path.lstrip("/"), "cpu.weight")
+    if not os.path.exists(weight):
+        os.makedirs(os.path.dirname(weight), exist_ok=True)
+        with open(weight, "w") as handle:
+            handle.write("100\n")
 
 
 def _act(host: Host, action: str, pick: int, name_pick: int):
@@ -143,6 +150,7 @@ ACTIONS = st.lists(st.tuples(st.sampled_from(["spawn", "spawn", "thread", "renam
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ACTIONS)
+@example([("spawn", 0, 1), ("exit", 0, 0), ("spawn", 0, 1)])  # two workloads in one cgroup
 def test_a_stream_of_deltas_leaves_the_host_as_one_whole_apply_of_the_final_state(actions):
     with tempfile.TemporaryDirectory() as root, pytest.MonkeyPatch.context() as patch:
         kernel = FakeKernel(CPUS)
@@ -165,9 +173,7 @@ def test_a_stream_of_deltas_leaves_the_host_as_one_whole_apply_of_the_final_stat
             for t in proc.threads.values():
                 whole_kernel.add(t.tid, t.pid, t.start_time, t.comm)
             if proc.cgroup:
-                os.makedirs(os.path.join(whole.root, "cg", proc.cgroup.lstrip("/")), exist_ok=True)
-                with open(os.path.join(whole.root, "cg", proc.cgroup.lstrip("/"), "cpu.weight"), "w") as handle:
-                    handle.write("100\n")
+                _cgroup(whole.root, proc.cgroup)
         whole.replan()
         assert after_deltas == whole_kernel.state(), actions
         assert held == whole.held(), actions
@@ -204,3 +210,28 @@ def test_an_event_in_one_workload_plans_and_reads_that_workload_alone(tmp_path, 
     fresh, _ = _act(host, "spawn", 4, 1)
     host.replan(fresh, [])
     assert whole
+
+
+def test_a_new_workload_whose_layer_name_is_taken_gets_a_suffix_not_the_whole_plan(tmp_path, monkeypatch):
+    """Keys cut at the 63-byte limit of a layer name meet (a long unit or profile id): the
+    delta names the newcomer's layer with the first free suffix instead of planning every workload."""
+    long_id = "a-profile-with-an-id-long-enough-to-cut-its-layer-names-short"
+    profiles = {**PROFILES, long_id: profile(long_id, 'process_names = ["longer*"]',
+                                             'name = "bg"\nthread_names = ["bg-*"]\ntreatment = "yield"')}
+    monkeypatch.setattr(VIEW.profiles, "active", profiles)
+    kernel = FakeKernel(CPUS)
+    kernel.install(monkeypatch)
+    host = Host(str(tmp_path), kernel)
+    host.matcher = Matcher(CONFIG, profiles, trust=TrustPolicy(uid_min=1000))
+    host.launch("longer", ["bg-1"], cgroup=False)
+    host.replan()
+    whole = []
+    real_plan = planner.plan
+    monkeypatch.setattr("temperd.decide.hostview.plan", lambda *a, **k: whole.append(1) or real_plan(*a, **k))
+    for _ in range(3):
+        host.launch("longer", ["bg-1"], cgroup=False)
+        host.replan(list(host.facts.processes[-1].threads.values()), [])
+    names = [layer.name for layer in host.plan.layers]
+    assert not whole and len(names) == len(set(names)) == 4 and all(len(n) <= 63 for n in names)
+    assert all(kernel.threads[t.tid].policy == 5 for p in host.facts.processes for t in p.threads.values()
+               if t.comm == "bg-1")  # SCHED_IDLE: the group's yield

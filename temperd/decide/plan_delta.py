@@ -9,10 +9,10 @@ of the workloads that changed or ended, and adds those of the changed ones, plan
 It declines (None: the caller makes the whole plan) where one workload's change reaches
 others: a workload that holds or wants CPUs of its own (an exclusive group, a critical tier
 with a budget: the CPUs of every later one would move), a PM QoS bound, a tier change, a
-profile that is not loaded, a layer name another workload already has (the order of workloads
-decides who gets the suffix), or other settings. The layers of the workloads it planned again
-go at the end: no layer of one workload selects another's threads, so their order is the
-plan's only where a backend tries one workload's layers in turn, and those keep theirs.
+profile that is not loaded, or other settings. A layer name another workload already has gets
+the first free suffix (plan() gives them in its order of workloads). The layers of the workloads
+it planned again go at the end: no layer of one workload selects another's threads, so their
+order is the plan's only where a backend tries one workload's layers in turn, and those keep theirs.
 """
 
 from __future__ import annotations
@@ -108,9 +108,15 @@ def _plan_one(workload: Workload, before: Optional[_Part], profiles: Mapping[str
     given: List[str] = []
 
     def unique(name: str) -> str:
+        """As plan() names a layer, but for the suffix of a name taken (keys cut at the
+        length limit meet): the first free one here, where plan() counts in its order of
+        workloads. The names stay unique; a workload keeps its layers' names while it lives."""
         name = name[:LAYER_NAME_MAX]
-        if name in names:
-            raise _Declined  # a suffix, which the order of every workload decides
+        count = 1
+        while name in names:
+            count += 1
+            suffix = f"-{count}"
+            name = name[:LAYER_NAME_MAX - len(suffix)] + suffix
         names.add(name)
         given.append(name)
         return name
