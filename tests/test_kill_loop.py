@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from test_daemon_e2e import Temperd
+from test_daemon_e2e import Temperd, task_stat, threads_by_name
 from thread_children import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -112,6 +112,13 @@ def matched(daemon) -> bool:
         return False
 
 
+def applied(pid: int) -> bool:
+    """The profile in force on the workload: its latency thread at nice -5, the rest at nice 10."""
+    names = threads_by_name(pid)
+    return ("kl-0" in names and "bg-0" in names and all(task_stat(pid, tid)["nice"] == -5 for tid in names["kl-0"])
+            and all(task_stat(pid, tid)["nice"] == 10 for tid in names["bg-0"]))
+
+
 def test_kill_9_during_start_and_apply_then_a_clean_run_leaves_every_thread_as_it_was(tmp_path):
     rng = random.Random(SEED)
     online = frozenset(os.sched_getaffinity(0))
@@ -134,7 +141,7 @@ def test_kill_9_during_start_and_apply_then_a_clean_run_leaves_every_thread_as_i
             time.sleep(rng.uniform(0.1, 0.5))  # children fork while no temperd runs
         daemon.start()  # a killed run's socket file may still be there: wait for an answer
         wait_for(lambda: matched(daemon), 20, "the workload matched after the kills")
-        time.sleep(1.0)
+        wait_for(lambda: applied(workload.pid), 20, "the clean run's treatment on the workload's threads")
         assert daemon.stop() == 0, daemon.logtext()[-3000:]
         after = settings_of_every_thread()
         ours = {key for key, value in after.items()

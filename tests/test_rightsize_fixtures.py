@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
 import cgroup_fixtures as F
+from temperd.observe.workload_watch import TRACK_AFTER_S
 from test_daemon_e2e import Temperd
+from thread_children import wait_for
 
 pytestmark = [pytest.mark.slow]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PHASE_S = 20.0
+SAMPLE_LAG_S = 2.0  # a phase's history may end this much short of it: a sample a second, taken late
 
 
 class WatchTemperd(Temperd):
@@ -50,6 +53,41 @@ def duty_cycle(cgroup, *threads):
     return proc
 
 
+def history_of(answer: dict) -> tuple:
+    """(seconds, samples) of the history behind a rightsize answer, as its reason gives them."""
+    found = re.search(r"history (\d+) s, (\d+) samples", answer["reason"])
+    assert found, answer["reason"]
+    return int(found[1]), int(found[2])
+
+
+def answer_when(daemon, cgroups, enough, timeout: float = 30.0) -> dict:
+    """`temperctl rightsize`'s answer, by cgroup path, once the answer for each of `cgroups` is
+    enough; asked once a second."""
+    paths = [c.path for c in cgroups]
+
+    def answered():
+        got = daemon.ask("rightsize")
+        return got if all(p in got and enough(got[p]) for p in paths) else None
+    return wait_for(answered, timeout, f"a rightsize answer for {paths}", step=1.0)
+
+
+def age_s(pid: int) -> float:
+    """How long a process has run, from its start time in /proc."""
+    with open(f"/proc/{pid}/stat") as handle:
+        started = int(handle.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+    with open("/proc/uptime") as handle:
+        return float(handle.read().split()[0]) - started
+
+
+def after_a_phase(daemon, fixtures, cgroups) -> dict:
+    """The rightsize answer once the fixtures have run PHASE_S (their age, read from /proc: what
+    the two CPUs they are measured on are not asked for) and the answer for each cgroup covers
+    the phase (the sampler takes a workload up once its oldest process has run TRACK_AFTER_S)."""
+    wait_for(lambda: min(age_s(f.pid) for f in fixtures) >= PHASE_S, PHASE_S + 10,
+             f"the fixtures running for {PHASE_S:g} s", step=0.2)
+    return answer_when(daemon, cgroups, lambda answer: history_of(answer)[0] >= PHASE_S - TRACK_AFTER_S - SAMPLE_LAG_S)
+
+
 def bindings(*cgroups) -> str:
     return "".join(f'[[binding]]\ncgroup = "{c.path}"\n' for c in cgroups)
 
@@ -69,15 +107,12 @@ def test_rightsizing_counts_hot_threads_and_keeps_its_history_across_a_restart(t
         try:
             first = [duty_cycle(hot, "hot=100/100", *(f"light{i}=10/100" for i in range(7))),
                      duty_cycle(bursty, "burst=burst:2/10")]
-            time.sleep(PHASE_S)
-            phase_a = daemon.ask("rightsize")
+            phase_a = after_a_phase(daemon, first, (hot, bursty))
             print(daemon.temperctl("rightsize").stdout)
             for proc in first:
                 proc.kill()
-            duty_cycle(even, *(f"even{i}=15/100" for i in range(8)))
-            duty_cycle(capped, "capped=100/100")
-            time.sleep(PHASE_S)
-            phase_b = daemon.ask("rightsize")
+            second = [duty_cycle(even, *(f"even{i}=15/100" for i in range(8))), duty_cycle(capped, "capped=100/100")]
+            phase_b = after_a_phase(daemon, second, (even, capped))
             print(daemon.temperctl("rightsize").stdout)
         finally:
             daemon.stop()
@@ -105,8 +140,9 @@ def test_rightsizing_counts_hot_threads_and_keeps_its_history_across_a_restart(t
         again = WatchTemperd(tmp_path / "again", settings)
         again.start()
         try:
-            time.sleep(3)
-            after = again.ask("rightsize", "--unit", capped.path)
+            # At once from the history, then with a sample of this run on top (saved at the stop).
+            loaded = history_of(answer_when(again, (capped,), lambda answer: True)[capped.path])[1]
+            after = answer_when(again, (capped,), lambda answer: history_of(answer)[1] > loaded)
         finally:
             again.stop()
         assert [t["comm"] for t in after[capped.path]["hot_threads"]] == ["capped"]
@@ -150,8 +186,7 @@ def fixed_phases(tmp_path, binary, spinners: int) -> dict:
             for cgroup, threads in ((hot, ["hot=100/100"] + [f"light{i}=10/100" for i in range(7)]),
                                     (even, [f"even{i}=15/100" for i in range(8)])):
                 proc = fixed(cgroup, binary, *threads)
-                time.sleep(PHASE_S)
-                got[cgroup.path] = daemon.ask("rightsize", "--unit", cgroup.path)[cgroup.path]
+                got[cgroup.path] = after_a_phase(daemon, (proc,), (cgroup,))[cgroup.path]
                 proc.kill()
                 proc.wait()
         finally:

@@ -16,7 +16,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 from typing import Iterator, Optional
@@ -24,6 +23,7 @@ from typing import Iterator, Optional
 import pytest
 
 import servers as S
+from thread_children import busy_until
 from temperd.decide.matcher import fingerprint_reason, selector_reason
 from temperd.config.profile import Profile, load_profile
 
@@ -31,6 +31,7 @@ pytestmark = pytest.mark.servers
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 LOAD_S = 2.0
+LOAD_BUSY_TICKS = 10  # a tenth of a second of CPU on the server: its load connected and served
 
 
 def profile(profile_id: str) -> Profile:
@@ -175,7 +176,7 @@ def test_mariadb_connection_threads_by_version():
     prof = profile("mysql-innodb")
     with started(S.mariadb_server) as server:
         load = server.start_load(LOAD_S)
-        time.sleep(0.8)  # sysbench connected and busy
+        busy_until(server.pid, LOAD_BUSY_TICKS)  # sysbench connected and busy
         roles = S.mariadb_thread_roles(server)
         names = S.thread_names(server.pid)
         load_result = load.wait()
