@@ -41,7 +41,8 @@ def generate(rate: float, duration: float) -> int:
 
 def measure(daemon, rate: float, duration: float) -> Dict[str, object]:
     hz = os.sysconf("SC_CLK_TCK")
-    replans0 = int(daemon.status(timeout=30)["replans"])
+    status0 = daemon.status(timeout=30)
+    replans0, events0 = int(status0["replans"]), int(status0["inventory"]["events_received"])
     monitor = HostMonitor()
     monitor.start()
     ticks0, t0 = daemon.cpu_ticks(), time.monotonic()
@@ -49,11 +50,13 @@ def measure(daemon, rate: float, duration: float) -> Dict[str, object]:
     wall = time.monotonic() - t0
     ticks1 = daemon.cpu_ticks()
     window = monitor.stop()
-    replans1 = int(daemon.status(timeout=30)["replans"])
+    status1 = daemon.status(timeout=30)
+    replans1, events1 = int(status1["replans"]), int(status1["inventory"]["events_received"])
     cpu_s = (ticks1 - ticks0) / hz
     return {"rate_asked": rate, "rate_made": made / wall, "execs": made, "cpu_s": cpu_s, "wall_s": wall,
             "daemon_cpu_pct_of_core": 100.0 * cpu_s / wall,
-            "replans": replans1 - replans0, "host_idle_pct": window.idle_pct,
+            "replans": replans1 - replans0, "events": events1 - events0,
+            "daemon_cpu_us_per_event": 1e6 * cpu_s / max(1, events1 - events0), "host_idle_pct": window.idle_pct,
             "foreign_cpu_pct_of_core": window.foreign_core_pct, "foreign_top": window.foreign_top}
 
 
@@ -87,12 +90,15 @@ def main() -> int:
         return 0
     print(host_description())
     print(f"temperd from {args.tree or 'this checkout'}; builtin profiles; /bin/true exec'd for {args.duration:.0f} s per rate")
-    print("us/exec: the daemon's CPU above its own idle window's rate, per exec")
-    print(f"{'asked/s':>8} {'made/s':>7} {'% core':>7} {'us/exec':>8} {'replans':>8} {'idle %':>7} {'foreign % core':>15}")
+    print("us/exec: the daemon's CPU above its own idle window's rate, per exec; us/event: all of its CPU per "
+          "process event it received (the host's other processes' events count too)")
+    print(f"{'asked/s':>8} {'made/s':>7} {'% core':>7} {'us/exec':>8} {'events/s':>9} {'us/event':>9} {'replans':>8} "
+          f"{'idle %':>7} {'foreign % core':>15}")
     for r in [idle] + rows:
         per = r["daemon_cpu_us_per_exec"]
         print(f"{r['rate_asked']:>8.0f} {r['rate_made']:>7.0f} {r['daemon_cpu_pct_of_core']:>7.2f} "
-              f"{'-' if per is None else f'{per:.0f}':>8} {r['replans']:>8} {r['host_idle_pct']:>7.0f} "
+              f"{'-' if per is None else f'{per:.0f}':>8} {r['events'] / r['wall_s']:>9.0f} "
+              f"{r['daemon_cpu_us_per_event']:>9.0f} {r['replans']:>8} {r['host_idle_pct']:>7.0f} "
               f"{r['foreign_cpu_pct_of_core']:>15.0f}  {r['foreign_top'] or ''}")
     return 0
 

@@ -5,7 +5,9 @@ candidate, or descends from a tracked one, is tracked."""
 
 from __future__ import annotations
 
+import select
 import struct
+import subprocess
 import time
 from types import SimpleNamespace
 
@@ -18,7 +20,7 @@ from temperd.decide.trust import TrustPolicy
 from temperd.sources import procfs, proc_connector
 from temperd.sources.changes import NEW_PROCESS
 from temperd.sources.inventory import Inventory
-from temperd.sources.proc_connector import Batch, ConnectorUnavailable, ProcConnector, ProcEvent
+from temperd.sources.proc_connector import Batch, ProcConnector, ProcEvent
 
 TRUST = TrustPolicy(uid_min=1000)
 
@@ -111,29 +113,36 @@ def _payload(message: bytes) -> bytes:
     return message[16 + 20:]
 
 
-def test_the_event_filter_is_asked_for_and_a_kernel_refusing_it_gets_the_plain_subscription(monkeypatch):
-    monkeypatch.setattr(proc_connector, "kernel_release", lambda: (6, 18))
-    answers = iter([ConnectorUnavailable("no ack"), None])
-
-    def ack(self, sock, cookie, timeout):
-        answer = next(answers)
-        if answer is not None:
-            raise answer
-
-    monkeypatch.setattr(ProcConnector, "_wait_for_ack", ack)
-    connector, sock = ProcConnector(), FakeSocket()
-    connector._subscribe(sock, 1.0)
-    assert struct.unpack("=II", _payload(sock.sent[0])) == (proc_connector.PROC_CN_MCAST_LISTEN,
-                                                            proc_connector.WANTED_EVENTS)
-    assert struct.unpack("=I", _payload(sock.sent[1])) == (proc_connector.PROC_CN_MCAST_LISTEN,)
-    assert connector.filter.startswith("none: the kernel refused")
-
-
-def test_a_kernel_before_6_6_is_not_asked_for_the_filter(monkeypatch):
-    monkeypatch.setattr(proc_connector, "kernel_release", lambda: (6, 1))
+def _subscribed(monkeypatch, release):
+    monkeypatch.setattr(proc_connector, "kernel_release", lambda: release)
     monkeypatch.setattr(ProcConnector, "_wait_for_ack", lambda self, sock, cookie, timeout: None)
     connector, sock = ProcConnector(), FakeSocket()
     connector._subscribe(sock, 1.0)
+    return connector, sock
+
+
+def _datagram(what: int, pid: int) -> bytes:
+    data = struct.pack("=IIQ", what, 0, time.monotonic_ns()) + struct.pack("=ii", pid, pid) + bytes(16)
+    cn = struct.pack("=IIIIHH", proc_connector.CN_IDX_PROC, proc_connector.CN_VAL_PROC, 0, 0, len(data), 0) + data
+    return struct.pack("=IHHII", 16 + len(cn), proc_connector.NLMSG_DONE, 0, 0, 0) + cn
+
+
+def test_the_event_filter_is_asked_for_after_the_plain_subscription_and_a_kernel_ignoring_it_is_noticed(monkeypatch):
+    connector, sock = _subscribed(monkeypatch, (6, 18))
+    assert struct.unpack("=I", _payload(sock.sent[0])) == (proc_connector.PROC_CN_MCAST_LISTEN,)  # acknowledged
+    assert struct.unpack("=II", _payload(sock.sent[1])) == (proc_connector.PROC_CN_MCAST_LISTEN,
+                                                            proc_connector.WANTED_EVENTS)
+    assert connector.filter == "kernel filter: fork, exec, comm, exit only"
+    # a kernel that took the 8-byte request for nothing sends a uid change (0x4) all the same
+    queued = [_datagram(proc_connector.PROC_EVENT_EXEC, 10), _datagram(0x4, 11)]
+    connector._sock = SimpleNamespace(recv=lambda size: queued.pop(0) if queued else (_ for _ in ()).throw(
+        BlockingIOError()))
+    assert [e.kind for e in connector.drain().events] == ["exec", "other"]
+    assert connector.filter.startswith("none: the kernel ignored the event-type filter")
+
+
+def test_a_kernel_before_6_6_is_not_asked_for_the_filter(monkeypatch):
+    connector, sock = _subscribed(monkeypatch, (6, 1))
     assert len(sock.sent) == 1 and len(_payload(sock.sent[0])) == 4
     assert "6.1 has no event-type filter" in connector.filter
 
@@ -142,14 +151,6 @@ def test_the_kernel_release_is_read_as_major_and_minor():
     assert proc_connector.kernel_release("6.18.44-fc-v657") == (6, 18)
     assert proc_connector.kernel_release("5.4.0-150-generic") == (5, 4)
     assert proc_connector.kernel_release("6.6-rc1") == (6, 6)
-
-
-def test_a_kernel_with_the_filter_delivers_only_what_it_is_asked_for(monkeypatch):
-    monkeypatch.setattr(proc_connector, "kernel_release", lambda: (6, 18))
-    monkeypatch.setattr(ProcConnector, "_wait_for_ack", lambda self, sock, cookie, timeout: None)
-    connector, sock = ProcConnector(), FakeSocket()
-    connector._subscribe(sock, 1.0)
-    assert len(sock.sent) == 1 and connector.filter == "kernel filter: fork, exec, comm, exit only"
 
 
 # -- the inventory with light processes (real processes, events given) -----------------------------
@@ -228,3 +229,26 @@ def test_a_scan_reads_threads_of_tracked_processes_only(spawn, counted):
     assert all(t.pid != light.pid for t in inventory.snapshot().threads.values() if t.tid != light.pid)
     again = inventory.reconcile()
     assert all(change.pid != light.pid for change in again.changes)
+
+
+def test_this_kernel_takes_the_filter_and_still_sends_execs():
+    connector = ProcConnector()
+    try:
+        connector.open()
+    except proc_connector.ConnectorUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        if proc_connector.kernel_release() < proc_connector.FILTER_SINCE:
+            pytest.skip("the kernel predates the event-type filter")
+        child = subprocess.Popen(["setsid", "/bin/true"])  # a sid change (kept out) and an exec (let in)
+        child.wait()
+        seen = []
+        deadline = time.monotonic() + 5
+        while not any(e.kind == "exec" and e.pid == child.pid for e in seen) and time.monotonic() < deadline:
+            select.select([connector.fileno()], [], [], 0.1)
+            seen.extend(connector.drain().events)
+        assert any(e.kind == "exec" and e.pid == child.pid for e in seen)
+        assert not [e for e in seen if e.kind == "other"]
+        assert connector.filter == "kernel filter: fork, exec, comm, exit only"
+    finally:
+        connector.close()

@@ -54,8 +54,7 @@ _EXIT = struct.Struct("=iiII")  # pid, tgid, exit_code, exit_signal
 _ACK = struct.Struct("=I")
 
 # Linux 6.6 takes, with PROC_CN_MCAST_LISTEN, a mask of the event types a socket wants
-# (struct proc_input { mcast_op; event_type; }); older kernels drop a message of that size
-# without an ack. temperd needs forks (new threads of tracked processes, their children), execs,
+# (struct proc_input { mcast_op; event_type; }); older kernels drop a message of that size. temperd needs forks (new threads of tracked processes, their children), execs,
 # renames and exits (ended threads leave the plan); the filter keeps out the rest (setuid,
 # setgid, setsid, ptrace and core dump events), which the kernel otherwise sends to every listener.
 FILTER_SINCE = (6, 6)
@@ -169,6 +168,7 @@ class ProcConnector:
         self.rcvbuf_bytes = rcvbuf_bytes
         self.want_filter = event_filter
         self.filter = "none"  # which event types the kernel delivers to this socket, said for status
+        self._filtered = False
         self._sock: Optional[socket.socket] = None
         self._pending: List[ProcEvent] = []
         self._overflow_pending = False
@@ -206,25 +206,29 @@ class ProcConnector:
         self._sock = sock
 
     def _subscribe(self, sock: socket.socket, ack_timeout_s: float) -> None:
-        """LISTEN with the event-type filter where the kernel has it, else (or where it is refused
-        or not acknowledged: a kernel that drops the longer message) without."""
-        release = kernel_release()
-        if self.want_filter and release >= FILTER_SINCE:
-            cookie = random.randrange(1, 1 << 31)
-            try:
-                sock.send(_control_message(PROC_CN_MCAST_LISTEN, cookie, WANTED_EVENTS))
-                self._wait_for_ack(sock, cookie, min(ack_timeout_s, 0.5))
-                self.filter = f"kernel filter: {_WANTED_NAMES} only"
-                return
-            except (OSError, ConnectorUnavailable) as exc:
-                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not acknowledged"
-                self.filter = f"none: the kernel refused the event-type filter ({why}); every event type delivered"
-        elif self.want_filter:
-            self.filter = (f"none: Linux {release[0]}.{release[1]} has no event-type filter (since "
-                           f"{FILTER_SINCE[0]}.{FILTER_SINCE[1]}); every event type delivered")
+        """LISTEN, acknowledged; then, where the kernel has it, LISTEN again with the event-type
+        filter. That one is not acknowledged: the kernel sends its ack through the socket's new
+        filter, which drops it (an ack is no event type). A kernel that ignores the longer message
+        keeps sending every type: drain() then says the filter is not in force."""
         cookie = random.randrange(1, 1 << 31)
         sock.send(_control_message(PROC_CN_MCAST_LISTEN, cookie))
         self._wait_for_ack(sock, cookie, ack_timeout_s)
+        release = kernel_release()
+        if not self.want_filter:
+            self.filter = "none (not asked for)"
+        elif release < FILTER_SINCE:
+            self.filter = (f"none: Linux {release[0]}.{release[1]} has no event-type filter (since "
+                           f"{FILTER_SINCE[0]}.{FILTER_SINCE[1]}); every event type delivered")
+        else:
+            sock.send(_control_message(PROC_CN_MCAST_LISTEN, random.randrange(1, 1 << 31), WANTED_EVENTS))
+            self.filter = f"kernel filter: {_WANTED_NAMES} only"
+            self._filtered = True
+
+    def _unfiltered(self, event: ProcEvent) -> None:
+        """An event the filter keeps out arrived: the kernel did not take the filter."""
+        self._filtered = False
+        self.filter = (f"none: the kernel ignored the event-type filter (a {event.what:#x} event came); "
+                       "every event type delivered")
 
     def _set_rcvbuf(self, sock: socket.socket) -> None:
         if not self.rcvbuf_bytes:
@@ -312,6 +316,8 @@ class ProcConnector:
             for event in decode_datagram(data):
                 if event.kind != "ack":
                     events.append(event)
+                    if self._filtered and not event.what & WANTED_EVENTS:
+                        self._unfiltered(event)
         return batch
 
     def close(self) -> None:
