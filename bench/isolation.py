@@ -602,7 +602,8 @@ def size_loads(args: argparse.Namespace, workload: W.Workload, server, timeout_s
                                  f"{(out.stdout + out.stderr).strip()[-300:]}")
             rates.append(workload.parse_open(out.stdout, out_dir, None).achieved)
     capacity = T.median(rates)
-    print(f"stock on the idle host, {workload.open_tool} closed loop ({workload.open_connections()} connections): "
+    print(f"stock on the idle host, {workload.open_tool} without a rate (closed loop, {workload.open_connections()} "
+          "connections): "
           + ", ".join(f"{r:,.0f}" for r in rates) + f"/s; median {capacity:,.0f}/s")
     variants = [O.load_variant(x) for x in args.loads]
     return variants, {O.load_variant(x): workload.offered_rate(x * capacity) for x in args.loads}, capacity
