@@ -17,8 +17,10 @@ order is the plan's only where a backend tries one workload's layers in turn, an
 
 from __future__ import annotations
 
+import itertools
+import operator
 import weakref
-from typing import Dict, List, Mapping, Optional, Sequence, Set
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from temperd.config.profile import Profile
 from temperd.decide.matcher import Workload
@@ -42,22 +44,35 @@ def plan_delta(previous: LayerPlan, workloads: Sequence[Workload], profiles: Map
     if kept is None or kept[0] != settings or previous.errors:
         return None
     parts: Dict[str, _Part] = kept[1]
-    # A pointer comparison per live workload: the matcher hands back the very object it did not rebuild.
-    changed = [w for w in workloads if getattr(parts.get(w.key), "workload", None) is not w]
-    gone: List[str] = []
-    if len(workloads) != len(parts) or any(w.key not in parts for w in changed):
-        now = {w.key for w in workloads}
-        gone = [key for key in parts if key not in now]
+    changed, gone = _changed(parts, kept[2], workloads)
     if not changed and not gone:
         return previous
     try:
-        return _delta(previous, parts, changed, gone, profiles, settings)
+        return _delta(previous, parts, changed, gone, profiles, settings, tuple(workloads))
     except _Declined:
         return None
 
 
+def _changed(parts: Dict[str, _Part], before: Sequence[Workload],
+             workloads: Sequence[Workload]) -> Tuple[List[Workload], List[str]]:
+    """The workloads that are not the objects the plan was made for (the matcher hands back the
+    very object it did not rebuild), and the keys of those that ended. The matcher keeps its
+    workloads in the order of their keys: where none came or went, the positions that differ
+    are found without a step of Python per workload."""
+    if len(workloads) == len(before):
+        suspects: Iterable[Workload] = itertools.compress(workloads, map(operator.is_not, workloads, before))
+    else:
+        suspects = workloads
+    changed = [w for w in suspects if getattr(parts.get(w.key), "workload", None) is not w]
+    gone: List[str] = []
+    if len(workloads) != len(parts) or any(w.key not in parts for w in changed):
+        now = {w.key for w in workloads}
+        gone = [key for key in parts if key not in now]
+    return changed, gone
+
+
 def _delta(previous: LayerPlan, parts: Dict[str, _Part], changed: List[Workload], gone: List[str],
-           profiles: Mapping[str, Profile], settings: PlannerSettings) -> LayerPlan:
+           profiles: Mapping[str, Profile], settings: PlannerSettings, workloads: tuple) -> LayerPlan:
     touched = {w.key for w in changed} | set(gone)
     old_parts = [parts[key] for key in touched if key in parts]
     removed = [layer for part in old_parts for layer in part.layers]
@@ -69,6 +84,7 @@ def _delta(previous: LayerPlan, parts: Dict[str, _Part], changed: List[Workload]
     if not gone and all(_same(parts.get(new.workload.key), new) for new in new_parts):
         for new in new_parts:  # the plan in force stands; its record names the workloads now
             parts[new.workload.key] = _with_workload(parts[new.workload.key], new.workload)
+        previous.__dict__[PARTS] = (settings, parts, workloads)
         return previous
     added = [layer for part in new_parts for layer in part.layers]
     dropped = {line for part in old_parts for line in part.decisions}
@@ -78,18 +94,29 @@ def _delta(previous: LayerPlan, parts: Dict[str, _Part], changed: List[Workload]
         decisions=tuple(line for line in previous.decisions if line not in dropped)
         + tuple(line for part in new_parts for line in part.decisions),
         errors=(),
-        cgroup_weights=tuple(w for w in previous.cgroup_weights if w.workload not in touched)
-        + tuple(part.weight for part in new_parts if part.weight is not None))
+        cgroup_weights=_weights(previous, old_parts, new_parts, touched))
     index = dict(parts)
     for key in gone:
         del index[key]
     index.update((part.workload.key, part) for part in new_parts)
     # What the plan's cached properties and layer_changes would find by walking every layer.
-    plan.__dict__[PARTS] = (settings, index)
+    plan.__dict__[PARTS] = (settings, index, workloads)
     plan.__dict__[NAMES] = names
     plan.__dict__["_changes"] = (weakref.ref(previous), (removed, added))
     plan.__dict__["host_wide"] = previous.host_wide  # no layer on CPUs of its own came or went
     return plan
+
+
+def _weights(previous: LayerPlan, old_parts: List[_Part], new_parts: List[_Part], touched: Set[str]) -> tuple:
+    """The plan's cgroup weights: the very tuple in force where the touched workloads' are as they
+    were (a thread that came or went), so that the backend sees no change and reads none of them."""
+    if len(old_parts) == len(new_parts) and all(
+            parts_weight == new.weight for parts_weight, new in zip(
+                (p.weight for p in sorted(old_parts, key=lambda p: p.workload.key)),
+                sorted(new_parts, key=lambda p: p.workload.key))):
+        return previous.cgroup_weights
+    return (tuple(w for w in previous.cgroup_weights if w.workload not in touched)
+            + tuple(part.weight for part in new_parts if part.weight is not None))
 
 
 def _reaches_others(layer: Layer) -> bool:

@@ -33,7 +33,8 @@ from temperd.config.profile import Profile, ThreadGroup
 from temperd.decide.sizing import NO_SIZING, Sizing
 
 TIER_RANK = {tier: rank for rank, tier in enumerate(TIERS)}
-PARTS = "_parts"  # the slot of a plan's (settings, workload key -> _Part): what plan_delta starts from
+# The slot of a plan's (settings, workload key -> _Part, the workloads as given): what plan_delta starts from.
+PARTS = "_parts"
 LAYER_NAME_MAX = 63
 
 
@@ -212,7 +213,7 @@ def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
         memo.turn()
     made_plan = LayerPlan(layers=tuple(layers), reserve_cpus=reserve, decisions=tuple(decisions),
                           errors=tuple(errors), cgroup_weights=tuple(weights))
-    made_plan.__dict__[PARTS] = (settings, parts)  # a cache beside the plan's fields, as its cached properties
+    made_plan.__dict__[PARTS] = (settings, parts, tuple(workloads))  # beside the fields, as its cached properties
     return made_plan
 
 

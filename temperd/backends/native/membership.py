@@ -78,8 +78,6 @@ class Membership:
         a few layers a batch, and the plan has hundreds."""
         self.plan = plan
         self.by_tid: Dict[int, Layer] = plan.members.by_tid  # the plan's own: not to be changed
-        # Each layer's place in the plan: a thread's candidate layers are tried in plan order.
-        self._place = {id(layer): place for place, layer in enumerate(plan.layers)}
         # Layers by the pids they name (a plan has a layer per workload and group: under a fork
         # storm hundreds), and those that name a cgroup.
         if previous is None:
@@ -89,6 +87,8 @@ class Membership:
             self._by_pid = previous._by_pid
             previous._by_pid = {}  # taken over: that membership is out of use
             removed, added = layer_changes(previous.plan, plan)
+        # Each layer's place in the plan: a thread's candidate layers are tried in plan order.
+        self._place, self._next = self._places(plan, previous, removed, added)
         for layer in removed:
             for pid in layer.selector.pids:
                 named = self._by_pid[pid]
@@ -98,12 +98,33 @@ class Membership:
         for layer in added:
             for pid in layer.selector.pids:
                 self._by_pid.setdefault(pid, []).append(layer)
-        self._by_cgroup = [layer for layer in plan.layers if layer.selector.cgroup]
+        if previous is None or any(layer.selector.cgroup for layer in (*removed, *added)):
+            self._by_cgroup = [layer for layer in plan.layers if layer.selector.cgroup]
+        else:
+            self._by_cgroup = previous._by_cgroup
         self._titles: Dict[int, str] = {}
         self._cgroups: Dict[int, Tuple[Optional[str], Optional[str]]] = {}
         # A thread's layer by what decides it beyond the cached title and cgroup of its process:
         # a pass asks for every host thread's layer several times (treatment, autogroups).
         self._found: Dict[Tuple[int, int, str], Optional[Layer]] = {}
+
+    @staticmethod
+    def _places(plan: LayerPlan, previous: Optional["Membership"], removed, added) -> Tuple[Dict[int, int], int]:
+        """Layer id -> its place, and the next place. A plan that is the previous one less the
+        layers removed, with those added at its end (a delta, decide/plan_delta.py), takes over
+        the previous places: a batch of events costs its own layers, not a walk over the plan's."""
+        layers = plan.layers
+        if (previous is not None and len(layers) == len(previous.plan.layers) - len(removed) + len(added)
+                and all(a is b for a, b in zip(layers[len(layers) - len(added):], added))):
+            place, at = previous._place, previous._next
+            previous._place = {}  # taken over
+            for layer in removed:
+                del place[id(layer)]
+            for layer in added:
+                place[id(layer)] = at
+                at += 1
+            return place, at
+        return {id(layer): at for at, layer in enumerate(layers)}, len(layers)
 
     def forget_processes(self) -> None:
         """Drop cached titles and cgroups (pids get reused)."""
