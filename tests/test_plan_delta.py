@@ -197,12 +197,17 @@ def test_an_event_in_one_workload_plans_and_reads_that_workload_alone(tmp_path, 
     real_plan = planner.plan
     monkeypatch.setattr("temperd.decide.hostview.plan", lambda *a, **k: whole.append(1) or real_plan(*a, **k))
     kernel.reads.clear()
-    target = host.facts.processes[5]
-    fresh, _ = _act(host, "thread", 5, 0)  # a new bg-1 thread in one yielding process
+    weight_reads = []
+    setting = host.backend.weights.setting
+    monkeypatch.setattr(setting, "read", lambda key, real=setting.read: weight_reads.append(key) or real(key))
+    target = host.facts.processes[6]
+    assert target.cgroup  # a workload with a cgroup weight
+    fresh, _ = _act(host, "thread", 6, 0)  # a new bg-1 thread in one yielding process
     host.replan(fresh, [])
     assert not whole, "the whole plan was made for one workload's event"
     assert planned == [host.matcher.match(host.facts.processes).workload_of(target.pid).key]
     assert set(kernel.reads) == {fresh[0].tid}  # only the new thread was read
+    assert not weight_reads  # no workload's weight changed: none was read again
     assert [layer for layer in host.plan.layers if layer.workload.startswith("db")] == db_layers
     assert kernel.threads[fresh[0].tid].policy == 3  # SCHED_BATCH: the bg group's
 
