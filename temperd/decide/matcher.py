@@ -20,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
+import hashlib
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -76,8 +78,8 @@ class Workload:
     cgroup: Optional[str]
     pids: Tuple[int, ...]
     threads: Tuple[ThreadMatch, ...]
-    # What makes this instance itself: the command line (executable and arguments) of its root
-    # process, as `ps` shows it; what tells two hand-started instances of one profile apart.
+    # What tells two hand-started instances of one profile apart: its root process's program and
+    # a digest of its command line (_instance), never the command line itself.
     instance: str = ""
 
     def members(self, group: str) -> Tuple[int, ...]:
@@ -478,10 +480,14 @@ def _distrusted(profile: Profile, match: ThreadMatch, distrust: str) -> ThreadMa
 
 
 def _instance(procs: Sequence) -> str:
-    """The command line of the workload's root process (the one whose parent is not in it)."""
+    """What tells hand-started instances of one profile apart, without their command line (any
+    local user reads a label on /metrics, and an argument may be a password): the program of the
+    root process (the one whose parent is not in it: its executable's name, else its own) and a
+    digest of its command line, the same while it runs and across its restarts."""
     pids = {p.pid for p in procs}
     root = next((p for p in procs if p.ppid not in pids), procs[0])
-    return _cmdline_text(root) or root.exe or root.name
+    digest = hashlib.sha256("\0".join(root.cmdline).encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return f"{os.path.basename(root.exe) if root.exe else root.name} {digest}"
 
 
 def _shown_exe(proc: ProcessFacts) -> str:

@@ -4,10 +4,12 @@ is kept under it), that tells two instances apart, and that stays bounded (never
 
 In order: its systemd unit; else the cgroup of its [[binding]]; else its own cgroup, where no
 process outside the workload is in it (the root cgroup and a login session's are shared); else its
-profile and what makes the instance itself, the command line of its root process ("redis:
-redis-server *:6390"). Two workloads whose names would still be equal (one program started twice
-with the same arguments in one shared cgroup: nothing tells them apart) get #2, #3 by their lowest
-pid: the one case where the name follows the order of appearance.
+profile and what makes the instance itself: its root process's program and a digest of that
+process's command line ("redis: redis-server 5f0c2a91", the matcher's Workload.instance). Never
+the command line itself: any local user reads /metrics, and an argument may be a password. Two
+workloads whose names would still be equal (one program started twice with the same arguments in
+one shared cgroup: nothing tells them apart) get #2, #3 by their lowest pid: the one case where
+the name follows the order of appearance.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import hashlib
 from typing import Callable, Dict, Sequence
 
-MAX_INSTANCE_CHARS = 96  # a longer command line is cut, with a digest of the whole kept beside
+MAX_INSTANCE_CHARS = 96  # a longer program name is cut, with a digest of the whole kept beside
 
 
 def bounded(text: str, limit: int = MAX_INSTANCE_CHARS) -> str:
