@@ -312,6 +312,11 @@ treatment = "exclusive"
 """
 
 
+def kids(pid: int) -> set:
+    """The spawner's sp-kid threads now."""
+    return {int(tid) for tid in os.listdir(f"/proc/{pid}/task") if _comm(int(tid)) == "sp-kid"}
+
+
 @pytest.mark.slow
 def test_the_daemon_stopped_by_sigterm_while_threads_are_made_leaves_none_treated(tmp_path, workloads):
     """Once failed in 2 of 3 full runs (a thread made under a treatment temperd had since given back
@@ -324,7 +329,13 @@ def test_the_daemon_stopped_by_sigterm_while_threads_are_made_leaves_none_treate
     daemon.start()
     try:
         wait_for(lambda: len(sched.get_affinity(creator)) < len(started), 20, "the creator confined")
-        time.sleep(1.0)
+        # SIGTERM while threads are made: once a hundred were made since the creator was confined.
+        before, made = kids(spawner.pid), set()
+
+        def made_since() -> int:
+            made.update(kids(spawner.pid) - before)
+            return len(made)
+        wait_for(lambda: made_since() >= 100, 20, "100 threads made under the treatment")
         assert daemon.stop() == 0, daemon.logtext()[-3000:]
     finally:
         if daemon.proc.poll() is None:
