@@ -107,7 +107,9 @@ class Tracker:
         store = self.store
         if not self.selective:
             return True, None
-        probe = Probe(pid, stat, None if fresh else store.light.get(stat.ppid))
+        # Nothing taken from the parent's record: an exec is where a process changes cgroup
+        # (systemd moves its child into the unit's cgroup between fork and exec).
+        probe = Probe(pid, stat)
         if procfs.is_kernel_thread(pid, stat) or not (wanted or stat.ppid in store.procs or self.gate.wants(probe)):
             self._keep_light(probe)
             return False, None
