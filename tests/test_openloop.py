@@ -204,3 +204,16 @@ def test_loads_are_fractions_of_stocks_rate():
     for bad in ("", "0", "1.5,-1", "3"):
         with pytest.raises(ValueError):
             O.parse_loads(bad)
+
+
+def test_a_step_whose_runs_all_failed_is_named_not_measured_not_passed():
+    runs = [r for r in ladder_runs() if not (r.arm == A.TEMPERD_BG and r.step.endswith("bg=4"))]
+    runs.append(T.Run("load=0.5 bg=4", A.TEMPERD_BG, 0, error="spinners did not get idle within 5 s"))
+    found = R.open_goals("load=0.5", [0, 4], runs, A.TEMPERD_BG)
+    assert ("bg=4: not measured", None, False, "every run failed: spinners did not get idle within 5 s") in found
+    assert not any(text.startswith("flat") for text, *_ in found)
+    table = R.markdown_open_table("load=0.5", [0, 4], [A.STOCK, A.BY_HAND, A.TEMPERD_BG], runs)
+    assert "| 4 | temperd+bg | every run failed: spinners did not get idle within 5 s |" in table
+    data = {"workload": "redis", "capacity": 2000.0}
+    row = R.summary_rows(data, runs)[0]
+    assert "→ error" in row and "1 step(s) not measured" in row and "0.5 × 2 000 = 1 000/s" in row
