@@ -8,7 +8,7 @@ from typing import Any, List, Sequence
 
 import click
 
-from temperd.text import printable, printable_lines
+from temperd.text import printable_again, printable_lines
 
 
 class PrintableStream:
@@ -39,7 +39,9 @@ def print_json(data: Any) -> None:
 
 
 def print_table(headers: Sequence[str], rows: List[Sequence[Any]]) -> None:
-    cells = [[str(c) for c in headers]] + [["" if c is None else printable(c) for c in row] for row in rows]
+    # Cells come escaped by printable() (replies, plan data) or are the project's own text: one
+    # more escape would double each backslash.
+    cells = [[str(c) for c in headers]] + [["" if c is None else printable_again(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     for n, row in enumerate(cells):
         line = "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()

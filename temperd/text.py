@@ -1,6 +1,8 @@
 """Text from outside (process and thread names, command lines, what a client sends) made safe to
 print or write: every control character escaped, so a name cannot move the cursor, set a
-terminal title (OSC), colour or clear the screen, start a new log line or a new TOML line."""
+terminal title (OSC), colour or clear the screen, start a new log line or a new TOML line; and
+the backslash itself, so a name holding the four characters \\x1b does not read as one holding
+ESC."""
 
 from __future__ import annotations
 
@@ -10,9 +12,13 @@ from typing import Any
 
 # C0 controls (ESC, newline, carriage return, ...), DEL, C1 controls (CSI, OSC as one byte), the
 # Unicode line and paragraph separators and the bidirectional overrides and isolates (which
-# make text display in an order other than its own).
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-_UNSAFE_IN_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")  # keeps \t \n
+# make text display in an order other than its own). printable() escapes these and the
+# backslash, which starts an escape.
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_UNSAFE = re.compile("[\\\\" + CONTROL.pattern[1:])
+# Keeps \t, \n and the backslash: the guard on whole output whose names printable() already
+# escaped, where escaping their backslashes again would double them.
+_UNSAFE_IN_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def _escape(match: "re.Match[str]") -> str:
@@ -20,14 +26,22 @@ def _escape(match: "re.Match[str]") -> str:
 
 
 def printable(text: object) -> str:
-    """str(text) with each unsafe character written as its Python escape (\\x1b, \\n, \\u202e);
-    text without one comes back unchanged."""
+    """str(text) with each unsafe character written as its Python escape (\\x1b, \\n, \\u202e) and
+    each backslash as two; text without either comes back unchanged."""
     text = str(text)
     return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
 
 
+def printable_again(text: object) -> str:
+    """str(text) with each control character escaped and its backslashes kept: for text that
+    printable() may already have escaped (a daemon's reply), which escaping again would double."""
+    text = str(text)
+    return CONTROL.sub(_escape, text) if CONTROL.search(text) else text
+
+
 def printable_lines(text: str) -> str:
-    """printable(), but newlines and tabs kept: for whole output whose lines are its own."""
+    """printable(), but newlines, tabs and backslashes kept: for whole output whose lines are its
+    own and whose names went through printable()."""
     return _UNSAFE_IN_LINES.sub(_escape, text) if _UNSAFE_IN_LINES.search(text) else text
 
 

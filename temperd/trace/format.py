@@ -322,5 +322,6 @@ def open_text(path: str) -> IO[str]:
     with open(path, "rb") as probe:
         magic = probe.read(2)
     if magic == b"\x1f\x8b":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8", errors="replace")
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace", newline="\n")
+    # Lines end at "\n" alone: a \r of a thread's name ends none (kernel_lines).
+    return open(path, encoding="utf-8", errors="replace", newline="\n")

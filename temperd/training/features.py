@@ -120,7 +120,9 @@ def workload_features(summary: TraceSummary, samples: Samples) -> WorkloadFeatur
         stats = summary.threads.get(tid)
         run_ns, wait_ns, covered, d_sampled = _sample_deltas(samples, tid)
         series = samples.threads.get(tid)
-        comm = stats.comm if stats is not None else (series.comm if series else "?")
+        # /proc's name first: the trace's text cannot carry a name holding a newline, which ends
+        # its line (b\\nFAKE LINE would be FAKE LINE there).
+        comm = series.comm if series is not None else (stats.comm if stats is not None else "?")
         if stats is not None and stats.runtime_ns:
             cpu = stats.runtime_ns / 1e9 / duration_s
         else:

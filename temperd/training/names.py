@@ -6,12 +6,15 @@ The kernel keeps 15 bytes of a thread's name (TASK_COMM_LEN), so Java's `order-h
 the trailing number with its separator's digits (`io_thd_1`, `GC Thread#0`, `ib_io_rd-2`,
 `order-handler-1` -> `io_thd_*`, `GC Thread#*`, `ib_io_rd-*`, `order-handler-*`) and a name of
 the full 15 bytes, cut by the kernel, gets a `*` in place of what was cut. The key is a glob that
-temper-profile(5) `thread_names` accepts.
+temper-profile(5) `thread_names` accepts; a control character of a name (ESC, \\r, \\n, ...) is a
+`?` in it, so the glob matches the real name and writes no control character into the profile.
 """
 
 from __future__ import annotations
 
 import re
+
+from temperd.text import CONTROL
 
 TASK_COMM_BYTES = 15
 _TRAILING_NUMBER = re.compile(r"\d+$")
@@ -21,7 +24,7 @@ _GLOB_CHARS = re.compile(r"[\[\]*?\\]")
 def name_key(comm: str) -> str:
     """The normalised name of a thread: a thread_names glob that all threads of its role match."""
     truncated = len(comm.encode("utf-8", "replace")) >= TASK_COMM_BYTES
-    base = _GLOB_CHARS.sub("?", comm)
+    base = CONTROL.sub("?", _GLOB_CHARS.sub("?", comm))
     stripped = _TRAILING_NUMBER.sub("", base)
     if stripped != base and stripped:
         return stripped + "*"
