@@ -62,6 +62,6 @@ class InventoryStats:
     last_event_lag_s: float  # kernel timestamp of the last event to its handling
     max_event_lag_s: float
     untracked: int = 0  # processes no profile, binding or marker can match: known by their leader only
-    untracked_seen: int = 0  # such processes since start (each cost the reads the candidate index asks, no plan)
+    untracked_seen: int = 0  # programs turned down since start (each look cost the reads the candidate index asks, no plan)
     bounded: int = 0  # an untrusted owner's processes and threads not read (sources/tracking.py's bounds)
     event_filter: str = ""  # which process events the kernel delivers (proc_connector)

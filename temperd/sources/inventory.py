@@ -155,7 +155,7 @@ class Inventory:
             if stat is None:
                 self._store.drop_light(pid)
                 continue
-            proc = self._tracker.read_new(pid, stat, fresh=True)
+            proc = self._tracker.read_new(pid, stat)
             if isinstance(proc, ProcessRecord):
                 self._store.install(proc)
 

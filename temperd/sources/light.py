@@ -6,7 +6,8 @@ and runtime bindings compiled once per reload) asks for — the executable, the 
 line, the owner, a variable of the environment — in the order the gate asks, each read at most
 once. A process the gate turns down is kept as a `LightRecord`: no thread of it is read, no
 change is reported for it (no replan), and a fork of it is another light record made without a
-read (a child that does not exec has its parent's program, cgroup and title). A process is
+read (a child that does not exec has its parent's program, cgroup and title; its exec is looked at
+afresh, and a scan sees a move or a new title). A process is
 tracked (read whole, its threads kept current) when the gate wants it, when it descends from a
 tracked process (its threads may carry a treated creator's settings: inheritance), or when a
 runtime binding names it.
@@ -28,15 +29,13 @@ class Probe:
 
     __slots__ = ("pid", "stat", "start_time", "ppid", "comm", "_exe", "_cgroup", "_cmdline", "_uid", "reads")
 
-    def __init__(self, pid: int, stat: procfs.TaskStat, inherited: Optional["LightRecord"] = None):
+    def __init__(self, pid: int, stat: procfs.TaskStat):
         self.pid = pid
         self.stat = stat
         self.start_time = stat.start_time
         self.ppid = stat.ppid
         self.comm = stat.comm
-        self._exe = self._cmdline = self._uid = _UNREAD
-        # a process's cgroup is its parent's until something moves it (a move sends no event: the scan sees it)
-        self._cgroup = inherited.cgroup if inherited is not None and inherited.cgroup is not None else _UNREAD
+        self._exe = self._cmdline = self._uid = self._cgroup = _UNREAD
         self.reads = 1  # the stat
 
     def exe(self) -> Optional[str]:

@@ -40,7 +40,7 @@ def scan(store: ProcessStore, tracker: Optional[Tracker] = None) -> List[Change]
             leader = procfs.read_task_stat(pid, pid)
             if leader is None:
                 continue
-        proc = tracker.read_new(pid, leader, fresh=True)
+        proc = tracker.read_new(pid, leader)
         if proc is None:
             continue
         seen.add(pid)

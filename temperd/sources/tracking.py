@@ -92,17 +92,15 @@ class Tracker:
         self.gate: Gate = EVERYTHING
         self.bounds = OwnerBounds()
         store.removed = self.bounds.process_gone
-        self.kept_light = 0  # processes turned down since start
+        self.kept_light = 0  # programs looked at and turned down since start (an exec, a scan's look)
 
     @property
     def selective(self) -> bool:
         return self.gate is not EVERYTHING
 
-    def admit(self, pid: int, stat: procfs.TaskStat, fresh: bool = False,
-              wanted: bool = False) -> Tuple[bool, Optional[int]]:
+    def admit(self, pid: int, stat: procfs.TaskStat, wanted: bool = False) -> Tuple[bool, Optional[int]]:
         """Whether to track pid, whose leader's stat was read, and at most how many of its threads
-        (None: all). One not tracked is kept as a light record. fresh: nothing taken from its
-        parent's record (a scan: a cgroup move sends no event). wanted: the gate said so already
+        (None: all). One not tracked is kept as a light record. wanted: the gate said so already
         (a rename event's new name)."""
         store = self.store
         if not self.selective:
@@ -123,21 +121,20 @@ class Tracker:
         return True, self.bounds.thread_room(pid, store.procs)
 
     def _keep_light(self, probe: Probe) -> None:
+        self.kept_light += 1
         record = probe.record()
         old = self.store.light.get(probe.pid)
         if old is None or not old.same(record):  # an unchanged one is left alone: no snapshot rebuilt for it
-            if old is None:
-                self.kept_light += 1
             self.store.put_light(record)
 
-    def read_new(self, pid: int, stat: Optional[procfs.TaskStat] = None, fresh: bool = False,
+    def read_new(self, pid: int, stat: Optional[procfs.TaskStat] = None,
                  wanted: bool = False) -> Union[ProcessRecord, None, str]:
         """A process not tracked yet, read whole if admitted; LIGHT if kept light; None if gone."""
         if stat is None:
             stat = procfs.read_task_stat(pid, pid)
             if stat is None:
                 return None
-        track, limit = self.admit(pid, stat, fresh, wanted)
+        track, limit = self.admit(pid, stat, wanted)
         if not track:
             return LIGHT
         proc = self.store.read_process(pid) if limit is None else self.store.read_process(pid, None, limit)
