@@ -56,7 +56,7 @@ def measure(daemon, rate: float, duration: float) -> Dict[str, object]:
     return {"rate_asked": rate, "rate_made": made / wall, "execs": made, "cpu_s": cpu_s, "wall_s": wall,
             "daemon_cpu_pct_of_core": 100.0 * cpu_s / wall,
             "replans": replans1 - replans0, "events": events1 - events0,
-            "daemon_cpu_us_per_event": 1e6 * cpu_s / max(1, events1 - events0), "host_idle_pct": window.idle_pct,
+            "daemon_cpu_us_per_event": 1e6 * cpu_s / (events1 - events0) if events1 > events0 else None, "host_idle_pct": window.idle_pct,
             "foreign_cpu_pct_of_core": window.foreign_core_pct, "foreign_top": window.foreign_top}
 
 
@@ -95,10 +95,11 @@ def main() -> int:
     print(f"{'asked/s':>8} {'made/s':>7} {'% core':>7} {'us/exec':>8} {'events/s':>9} {'us/event':>9} {'replans':>8} "
           f"{'idle %':>7} {'foreign % core':>15}")
     for r in [idle] + rows:
-        per = r["daemon_cpu_us_per_exec"]
+        per, per_event = r["daemon_cpu_us_per_exec"], r["daemon_cpu_us_per_event"]
         print(f"{r['rate_asked']:>8.0f} {r['rate_made']:>7.0f} {r['daemon_cpu_pct_of_core']:>7.2f} "
               f"{'-' if per is None else f'{per:.0f}':>8} {r['events'] / r['wall_s']:>9.0f} "
-              f"{r['daemon_cpu_us_per_event']:>9.0f} {r['replans']:>8} {r['host_idle_pct']:>7.0f} "
+              f"{'-' if per_event is None else f'{per_event:.0f}':>9} "
+              f"{r['replans']:>8} {r['host_idle_pct']:>7.0f} "
               f"{r['foreign_cpu_pct_of_core']:>15.0f}  {r['foreign_top'] or ''}")
     return 0
 
