@@ -322,7 +322,7 @@ class BpfLatency:
         if plan is self._plan:
             return
         self._plan = plan
-        names = [layer.name for layer in plan.layers]
+        names = {layer.name for layer in plan.layers}  # a set: a plan has thousands of layers under a fork storm
         for name in [n for n in self._ids if n not in names]:
             self._forget(self._ids.pop(name))
         free = sorted(set(range(1, MAX_LAYERS)) - set(self._ids.values()))
