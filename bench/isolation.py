@@ -523,6 +523,7 @@ def main() -> int:
 
 OPEN_SECONDS, CLOSED_SECONDS = 5.0, 2.5
 DEFAULT_LOADS = "0.5,0.8"
+CAPACITY_SPREAD = 0.2  # stock's three idle-host runs further apart than this (of their median): said so
 
 
 def run_bench(args: argparse.Namespace, workload: W.Workload, arm_names: List[str], profile_arms: Dict[str, str],
@@ -602,9 +603,13 @@ def size_loads(args: argparse.Namespace, workload: W.Workload, server, timeout_s
                                  f"{(out.stdout + out.stderr).strip()[-300:]}")
             rates.append(workload.parse_open(out.stdout, out_dir, None).achieved)
     capacity = T.median(rates)
+    args.capacity_runs = [round(r, 1) for r in rates]
     print(f"stock on the idle host, {workload.open_tool} without a rate (closed loop, {workload.open_connections()} "
           "connections): "
           + ", ".join(f"{r:,.0f}" for r in rates) + f"/s; median {capacity:,.0f}/s")
+    if capacity and (max(rates) - min(rates)) / capacity > CAPACITY_SPREAD:
+        print(f"  those runs spread over more than {CAPACITY_SPREAD:.0%} of their median: the host was not quiet, and "
+              "every offered rate below is a fraction of an uncertain figure", flush=True)
     variants = [O.load_variant(x) for x in args.loads]
     return variants, {O.load_variant(x): workload.offered_rate(x * capacity) for x in args.loads}, capacity
 
@@ -657,7 +662,7 @@ def write_json(args, workload: W.Workload, runs: List[T.Run]) -> None:
             "repetitions": args.reps,
             "command": "bench/isolation.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])}
     if args.open:
-        data.update(mode="open", capacity=args.capacity, seconds=args.open_seconds, generator=workload.open_tool,
+        data.update(mode="open", capacity=args.capacity, capacity_runs=getattr(args, "capacity_runs", []), seconds=args.open_seconds, generator=workload.open_tool,
                     latency_from=O.LATENCY_FROM[workload.open_tool], p99_resolution=workload.open_resolution)
     else:
         data.update(mode="closed", seconds=args.seconds)

@@ -148,7 +148,7 @@ def open_goals(variant: str, ladder: Sequence[int], runs: Sequence[T.Run], arm: 
         found, words = against(top, A.STOCK, 1 / 3)
         if cells.sustained(variant, top, A.STOCK) and found[0].ratio:
             words = f"bg={top} stock / {arm} = {1 / found[0].ratio:.2f}x"
-        judged(f"bg={top}: p99 at least 3x better than stock's (stock not sustained: {arm} sustains)", [(found, words)])
+        judged(f"bg={top}: p99 at least 3x better than stock's where stock sustains the rate (else {arm} sustains it)", [(found, words)])
     if top in have and top > 0:
         idle = window_median(cells.ok_runs(variant, top, arm), "idle_pct")
         out.append((f"bg={top}: host idle <= 5 %", idle <= 5.0, True, f"{idle:.1f} %"))

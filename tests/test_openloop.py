@@ -32,26 +32,34 @@ def recorded(name: str) -> str:
 
 
 def test_memtier_json_gives_the_totals_rate_and_hdr_percentiles():
-    """4 connections at --rate-limiting=500: 2 000/s offered, 2 007/s done."""
+    """4 connections at --rate-limiting=500: 2 000/s offered, 4 056 requests in 2.021 s (memtier's
+    own Ops/sec: 2 007.10)."""
     offered = O.memtier_rate(2000, 4)[1]
     got = O.parse_memtier_json(recorded("memtier-redis-sustained.json"), offered)
     assert offered == 2000.0
-    assert (got.achieved, got.p50_ms, got.p99_ms) == (2007.10, 0.111, 1.159)
+    assert (round(got.achieved, 2), got.p50_ms, got.p99_ms) == (round(4056 / 2.021, 2), 0.111, 1.159)
     assert got.sustained and got.metrics()["p99_ms"] == 1.159
 
 
 def test_memtier_short_of_its_rate_has_no_p99():
     """200 000/s per connection asked of 4 connections: 209 428/s done, a quarter of it."""
     got = O.parse_memtier_json(recorded("memtier-redis-short.json"), O.memtier_rate(800000, 4)[1])
-    assert got.achieved == 209428.16 and not got.sustained
+    assert got.achieved == 418916 / 2.0 and not got.sustained
     metrics = got.metrics()
-    assert metrics["sustained"] == 0.0 and abs(metrics["achieved_ratio"] - 209428.16 / 800000) < 1e-9
+    assert metrics["sustained"] == 0.0 and abs(metrics["achieved_ratio"] - 209458 / 800000) < 1e-9
     assert "p99_ms" not in metrics and "p50_ms" not in metrics
 
 
 def test_memtier_json_of_memcached_reads_the_same_way():
     got = O.parse_memtier_json(recorded("memtier-memcached.json"), 2000.0)
     assert got.p50_ms > 0 and got.p99_ms >= got.p50_ms and got.achieved > 0
+
+
+def test_memtier_rate_counts_over_the_whole_test_time_not_a_late_start():
+    """A run whose measured duration began late (a connection's first request on a busy host) is
+    counted over its --test-time: 4 056 requests in a 2 s test read 2 028/s, not 4 056/s."""
+    text = recorded("memtier-redis-sustained.json").replace('"Total duration": 2021', '"Total duration": 1000')
+    assert O.parse_memtier_json(text, 2000.0).achieved == 4056 / 2.0
 
 
 def test_a_memtier_json_without_totals_is_an_error():
@@ -145,7 +153,7 @@ def test_a_memtier_run_reads_its_json_from_the_runs_directory(tmp_path):
     (tmp_path / "memtier.json").write_text(recorded("memtier-redis-short.json"))
     run = T.Run("load=0.5 bg=4", A.TEMPERD_BG, 0)
     bench_for(W.Redis(), 800000.0)._result(run, "load=0.5", 0, "", str(tmp_path))
-    assert run.ok and run.metrics["sustained"] == 0.0 and run.metrics["rate"] == 209428.16
+    assert run.ok and run.metrics["sustained"] == 0.0 and run.metrics["rate"] == 209458.0
 
 
 # ---- goals at equal offered load -------------------------------------------------------------------------
@@ -174,20 +182,20 @@ def verdicts(runs) -> dict:
 def test_every_goal_settles_where_temperd_holds_its_tail_at_equal_load():
     found = verdicts(ladder_runs())
     assert set(found) == {"p99 <= 1.1x by-hand's at every spinner step", "bg=0: p99 <= 1.1x stock's",
-                          "bg=4: p99 at least 3x better than stock's (stock not sustained: temperd+bg sustains)",
+                          "bg=4: p99 at least 3x better than stock's where stock sustains the rate (else temperd+bg sustains it)",
                           "bg=4: host idle <= 5 %", "flat: p99 at bg=4 <= 1.1x its own at bg=0"}
     assert all(found.values()), found  # met, and settled by the runs' ranges
 
 
 def test_where_stock_cannot_carry_the_rate_temperd_carrying_it_meets_the_3x_goal():
     found = verdicts(ladder_runs(stock_top_ratio=0.6))
-    assert found["bg=4: p99 at least 3x better than stock's (stock not sustained: temperd+bg sustains)"] == (True, True)
+    assert found["bg=4: p99 at least 3x better than stock's where stock sustains the rate (else temperd+bg sustains it)"] == (True, True)
 
 
 def test_temperd_short_of_the_rate_misses_firmly_and_its_p99_is_not_shown():
     runs = ladder_runs(stock_top_ratio=0.6, mine_top_ratio=0.7)
     found = verdicts(runs)
-    assert found["bg=4: p99 at least 3x better than stock's (stock not sustained: temperd+bg sustains)"] == (False, True)
+    assert found["bg=4: p99 at least 3x better than stock's where stock sustains the rate (else temperd+bg sustains it)"] == (False, True)
     assert found["flat: p99 at bg=4 <= 1.1x its own at bg=0"] == (False, True)
     table = R.markdown_open_table("load=0.5", [0, 4], [A.STOCK, A.BY_HAND, A.TEMPERD_BG], runs)
     mine = [line for line in table.splitlines() if line.startswith("| 4 | temperd+bg |")][0]
