@@ -80,3 +80,34 @@ def test_metrics_and_observe_of_the_real_daemon_carry_no_argument(tmp_path):
     assert secret not in observe and "requirepass" not in observe
     python = os.path.basename(os.path.realpath(sys.executable))
     assert any(f'workload="tmpd-secretive: {python} ' in line for line in lines), lines
+
+
+def test_the_digest_is_keyed_so_a_reader_cannot_test_guesses_of_an_argument():
+    import hashlib
+    cmdline = ("/opt/tp/bin/tpmc", "tmpd-secretive-app", "--requirepass=TOPSECRET")
+    plain = hashlib.sha256("\0".join(cmdline).encode()).hexdigest()[:8]
+
+    def label(key):
+        matcher = Matcher(parse_config("", "temperd.toml"), {"tmpd-secretive": parse_profile(PROFILE, "p.toml")},
+                          label_key=key)
+        host = FactsHost()
+        host.process("tpmc", exe="/opt/tp/bin/tpmc", cmdline=cmdline, cgroup="/")
+        (workload,) = matcher.match(host.by_pid.values()).workloads
+        return workload.instance
+
+    one, other = label(b"k" * 32), label(b"j" * 32)
+    assert one != other and plain not in one and plain not in other
+    assert label(b"k" * 32) == one  # stable under one key
+
+
+def test_the_label_key_is_made_once_kept_private_and_refused_when_others_may_write_it(tmp_path, caplog):
+    from temperd.config.label_key import KEY_FILE, load_label_key
+    key = load_label_key(str(tmp_path))
+    path = tmp_path / KEY_FILE
+    assert len(key) == 32 and path.stat().st_mode & 0o777 == 0o600
+    assert load_label_key(str(tmp_path)) == key  # read back: labels outlive a restart
+    os.chmod(path, 0o666)
+    with caplog.at_level("WARNING"):
+        again = load_label_key(str(tmp_path))
+    assert again != key and len(again) == 32
+    assert any("writable by others" in r.getMessage() and "this run only" in r.getMessage() for r in caplog.records)

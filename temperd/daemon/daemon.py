@@ -27,6 +27,7 @@ from temperd.backends import Backend, BackendStatus
 from temperd.backends.select import BackendChoice, make_backend
 from temperd.config.daemon_config import DEFAULT_CONFIG_DIR, DaemonConfig
 from temperd.config.errors import ConfigError, ConfigProblem
+from temperd.config.label_key import load_label_key
 from temperd.daemon import status_report
 from temperd.daemon.control_commands import ControlCommands
 from temperd.daemon.instance_lock import AlreadyRunning, InstanceLock
@@ -65,8 +66,7 @@ class Daemon:
                  control_socket: Optional[str] = None, observe_interval_s: float = OBSERVE_INTERVAL_S):
         self.config_dir = config_dir
         self.sysfs_root = sysfs_root
-        self.loader = ViewLoader(config_dir, sysfs_root, {"state_dir": state_dir, "http_port": http_port,
-                                                          "control_socket": control_socket})
+        self.loader = ViewLoader(config_dir, sysfs_root, dict(state_dir=state_dir, http_port=http_port, control_socket=control_socket))
         self.observe_interval_s = observe_interval_s
         self.lock = threading.RLock()
         self.notifier = Notifier()
@@ -114,6 +114,7 @@ class Daemon:
             self.last_reload = ReloadResult(not view.problems, 1, time.time(), "start",
                                             [str(p) for p in view.problems], summary_of(view))
             self._instance_lock = _lock_instance(self.config.state_dir)
+            self.label_key = _label_key(view)
             _cleanup_stale_traces()
             try:
                 self.services.bind(self.config, ControlCommands(self).handlers(), self.metrics_text,
@@ -148,7 +149,7 @@ class Daemon:
 
     def _make_matcher(self, view: HostView) -> Matcher:
         self.plan_memo = PlanMemo()  # its layers are the old matcher's workloads' and profiles'
-        matcher = make_matcher(view)
+        matcher = make_matcher(view, self.label_key)
         matcher.set_runtime_bindings(self.runtime_bindings)  # bindings outlive a reload
         self.inventory.set_gate(candidate_index(view, matcher))  # what a new process is checked by
         return matcher
@@ -394,6 +395,11 @@ def _first_view(loader: ViewLoader) -> HostView:
     for problem in view.problems:
         log.error("profile not loaded: %s", problem)
     return view
+
+
+def _label_key(view: HostView) -> bytes:
+    """Kept beside the history: a hand-started workload's label is the same across restarts."""
+    return load_label_key(os.path.dirname(view.config.watch.history_file))
 
 
 def _lock_instance(state_dir: str) -> InstanceLock:

@@ -44,8 +44,10 @@ def load_host_view(config_dir: str = DEFAULT_CONFIG_DIR, sysfs_root: str = SYSFS
     return HostView(config, shape, profiles)
 
 
-def make_matcher(view: HostView) -> Matcher:
-    return Matcher(view.config, view.profiles.active, trust=trust_policy(view.config))
+def make_matcher(view: HostView, label_key: bytes = b"") -> Matcher:
+    """label_key: the host's (config/label_key.py), which only the daemon reads; without it a
+    hand-started workload's label digest differs from the daemon's."""
+    return Matcher(view.config, view.profiles.active, trust=trust_policy(view.config), label_key=label_key)
 
 
 def planner_settings(config: DaemonConfig) -> PlannerSettings:

@@ -21,6 +21,7 @@ import dataclasses
 import fnmatch
 import functools
 import hashlib
+import hmac
 import logging
 import os
 import re
@@ -185,8 +186,9 @@ def binding_for(config: DaemonConfig, proc) -> Optional[Binding]:
 
 class Matcher:
     def __init__(self, config: DaemonConfig, profiles: Mapping[str, Profile], *,
-                 trust: Optional[TrustPolicy] = None):
+                 trust: Optional[TrustPolicy] = None, label_key: bytes = b""):
         self.config = config
+        self.label_key = label_key  # keys the digest in a hand-started workload's label
         self.trust = trust if trust is not None else trust_policy(config)
         self.profiles = dict(profiles)
         self._ordered = [self.profiles[k] for k in sorted(self.profiles)]
@@ -359,7 +361,7 @@ class Matcher:
             cgroup=cgroup,
             pids=tuple(p.pid for p in procs),
             threads=tuple(sorted(threads, key=lambda t: t.tid)),
-            instance=_instance(procs),
+            instance=_instance(procs, self.label_key),
         )
 
     @staticmethod
@@ -479,14 +481,16 @@ def _distrusted(profile: Profile, match: ThreadMatch, distrust: str) -> ThreadMa
     return ThreadMatch(match.tid, match.pid, match.comm, None, f"{match.reason}; {treatment} not granted: {distrust}")
 
 
-def _instance(procs: Sequence) -> str:
+def _instance(procs: Sequence, key: bytes) -> str:
     """What tells hand-started instances of one profile apart, without their command line (any
     local user reads a label on /metrics, and an argument may be a password): the program of the
     root process (the one whose parent is not in it: its executable's name, else its own) and a
-    digest of its command line, the same while it runs and across its restarts."""
+    digest of its command line keyed with the host's secret (config/label_key.py: an unkeyed one
+    would let a reader test guesses of an argument), the same while it runs and across restarts."""
     pids = {p.pid for p in procs}
     root = next((p for p in procs if p.ppid not in pids), procs[0])
-    digest = hashlib.sha256("\0".join(root.cmdline).encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    text = "\0".join(root.cmdline).encode("utf-8", "surrogateescape")
+    digest = hmac.new(key, text, hashlib.sha256).hexdigest()[:8]
     return f"{os.path.basename(root.exe) if root.exe else root.name} {digest}"
 
 
