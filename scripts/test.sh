@@ -13,13 +13,4 @@ if ! .venv-ml/bin/python -c 'import onnxruntime, onnx, numpy' 2>/dev/null; then
   { /usr/bin/python3 -m venv .venv-ml && .venv-ml/bin/pip install -q --disable-pip-version-check onnxruntime onnx numpy; } ||
     echo "scripts/test.sh: onnxruntime from PyPI not installed: the ONNX Runtime training test will be skipped" >&2
 fi
-# bench/isolation.py's open-loop load for redis and memcached: memtier_benchmark, built once from
-# ../shared/memtier/ beside the clone (or $TEMPERD_MEMTIER_SRC) into the cache bench/openloop.py reads.
-memtier_src="${TEMPERD_MEMTIER_SRC:-$(cd .. && pwd)/shared/memtier}"
-memtier_bin="${XDG_CACHE_HOME:-$HOME/.cache}/temperd-bench/memtier_benchmark"
-if [ ! -x "$memtier_bin" ] && [ -f "$memtier_src/build.sh" ]; then
-  mkdir -p "$(dirname "$memtier_bin")"
-  bash "$memtier_src/build.sh" "$memtier_bin" >/dev/null ||
-    echo "scripts/test.sh: memtier_benchmark not built: bench/isolation.py will say so for redis and memcached" >&2
-fi
 exec .venv/bin/python -m pytest -q -ra --durations=15 "$@"
