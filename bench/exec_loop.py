@@ -7,7 +7,9 @@ runs), over an idle window first and then each rate; the CPU per exec is what it
 its idle rate, per exec. Its replans come from its status. --tree DIR runs the temperd package found in DIR (another
 checkout) instead of this one, for a side-by-side comparison.
 
-    sudo .venv/bin/python bench/exec_loop.py [--rates 50,500] [--duration 30] [--tree DIR] [--json]
+    sudo .venv/bin/python bench/exec_loop.py [--rates 50,500] [--duration 30] [--tree DIR] [--json] [--py-spy OUT]
+
+--py-spy OUT samples the daemon with py-spy during each rate's window (raw stacks into OUT.RATE; top printed).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from typing import Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import HostMonitor, host_description, running_temperd  # noqa: E402
+from common import HostMonitor, host_description, print_py_spy, py_spy_record, running_temperd  # noqa: E402
 
 
 def generate(rate: float, duration: float) -> int:
@@ -39,17 +41,20 @@ def generate(rate: float, duration: float) -> int:
         made += 1
 
 
-def measure(daemon, rate: float, duration: float) -> Dict[str, object]:
+def measure(daemon, rate: float, duration: float, spy_out: Optional[str] = None) -> Dict[str, object]:
     hz = os.sysconf("SC_CLK_TCK")
     status0 = daemon.status(timeout=30)
     replans0, events0 = int(status0["replans"]), int(status0["inventory"]["events_received"])
     monitor = HostMonitor()
     monitor.start()
+    spy = py_spy_record(daemon.pid, duration, spy_out) if spy_out else None
     ticks0, t0 = daemon.cpu_ticks(), time.monotonic()
     made = generate(rate, duration) if rate > 0 else time.sleep(duration) or 0
     wall = time.monotonic() - t0
     ticks1 = daemon.cpu_ticks()
     window = monitor.stop()
+    if spy is not None:
+        spy.wait()
     status1 = daemon.status(timeout=30)
     replans1, events1 = int(status1["replans"]), int(status1["inventory"]["events_received"])
     cpu_s = (ticks1 - ticks0) / hz
@@ -66,6 +71,8 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="seconds per rate")
     parser.add_argument("--tree", help="run the temperd package of this checkout")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--py-spy", dest="py_spy", metavar="OUT",
+                        help="sample temperd with py-spy during each rate (raw stacks into OUT.RATE; top printed)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("run as root: temperd changes other processes' scheduling", file=sys.stderr)
@@ -80,7 +87,7 @@ def main() -> int:
         time.sleep(2.0)  # the start's scan and first plan out of the window
         idle = measure(daemon, 0.0, args.duration)  # the daemon's own cost without the loop, subtracted below
         for rate in (float(r) for r in args.rates.split(",")):
-            rows.append(measure(daemon, rate, args.duration))
+            rows.append(measure(daemon, rate, args.duration, f"{args.py_spy}.{rate:.0f}" if args.py_spy else None))
     for row in [idle] + rows:
         above = row["cpu_s"] - idle["cpu_s"] * row["wall_s"] / idle["wall_s"]  # type: ignore[operator]
         row["daemon_cpu_us_per_exec"] = 1e6 * above / row["execs"] if row["execs"] else None
@@ -101,6 +108,10 @@ def main() -> int:
               f"{'-' if per_event is None else f'{per_event:.0f}':>9} "
               f"{r['replans']:>8} {r['host_idle_pct']:>7.0f} "
               f"{r['foreign_cpu_pct_of_core']:>15.0f}  {r['foreign_top'] or ''}")
+    if args.py_spy:
+        for r in rows:
+            print(f"\n== py-spy at {r['rate_asked']:.0f}/s ==")
+            print_py_spy(f"{args.py_spy}.{r['rate_asked']:.0f}")
     return 0
 
 

@@ -252,3 +252,31 @@ def test_this_kernel_takes_the_filter_and_still_sends_execs():
         assert connector.filter == "kernel filter: fork, exec, comm, exit only"
     finally:
         connector.close()
+
+
+def test_an_untracked_process_that_execs_and_ends_within_a_batch_is_not_read():
+    from temperd.sources.events import passing_execs
+    ev = lambda kind, pid, tid=None, parent=0: ProcEvent(kind, tid or pid, pid, 0, 0, parent, parent)  # noqa: E731
+    loop = [ev("fork", 10, parent=1), ev("exec", 10), ev("exit", 10)]
+    assert passing_execs(loop, procs={}, bound=()) == {10}
+    assert passing_execs(loop[:2], procs={}, bound=()) == set()  # not ended: read
+    assert passing_execs(loop, procs={10: None}, bound=()) == set()  # tracked: read as before
+    assert passing_execs(loop, procs={}, bound={10}) == set()  # a runtime binding names it
+    # it forked, made a thread, was renamed or exec'd twice: read as before (inheritance, titles)
+    assert passing_execs(loop[:2] + [ev("fork", 11, parent=10), ev("exit", 10)], {}, ()) == set()
+    assert passing_execs(loop[:2] + [ev("fork", 10, 12), ev("exit", 10)], {}, ()) == set()
+    assert passing_execs(loop[:2] + [ev("comm", 10), ev("exit", 10)], {}, ()) == set()
+    assert passing_execs(loop[:2] + [ev("exec", 10), ev("exit", 10)], {}, ()) == set()
+    assert passing_execs([ev("exit", 10), ev("exec", 10), ev("exit", 10)], {}, ()) == set()  # a reused pid
+
+
+def test_an_exec_and_end_in_one_batch_cost_no_read_and_count_as_gone(monkeypatch):
+    inventory = Inventory()
+    inventory.set_gate(index(profile(process_names=("tmpd-cand*",), cmdline=("--tmpd-cand",))))
+    reads = []
+    monkeypatch.setattr(procfs, "read_task_stat", lambda pid, tid: reads.append(pid))
+    changes = []
+    inventory._apply_batch(Batch([_event("fork", 424242, parent=1), _event("exec", 424242),
+                                  _event("exit", 424242)]), changes)
+    assert changes == [] and reads == [] and 424242 not in inventory._store.light
+    assert inventory.stats.vanished == 1 and inventory.stats.events_received == 3

@@ -165,3 +165,12 @@ def test_the_loop_freezes_start_ups_objects_and_collects_young_garbage_less_ofte
             "assert after == (GC_YOUNG_THRESHOLD,) + before[1:] and GC_YOUNG_THRESHOLD > before[0], (before, after); "
             "assert gc.get_freeze_count() > 1000, gc.get_freeze_count()")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_after_a_pass_that_changed_nothing_the_next_events_wait_for_a_batch_within_the_treatment_bound():
+    """An unmatched program's fork, exec and exit then come in one batch (no read of its exec)."""
+    assert main_loop.batch_wait(0.0001, 0.0001, quiet=True) == main_loop.QUIET_BATCH_S
+    assert main_loop.batch_wait(0.0001, 0.0001) == pytest.approx(main_loop.BATCH_WAIT_PER_CPU * 0.0001)
+    within = main_loop.TREAT_WITHIN_S
+    assert main_loop.batch_wait(0.0001, 0.03, quiet=True) == pytest.approx(within - 0.06)
+    assert main_loop.batch_wait(0.0001, within, quiet=True) == 0.0

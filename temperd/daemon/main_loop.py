@@ -51,6 +51,11 @@ EVENT_PATH_SHARE = 0.2
 EVENT_BATCH_S = 0.05
 BATCH_WAIT_PER_CPU = 1.0 / EVENT_PATH_SHARE - 1.0  # a pass of c seconds, then a wait of 4c
 TREAT_WITHIN_S = 0.08
+# After a pass whose events changed nothing (processes no profile can match: forks, execs and
+# exits of light processes), the next events wait at least QUIET_BATCH_S (under the cut above): a
+# short-lived unmatched program's fork, exec and exit then come in one batch, where its exec is not
+# read at all (sources/events.py's passing_execs), instead of a wakeup and a pass each.
+QUIET_BATCH_S = EVENT_BATCH_S
 CYCLE_S = 1.0  # a pass with events this soon after the last one ended is part of a stream (cycle_cost())
 PASS_COST_SMOOTHING = 0.3  # the weight of the latest pass (smoothed())
 # The cyclic garbage collector: what the daemon holds is mostly acyclic (facts, records, layers:
@@ -246,7 +251,8 @@ class MainLoop:
                 self._last_batch_end = ended
                 self.pass_cpu_s = smoothed(self.pass_cpu_s, cost)
                 self.pass_wall_s = smoothed(self.pass_wall_s, ended[1] - wall_before)
-                self.events_not_before = time.monotonic() + batch_wait(self.pass_cpu_s, self.pass_wall_s)
+                self.events_not_before = time.monotonic() + batch_wait(self.pass_cpu_s, self.pass_wall_s,
+                                                                       quiet=not changes)
         except OSError:
             self._carried = pending  # asked again on the next pass
             raise
@@ -288,10 +294,13 @@ def cycle_cost(last_end: Optional[Tuple[float, float]], end: Tuple[float, float]
     return pass_thread_cpu_s
 
 
-def batch_wait(pass_cpu_s: float, pass_wall_s: float = 0.0) -> float:
+def batch_wait(pass_cpu_s: float, pass_wall_s: float = 0.0, quiet: bool = False) -> float:
     """How long the next process events wait after a pass with events that took this much CPU
-    and this long (both smoothed)."""
-    return max(0.0, min(EVENT_BATCH_S, BATCH_WAIT_PER_CPU * pass_cpu_s, TREAT_WITHIN_S - 2 * pass_wall_s))
+    and this long (both smoothed); quiet: its events changed nothing (QUIET_BATCH_S)."""
+    wait = min(EVENT_BATCH_S, BATCH_WAIT_PER_CPU * pass_cpu_s)
+    if quiet:
+        wait = max(wait, QUIET_BATCH_S)
+    return max(0.0, min(wait, TREAT_WITHIN_S - 2 * pass_wall_s))
 
 
 def _due(last: Optional[float], now: float) -> bool:

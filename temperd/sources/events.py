@@ -1,11 +1,13 @@
 """Process events applied to the inventory's store: a fork, exec, rename or exit made into the
 store's change and the inventory's report of it. A process the tracker keeps light costs no
-read of its threads and reports no change (sources/light.py, sources/tracking.py)."""
+read of its threads and reports no change (sources/light.py, sources/tracking.py). An untracked
+process that execs and ends within one batch, doing nothing else in it, is not read at all
+(passing_execs): what its exec would show is gone by the batch's end."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import List
+from typing import Container, List, Sequence, Set
 
 from temperd.sources import procfs
 from temperd.sources.changes import EXEC, EXIT, NEW_PROCESS, NEW_THREAD, RENAME, REUSED, Change
@@ -156,3 +158,30 @@ class EventApplier:
         else:
             self._store.remove_process(pid)
             changes.append(Change(EXIT, pid))
+
+
+def passing_execs(events: Sequence[ProcEvent], procs: Container[int], bound: Container[int]) -> Set[int]:
+    """Untracked processes that exec and end within one batch and do nothing else in it (no
+    thread, fork or rename; not named by a runtime binding): their exec is not looked at (no read),
+    for whatever it would find is gone by the batch's end (an unmatched exec loop's processes)."""
+    execs: Set[int] = set()
+    ended: Set[int] = set()
+    spoiled: Set[int] = set()
+    for event in events:
+        kind, pid = event.kind, event.pid
+        if kind == "exec":
+            if pid in execs or pid in ended:
+                spoiled.add(pid)
+            execs.add(pid)
+        elif kind == "exit":
+            if event.tid != pid or pid not in execs:
+                spoiled.add(pid)
+            else:
+                ended.add(pid)
+        elif kind == "fork":
+            if event.tid != pid or pid in execs:
+                spoiled.add(pid)
+            spoiled.add(event.parent_pid)
+        else:
+            spoiled.add(pid)
+    return {pid for pid in ended if pid not in spoiled and pid not in procs and pid not in bound}

@@ -26,7 +26,7 @@ from temperd.sources.changes import (CHANGE_KINDS, EXEC, EXIT, NEW_PROCESS, NEW_
 from temperd.sources.facts import ProcessFacts, ThreadFacts
 from temperd.sources.process_store import InventorySnapshot, ProcessRecord, ProcessStore
 from temperd.sources.proc_connector import Batch, ConnectorUnavailable, ProcConnector, ProcEvent
-from temperd.sources.events import EventApplier
+from temperd.sources.events import EventApplier, passing_execs
 from temperd.sources.light import Gate
 from temperd.sources.scan import scan
 from temperd.sources.tracking import Tracker
@@ -233,12 +233,17 @@ class Inventory:
         # A task that execs or ends later in the same batch is read then (or not at all), not at its
         # fork too: under a fork storm most new processes fork and exec within one batch.
         settled = {event.tid: index for index, event in enumerate(events) if event.kind in ("exec", "exit")}
+        passing = passing_execs(events, self._store.procs, self._tracker.gate.bound) if self._tracker.selective else ()
         unread_forks = []
         for index, event in enumerate(events):
             if event.kind == "fork" and settled.get(event.tid, -1) > index:
                 self._events_received += 1
                 if event.tid == event.pid:
                     unread_forks.append(event.pid)
+                continue
+            if event.kind == "exec" and event.pid in passing:  # gone before its read: counted so
+                self._events_received += 1
+                self._applier.vanished += 1
                 continue
             self.apply_event(event, changes)
         for pid in unread_forks:  # read at its exec (if it did not end): its title is rechecked as any new process's
