@@ -22,29 +22,20 @@ processes itself (inheritance).
 
 from __future__ import annotations
 
-import fnmatch
-import re
 from typing import Collection, FrozenSet, Iterable, List, Optional, Pattern, Tuple
 
 from temperd.config import safe_regex
 from temperd.config.daemon_config import DaemonConfig
 from temperd.config.profile import Profile
-from temperd.decide.matcher import ENV_PROFILE
+from temperd.decide.matcher import ENV_PROFILE, any_glob, cgroup_under
 from temperd.decide.trust import TrustPolicy
 from temperd.sources.facts import system_unit_of
 from temperd.sources.light import Gate, Probe
 
 
 def _union(globs: Iterable[str]) -> Optional[Pattern[str]]:
-    """One expression for any of these shell patterns (fnmatchcase's translation)."""
-    globs = sorted(set(globs))
-    if not globs:
-        return None
-    return re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in globs))
-
-
-def _under(path: Optional[str], prefixes: Tuple[str, ...]) -> bool:
-    return bool(path) and any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes)  # type: ignore[union-attr]
+    """One expression for any of these shell patterns (the matcher's, over the set)."""
+    return any_glob(tuple(sorted(set(globs))))
 
 
 class CandidateIndex(Gate):
@@ -95,7 +86,7 @@ class CandidateIndex(Gate):
                 unit = paths.unit
                 if self._units is not None and unit and self._units.match(unit):
                     return f"unit {unit}"
-                if _under(paths.unified, self._cgroups):
+                if any(cgroup_under(paths.unified, prefix) for prefix in self._cgroups):
                     return f"cgroup {paths.unified}"
         if self._cmdlines:
             text = " ".join(probe.cmdline())

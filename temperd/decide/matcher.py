@@ -134,7 +134,7 @@ def _cmdline_text(proc) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _any_glob(patterns: Tuple[str, ...]) -> Optional["re.Pattern[str]"]:
+def any_glob(patterns: Tuple[str, ...]) -> Optional["re.Pattern[str]"]:
     """One expression that matches what any of these shell patterns matches (fnmatchcase's
     translation): a new process is checked against every loaded profile, and most reject it."""
     if not patterns:
@@ -144,7 +144,7 @@ def _any_glob(patterns: Tuple[str, ...]) -> Optional["re.Pattern[str]"]:
 
 def _first_glob(patterns: Tuple[str, ...], text: str) -> Optional[str]:
     """The first of these patterns that matches text, or None."""
-    union = _any_glob(patterns)
+    union = any_glob(patterns)
     if union is None or not union.match(text):
         return None
     return next(pattern for pattern in patterns if glob_match(pattern, text))
@@ -161,7 +161,7 @@ def fingerprint_reason(profile: Profile, proc) -> Optional[str]:
     if pattern is not None:
         return f"unit {proc.unit} matches {pattern!r}"
     for prefix in fp.cgroups:
-        if proc.cgroup and (proc.cgroup == prefix or proc.cgroup.startswith(prefix.rstrip("/") + "/")):
+        if cgroup_under(proc.cgroup, prefix):
             return f"cgroup {proc.cgroup} is under {prefix}"
     pattern = _first_glob(fp.process_names, proc.name)
     if pattern is not None:
@@ -173,13 +173,16 @@ def fingerprint_reason(profile: Profile, proc) -> Optional[str]:
     return None
 
 
+def cgroup_under(path: Optional[str], prefix: str) -> bool:
+    """Whether a cgroup path is the prefix's cgroup or below it (a whole path component)."""
+    return bool(path) and (path == prefix or path.startswith(prefix.rstrip("/") + "/"))  # type: ignore[union-attr]
+
+
 def binding_for(config: DaemonConfig, proc) -> Optional[Binding]:
     for binding in config.bindings:
         if binding.unit and proc.unit and glob_match(binding.unit, proc.unit):
             return binding
-        if binding.cgroup and proc.cgroup and (
-            proc.cgroup == binding.cgroup or proc.cgroup.startswith(binding.cgroup.rstrip("/") + "/")
-        ):
+        if binding.cgroup and cgroup_under(proc.cgroup, binding.cgroup):
             return binding
     return None
 
