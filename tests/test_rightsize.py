@@ -21,6 +21,7 @@ from temperd.observe import usage_tracker, workload_watch
 from temperd.observe.usage_history import ThreadSample, UsageHistory
 from temperd.observe.workload_watch import WorkloadWatch
 from temperd.sources import procfs
+from temperd.sources.task_counters import TaskCounters
 
 DAY = 86400.0
 
@@ -310,3 +311,32 @@ def test_light_threads_behind_on_their_own_pace_now_and_then_leave_the_spinner_i
                                           starved=i % 4 == 0)] * 7
     r = rightsize(_crowded(history, "bursts", spinner + bursting).summary(), Declared(None, "nothing", 2), 0.15)
     assert r.exclusive_cores == 0 and "do not fit the 2 CPUs" in r.reason, r.reason
+
+
+def test_a_process_is_timed_by_its_own_read_not_by_the_late_samplers_pass(tmp_path, monkeypatch):
+    """A process using one CPU, sampled by passes a second apart whose reads run late by varying
+    amounts (a crowded host): what it used is read over the time between its own reads, so the
+    residual stays one CPU instead of swinging with the sampler's lateness."""
+    reads = iter([0.0, 1.4, 2.0, 3.3, 4.0])  # the clock at each read; the passes start at 0, 1, 2, 3, 4
+    read_at = [0.0]
+
+    def clock():
+        return read_at[0]
+
+    def counters(pid):
+        read_at[0] = next(reads)
+        return TaskCounters("R", int(round(read_at[0] * usage_tracker.CLOCK_TICKS)), 0, 0, 1, "app")
+
+    monkeypatch.setattr(usage_tracker, "read_process_counters", counters)
+    monkeypatch.setattr(usage_tracker.cgroups, "cpu_usage_us", lambda cgroup: None)
+    history = UsageHistory(str(tmp_path / "h.json"), DAY, 16)
+    settings = WatchSettings(history_file=str(tmp_path / "h.json"), rightsizing=True)
+    tracker = usage_tracker.UsageTracker(settings, history, energy=False, clock=clock)
+    tracked = usage_tracker.Tracked(label="app.service", key="app.service")
+    workload = Workload(key="app.service", profile_id=None, tier="standard", budget=None, budget_reason="",
+                        source="binding", reason="test", unit="app.service", cgroup=None, pids=(4242,), threads=())
+    for now in range(5):
+        tracker.sample(tracked, workload, float(now))
+    summary = history.of("app.service").summary()
+    assert summary.samples == 5  # the first read starts the process's count
+    assert 0.95 <= summary.rest_p95 <= 1.05, summary.rest_p95  # timed by the pass: 1.4 at p95

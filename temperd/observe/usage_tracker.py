@@ -166,7 +166,7 @@ class UsageTracker:
             if self.settings.rightsizing:
                 self.history.of(t.label).record_idle(now, intervals)
             return
-        moved, residual, elapsed = self._read_processes(t, w, now)
+        moved, residual, elapsed = self._read_processes(t, w)
         if not moved:  # nothing ran: a zero for every kept thread, counted in one go; no rank can change
             if self.settings.rightsizing:
                 self.history.of(t.label).record_idle(now, intervals)
@@ -183,7 +183,7 @@ class UsageTracker:
         if self.settings.rightsizing:
             self.history.of(t.label).record(now, samples, residual, self.settings.keep_threads, intervals)
 
-    def _read_processes(self, t: Tracked, w, now: float) -> Tuple[List[int], float, Optional[float]]:
+    def _read_processes(self, t: Tracked, w) -> Tuple[List[int], float, Optional[float]]:
         """Each process's CPU ticks and major faults since the last sample: (the pids that ran or
         are new, the CPUs they used together, the last interval measured; None: none was)."""
         moved: List[int] = []
@@ -194,14 +194,18 @@ class UsageTracker:
             if counters is None:
                 t.processes.pop(pid, None)
                 continue
+            # Its own interval, as each kept thread has: on a crowded host the sampler runs late
+            # by a varying part of a second, and timed by the pass's start a steady process reads
+            # more (or less) than it ran, all of it landing in the residual (the threads not kept).
+            read_at = self.clock()
             before = t.processes.get(pid)
             if before is None:
-                t.processes[pid] = _Process(counters.cpu_ticks, now, major_faults=counters.major_faults)
+                t.processes[pid] = _Process(counters.cpu_ticks, read_at, major_faults=counters.major_faults)
                 moved.append(pid)
                 continue
-            dt = now - before.at
+            dt = read_at - before.at
             grown = counters.cpu_ticks - before.cpu_ticks
-            before.cpu_ticks, before.at = counters.cpu_ticks, now
+            before.cpu_ticks, before.at = counters.cpu_ticks, read_at
             t.counters.major_faults += max(0, counters.major_faults - before.major_faults)
             before.major_faults = counters.major_faults
             if grown > 0 and dt > 0:
