@@ -17,7 +17,7 @@ import select
 import signal
 import time
 import threading
-from typing import Any, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Dict, List, Optional, Protocol
 
 from temperd.config.daemon_config import DaemonConfig
 from temperd.daemon.notify import Notifier
@@ -28,35 +28,23 @@ WATCHDOG_DEFAULT_S = 10.0  # where the unit sets no WatchdogSec (systemd then ig
 STARVED_RETRY_S = 1.0
 OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 STARVED_LOG_EVERY_S = 600.0  # a spell that comes and goes is logged once in this long
-# After a pass that brought process events, the next events wait: a busy host's events are then
-# handled in batches (one match and plan per batch, not per fork), and a process that forks, execs
-# and exits within one costs a failed open instead of reads of /proc. The wait is
-# BATCH_WAIT_PER_CPU times the CPU time such passes took (smoothed()), at most EVENT_BATCH_S:
-# under a steady stream of events a cycle is a pass and its wait, so handling events takes at most
-# EVENT_PATH_SHARE of a core until batches reach EVENT_BATCH_S, however fast the host forks; below
-# those caps a cheaper pass buys shorter cycles (less delay), not less CPU. A light stream of events is treated
-# within milliseconds, and the first event after a quiet spell is handled at once. A pass's cost is
-# the whole daemon's CPU over its cycle (cycle_cost()): the idle cgroup's moves are made on a worker
-# thread (cgroup_moves.py), beside the main loop.
-# The wait is also cut so that an event that came just after a batch was taken is treated within
+# After a pass that brought process events, the next events wait EVENT_BATCH_S: a busy host's
+# events are then handled in batches, at most 1 / EVENT_BATCH_S passes a second however fast the
+# host forks, so what a pass costs whatever its events (the match, the plan, the state file, the
+# idle cgroup's tasks file) is paid at most that often, and the rest is what the events themselves
+# cost. A process that forks, execs and exits within one batch costs a failed open instead of
+# reads of /proc, and an unmatched program's fork, exec and exit come in one batch, where its exec
+# is not read at all (sources/events.py's passing_execs). A light stream of events is treated
+# within milliseconds: the first event after a quiet spell is handled at once.
+# The wait is cut so that an event that came just after a batch was taken is treated within
 # TREAT_WITHIN_S: it waits out that pass, the wait and its own pass, so the wait is at most
 # TREAT_WITHIN_S less two passes' wall time (smoothed). On a slow host under a fork storm (passes of
-# 30-40 ms) the 50 ms batch left 1-9 % of new threads untreated after 100 ms. Where this cut binds,
-# passes come more often than EVENT_PATH_SHARE allows (back-to-back passes of 40 ms at worst).
-# A fifth of a core, not a quarter. At 200 threads, renames and processes a second (bench/churn.py)
-# on a 2-vCPU guest, passes cost 12-18 ms and the cut above binds as often as the share: the fifth
-# measured 22.5-24.9 % of a core there against the quarter's 24.4-27.2 %, with 99.6-100 % treated
-# within 100 ms in both. A cheaper pass is what lowers it further.
-EVENT_PATH_SHARE = 0.2
+# 30-40 ms) the 50 ms batch left 1-9 % of new threads untreated after 100 ms.
+# A wait set by what passes cost (4 times a pass's CPU: at most a fifth of a core) made a cheaper
+# pass come more often, not cost less: at 20 threads, renames and processes a second
+# (bench/churn.py), 35 passes a second and 13.7 % of a core; with the whole batch 17 and 7.6 %.
 EVENT_BATCH_S = 0.05
-BATCH_WAIT_PER_CPU = 1.0 / EVENT_PATH_SHARE - 1.0  # a pass of c seconds, then a wait of 4c
 TREAT_WITHIN_S = 0.08
-# After a pass whose events changed nothing (processes no profile can match: forks, execs and
-# exits of light processes), the next events wait at least QUIET_BATCH_S (under the cut above): a
-# short-lived unmatched program's fork, exec and exit then come in one batch, where its exec is not
-# read at all (sources/events.py's passing_execs), instead of a wakeup and a pass each.
-QUIET_BATCH_S = EVENT_BATCH_S
-CYCLE_S = 1.0  # a pass with events this soon after the last one ended is part of a stream (cycle_cost())
 PASS_COST_SMOOTHING = 0.3  # the weight of the latest pass (smoothed())
 # The cyclic garbage collector: what the daemon holds is mostly acyclic (facts, records, layers:
 # reference counting frees them), but at the default threshold (700) a fork storm's allocations
@@ -154,9 +142,7 @@ class MainLoop:
         self._starved_logged_at: Optional[float] = None
         self._recovered_logged_at: Optional[float] = None
         self.events_not_before = 0.0  # monotonic time; see EVENT_BATCH_S
-        self.pass_cpu_s: Optional[float] = None  # what a pass with events costs, smoothed
-        self.pass_wall_s: Optional[float] = None  # and how long it takes, smoothed
-        self._last_batch_end: Optional[Tuple[float, float]] = None  # (process CPU, monotonic time): see cycle_cost()
+        self.pass_wall_s: Optional[float] = None  # how long a pass with events takes, smoothed
 
     def run(self) -> None:
         """Until a STOP request."""
@@ -232,12 +218,11 @@ class MainLoop:
             return None
         try:
             changes = []
-            cpu_before, wall_before = time.thread_time(), time.monotonic()
+            wall_before = time.monotonic()
             received = inventory.events_received
             if inventory.events_active and time.monotonic() >= self.events_not_before:
                 changes = inventory.handle_events()
-            # Events that changed nothing (processes no profile can match) are batched too: a pass
-            # per exec of an unmatched loop would cost more than reading it.
+            # Events that changed nothing (processes no profile can match) are batched too.
             handled = bool(changes) or inventory.events_received != received
             if RELOAD in pending:
                 daemon.reload(pending[RELOAD])
@@ -246,13 +231,9 @@ class MainLoop:
             elif changes:
                 daemon.replan("events", changes)
             if handled:
-                ended = (time.process_time(), time.monotonic())
-                cost = cycle_cost(self._last_batch_end, ended, time.thread_time() - cpu_before)
-                self._last_batch_end = ended
-                self.pass_cpu_s = smoothed(self.pass_cpu_s, cost)
-                self.pass_wall_s = smoothed(self.pass_wall_s, ended[1] - wall_before)
-                self.events_not_before = time.monotonic() + batch_wait(self.pass_cpu_s, self.pass_wall_s,
-                                                                       quiet=not changes)
+                ended = time.monotonic()
+                self.pass_wall_s = smoothed(self.pass_wall_s, ended - wall_before)
+                self.events_not_before = ended + batch_wait(self.pass_wall_s)
         except OSError:
             self._carried = pending  # asked again on the next pass
             raise
@@ -277,30 +258,13 @@ def settle_garbage_collector() -> None:
 
 
 def smoothed(before: Optional[float], now: float) -> float:
-    """A pass's cost, smoothed over the last few: under a steady stream the wait settles, rather
-    than a dear pass's long wait and a cheap pass's short one taking turns (half the passes then
-    paid the per-pass costs for a handful of events)."""
+    """How long a pass takes, smoothed over the last few: one slow pass does not cut a whole batch."""
     return now if before is None else PASS_COST_SMOOTHING * now + (1 - PASS_COST_SMOOTHING) * before
 
 
-def cycle_cost(last_end: Optional[Tuple[float, float]], end: Tuple[float, float], pass_thread_cpu_s: float) -> float:
-    """The cost of a pass with events, which the next batch's wait follows: within a stream of
-    events (the last such pass ended less than CYCLE_S ago), the process's CPU since that pass
-    ended: this pass and what other threads did meanwhile, the moves of the last batch among them.
-    Else (the first pass after a quiet spell) this pass's own CPU on the main thread. last_end,
-    end: (process CPU, monotonic time) at the end of the last such pass and of this one."""
-    if last_end is not None and end[1] - last_end[1] < CYCLE_S:
-        return max(0.0, end[0] - last_end[0])
-    return pass_thread_cpu_s
-
-
-def batch_wait(pass_cpu_s: float, pass_wall_s: float = 0.0, quiet: bool = False) -> float:
-    """How long the next process events wait after a pass with events that took this much CPU
-    and this long (both smoothed); quiet: its events changed nothing (QUIET_BATCH_S)."""
-    wait = min(EVENT_BATCH_S, BATCH_WAIT_PER_CPU * pass_cpu_s)
-    if quiet:
-        wait = max(wait, QUIET_BATCH_S)
-    return max(0.0, min(wait, TREAT_WITHIN_S - 2 * pass_wall_s))
+def batch_wait(pass_wall_s: float = 0.0) -> float:
+    """How long the next process events wait after a pass with events that took this long (smoothed)."""
+    return max(0.0, min(EVENT_BATCH_S, TREAT_WITHIN_S - 2 * pass_wall_s))
 
 
 def _due(last: Optional[float], now: float) -> bool:
