@@ -320,3 +320,35 @@ def test_moves_made_on_the_worker_thread_tell_what_failed_and_their_records_go_b
     finally:
         os.close(reader)
         idle._moves.close()
+
+
+@needs_v1_cpu
+def test_between_whole_applies_the_cgroup_is_not_made_again_unless_someone_removed_it(
+        tmp_path, children, backends, monkeypatch):
+    """A batch's moves go into the cgroup the last whole apply made (no mkdir and cpu.idle write
+    per batch); one removed meanwhile by someone else is made again by the batch that finds it gone."""
+    mixed = children.spawn(["srv-a", "bg-c"])
+    backend = backends(tmp_path)
+    bg_c = mixed.threads["bg-c"]
+    backend.apply(plan_of(yield_layer([bg_c])), scan_threads([mixed.pid]))
+    where = cpu_cgroup(mixed.pid, bg_c)
+    assert where != "/"
+    made = []
+    real = os.makedirs
+    monkeypatch.setattr(os, "makedirs", lambda *a, **kw: made.append(a) or real(*a, **kw))
+
+    bg_d = mixed.spawn("bg-d")
+    backend.apply(plan_of(yield_layer([bg_c, bg_d])), scan_threads([mixed.pid]), _threads_of(mixed.pid, bg_d))
+    assert backend.idle_cgroup.settle().applied == 1
+    assert cpu_cgroup(mixed.pid, bg_d) == where and not made
+
+    for tid in (bg_c, bg_d):  # someone else empties and removes it
+        with open(os.path.join(MOUNT, "tasks"), "w") as handle:
+            handle.write(str(tid))
+    os.rmdir(idle_dir(tmp_path))
+    bg_e = mixed.spawn("bg-e")
+    result = backend.apply(plan_of(yield_layer([bg_c, bg_d, bg_e])), scan_threads([mixed.pid]),
+                           _threads_of(mixed.pid, bg_e))
+    assert not result.failed, result.errors
+    assert backend.idle_cgroup.settle().applied == 1
+    assert made and cpu_cgroup(mixed.pid, bg_e) == where

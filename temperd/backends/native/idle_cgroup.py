@@ -75,6 +75,7 @@ class IdleCgroup(HeldSettings[Key, str]):
         # apply(): a superset is enough (it only says whose other new threads' cgroup add() reads),
         # and it spares add() a walk over every held thread. apply() makes it again.
         self._pids: Optional[Set[int]] = None
+        self._made = False  # the cgroup was made (or found) with cpu.idle = 1; see _ensure()
         super().__init__(ThreadCpuCgroup(mount or ""))
 
     @property
@@ -93,6 +94,7 @@ class IdleCgroup(HeldSettings[Key, str]):
         fresh: the keys of threads the inventory read in this pass (their start time is not read again)."""
         result = self.settle()
         self._pids = None
+        self._made = False
         if not self.supported:
             return result
         threads = list(threads)
@@ -134,7 +136,11 @@ class IdleCgroup(HeldSettings[Key, str]):
             self._pids = {pid for pid in map(pid_of, self.written) if pid is not None}
         self._pids.update(thread.pid for thread in yielding)
         with self.setting.batch(fresh):
-            self.setting.open_tasks(self.path)
+            if yielding and not self.setting.open_tasks(self.path):
+                self._made = False  # removed by someone else: made again
+                if not self._ensure(result):
+                    return result
+                self.setting.open_tasks(self.path)
             desired, read = {}, {}
             for thread in yielding:
                 key = (thread.tid, thread.start_time)
@@ -190,6 +196,7 @@ class IdleCgroup(HeldSettings[Key, str]):
                 moved += 1
             except OSError:
                 pass  # gone meanwhile
+        self._made = False
         try:
             os.rmdir(self._dir())
         except OSError:
@@ -202,7 +209,11 @@ class IdleCgroup(HeldSettings[Key, str]):
         return os.path.join(self.mount or "", self.path.lstrip("/"))
 
     def _ensure(self, result: HostSettingResult) -> bool:
-        """Make the cgroup (cpu.idle = 1) where it is not; False, with the reason kept, where it cannot be."""
+        """Make the cgroup (cpu.idle = 1) where it is not; False, with the reason kept, where it
+        cannot be. Once made, only a whole apply makes sure of it again, or a batch whose open of
+        its tasks file fails (events come ten or more batches a second)."""
+        if self._made:
+            return True
         try:
             os.makedirs(self._dir(), exist_ok=True)
             with open(os.path.join(self._dir(), "cpu.idle"), "w") as handle:
@@ -212,6 +223,7 @@ class IdleCgroup(HeldSettings[Key, str]):
             result.errors.append(self.why_not)
             result.failed += 1
             return False
+        self._made = True
         return True
 
     def _want(self, key: Key, desired: Dict[Key, str], read: Dict[Key, Optional[str]]) -> None:

@@ -60,15 +60,16 @@ class ThreadCpuCgroup(Setting[Key, str]):
         """The open tasks file of the cgroup at `path`, no longer closed when the batch ends."""
         return self._tasks.pop(path, None)
 
-    def open_tasks(self, path: str) -> None:
+    def open_tasks(self, path: str) -> bool:
         """Keep the tasks file of the cgroup at `path` open until the batch ends (where it cannot
-        be opened, each move opens it and says why it failed)."""
+        be opened, each move opens it and says why it failed); whether it is open."""
         if path not in self._tasks:
             try:
                 self._tasks[path] = os.open(os.path.join(self.mount, path.lstrip("/"), "tasks"),
                                             os.O_WRONLY | os.O_CLOEXEC)
             except OSError:
-                pass
+                return False
+        return True
 
     def where(self, key: Key) -> str:
         return f"tid {key[0]}"
