@@ -233,6 +233,16 @@ def test_threads_read_in_this_pass_move_without_a_second_start_time_read_through
     assert {cpu_cgroup(kid.pid, t.tid) for t in threads} == {"/"}
 
 
+def _yield_thread_moved(children, backend):
+    """A process of a mixed session whose yield thread bg-c a whole apply moved: (it, bg-c, the cgroup)."""
+    mixed = children.spawn(["srv-a", "bg-c"])
+    bg_c = mixed.threads["bg-c"]
+    backend.apply(plan_of(yield_layer([bg_c])), scan_threads([mixed.pid]))
+    where = cpu_cgroup(mixed.pid, bg_c)
+    assert where != "/"
+    return mixed, bg_c, where
+
+
 def _threads_of(pid, *tids):
     by_tid = {t.tid: t for t in scan_threads([pid])}
     return [by_tid[tid] for tid in tids]
@@ -245,12 +255,8 @@ def test_a_batch_that_leaves_every_sessions_mix_as_it_was_moves_only_its_own_thr
     idle cgroup, and a thread that no longer yields comes out, without the pass over every thread
     of the host (a fork storm's batches come ten a second); a favoured newcomer, which may change
     an autogroup's nice, still gets the whole pass."""
-    mixed = children.spawn(["srv-a", "bg-c"])
     backend = backends(tmp_path)
-    bg_c = mixed.threads["bg-c"]
-    backend.apply(plan_of(yield_layer([bg_c])), scan_threads([mixed.pid]))
-    where = cpu_cgroup(mixed.pid, bg_c)
-    assert where != "/"
+    mixed, bg_c, where = _yield_thread_moved(children, backend)
     whole_passes = []
     real = backend.autogroups.cache.sessions
     monkeypatch.setattr(backend.autogroups.cache, "sessions", lambda *a, **kw: whole_passes.append(1) or real(*a, **kw))
@@ -327,12 +333,8 @@ def test_between_whole_applies_the_cgroup_is_not_made_again_unless_someone_remov
         tmp_path, children, backends, monkeypatch):
     """A batch's moves go into the cgroup the last whole apply made (no mkdir and cpu.idle write
     per batch); one removed meanwhile by someone else is made again by the batch that finds it gone."""
-    mixed = children.spawn(["srv-a", "bg-c"])
     backend = backends(tmp_path)
-    bg_c = mixed.threads["bg-c"]
-    backend.apply(plan_of(yield_layer([bg_c])), scan_threads([mixed.pid]))
-    where = cpu_cgroup(mixed.pid, bg_c)
-    assert where != "/"
+    mixed, bg_c, where = _yield_thread_moved(children, backend)
     made = []
     real = os.makedirs
     monkeypatch.setattr(os, "makedirs", lambda *a, **kw: made.append(a) or real(*a, **kw))
