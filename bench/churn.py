@@ -9,9 +9,10 @@ Each thread, after being created or renamed, checks its own policy at 2, 5, 10, 
 is the first check that saw SCHED_BATCH, so latencies have that resolution. The daemon's CPU and
 RSS are read from /proc before and after, the process events it received and its event
 overflows from /metrics: CPU per process event is the event path's cost. --py-spy OUT samples
-the daemon during the churn and prints where its time went.
+the daemon during the churn and prints where its time went; --tree DIR runs the temperd package
+found in DIR (another checkout, side by side).
 
-    sudo .venv/bin/python bench/churn.py [--rate 300] [--duration 60] [--json] [--py-spy OUT]
+    sudo .venv/bin/python bench/churn.py [--rate 300] [--duration 60] [--tree DIR] [--json] [--py-spy OUT]
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (HostMonitor, host_description, print_py_spy, py_spy_record, read_text,  # noqa: E402
-                    running_temperd)
+                    running_temperd, tree_command)
 from servers import free_port  # noqa: E402  (common puts tests/ on sys.path)
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -216,6 +217,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--py-spy", dest="py_spy", metavar="OUT",
                         help="sample temperd with py-spy during the churn (raw stacks into OUT; top printed)")
+    parser.add_argument("--tree", help="run the temperd package of this checkout")
     parser.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generate:
@@ -226,7 +228,7 @@ def main() -> int:
         return 2
     port = free_port()
     profiles = {"churn.toml": THREAD_PROFILE, "churn-proc.toml": PROCESS_PROFILE}
-    with running_temperd(profiles=profiles, http_port=port) as daemon:
+    with running_temperd(profiles=profiles, http_port=port, command=tree_command(args.tree)) as daemon:
         time.sleep(1.0)
         ticks0, rss0, counts0, passes0 = daemon.cpu_ticks(), rss_kib(daemon.pid), inventory_counts(port), replans(daemon)
         monitor = HostMonitor()
@@ -264,7 +266,7 @@ def main() -> int:
     made = sum(gen["counts"].values())
     passes = None if passes0 is None or passes1 is None else passes1 - passes0
     summary = {
-        "host": host_description(), "duration_s": args.duration,
+        "host": host_description(), "tree": args.tree or ".", "duration_s": args.duration,
         "daemon_cpu_pct_of_core": 100.0 * cpu_s / wall,
         "daemon_cpu_ms_per_event": 1000.0 * cpu_to_count_s / events if events else None,
         "daemon_cpu_ms_per_creation": 1000.0 * cpu_to_count_s / made if made else None,
@@ -283,6 +285,7 @@ def main() -> int:
         print()
         return 0
     print(summary["host"])
+    print(f"temperd from {args.tree or 'this checkout'}")
     print(f"churn for {args.duration:.0f} s; checks at {', '.join(map(str, CHECKS_MS))} ms after creation or rename")
     print(f"{'kind':<10} {'asked/s':>8} {'made/s':>7} {'made':>6} {'checked':>7} {'treated':>8} {'<=100ms':>8} "
           f"{'p50 ms':>7} {'p99 ms':>7}")

@@ -158,6 +158,15 @@ def temperd_toml(state_dir: str, socket: str, http_port: int = 0, extra: str = "
             f'[http]\nport = {http_port}\n[control]\nsocket = "{socket}"\n')
 
 
+def tree_command(tree: Optional[str]) -> Optional[List[str]]:
+    """running_temperd's `command` that runs the temperd package of another checkout (None: this one's)."""
+    if not tree:
+        return None
+    path = os.path.abspath(tree)
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {path!r}); "
+            "from temperd.daemon.main import main; sys.exit(main())"]
+
+
 @contextlib.contextmanager
 def running_temperd(*, bindings: str = "", profiles: Optional[Mapping[str, str]] = None, http_port: int = 0,
                     log_level: str = "warning", settings: str = "", command: Optional[Sequence[str]] = None,

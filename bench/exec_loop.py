@@ -20,10 +20,10 @@ import os
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import HostMonitor, host_description, print_py_spy, py_spy_record, running_temperd  # noqa: E402
+from common import HostMonitor, host_description, print_py_spy, py_spy_record, running_temperd, tree_command  # noqa: E402
 
 
 def generate(rate: float, duration: float) -> int:
@@ -77,13 +77,8 @@ def main() -> int:
     if os.geteuid() != 0:
         print("run as root: temperd changes other processes' scheduling", file=sys.stderr)
         return 2
-    command: Optional[List[str]] = None
-    if args.tree:
-        tree = os.path.abspath(args.tree)
-        command = [sys.executable, "-c", f"import sys; sys.path.insert(0, {tree!r}); "
-                   "from temperd.daemon.main import main; sys.exit(main())"]
     rows = []
-    with running_temperd(command=command) as daemon:
+    with running_temperd(command=tree_command(args.tree)) as daemon:
         time.sleep(2.0)  # the start's scan and first plan out of the window
         idle = measure(daemon, 0.0, args.duration)  # the daemon's own cost without the loop, subtracted below
         for rate in (float(r) for r in args.rates.split(",")):
