@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, List, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, List, NoReturn
 
 import click
 
 from temperd import paths
 from temperd.control.client import request
 from temperd.control.protocol import DaemonNotRunning, DaemonUnavailable
+from temperd.control.typed_json import to_json
 from temperd.text import printable, printable_data
 
-from .output import print_json, print_table
+if TYPE_CHECKING:
+    from temperd.control.status import BackendView, Status
+
+from .output import print_json, table
 
 socket_option = click.option("--socket", "socket_path", default=paths.CONTROL_SOCKET, show_default=True,
                              envvar="TEMPERD_SOCKET", help="temperd's control socket.")
@@ -59,77 +63,76 @@ def rendered(render: Callable[[], Any], what: str) -> Any:
 def status_command(socket_path: str, as_json: bool) -> None:
     """Daemon state, backend, configuration generation, profiles, workloads, lint and overhead.
     Exits 3 when temperd is not running, 1 when it cannot be asked."""
-    status = ask(socket_path, "status", not_running_exit=NOT_RUNNING).get("status")
+    from temperd.control.status import Status
+
+    reply = ask(socket_path, "status", not_running_exit=NOT_RUNNING).get("status")
+    status = rendered(lambda: Status.from_json(reply), "status")
     if as_json:
-        print_json(status)
+        print_json(status.to_json())
     else:
-        rendered(lambda: _print_status(status), "status")
+        rendered(lambda: click.echo("\n".join(status_lines(status))), "status")
 
 
-def _print_status(status: dict) -> None:
-    backend = status["backend"]
-    reload = status["last_reload"] or {}
-    click.echo(f"temperd {status['version']}: {status['state']} (pid {status['pid']}, up {status['uptime_s']:.0f} s)")
-    click.echo(f"backend:     {backend['active']} ({backend['reason']})" + ("  SAFE MODE" if backend.get("safe_mode") else ""))
-    for line in scx_lines(backend):
-        click.echo("  " + line)
-    click.echo(f"machine:     {status['machine_shape']}")
-    click.echo(f"config:      generation {status['generation']}, last reload "
-               f"{'ok' if reload.get('ok') else 'FAILED'} ({reload.get('trigger', '-')}: {reload.get('summary', '')})")
-    for problem in reload.get("problems") or []:
-        click.echo(f"  error: {problem}")
-    profiles = status["profiles"]
-    click.echo(f"profiles:    {len(profiles['loaded'])} loaded ({', '.join(profiles['loaded'])}), {len(profiles['failed'])} failed")
-    for failed in profiles["failed"]:
-        click.echo(f"  error: {failed['file']}:{failed['line'] or ''}: {failed['key']}: {failed['message']}")
-    for pattern, why in sorted(profiles.get("disabled_patterns", {}).items()):
-        click.echo(f"  disabled: regular expression {pattern!r}: {why}")
-    lint = status["lint"]
-    click.echo(f"lint:        {lint['total']} violation(s)" +
-               (" (" + ", ".join(f"{k} {v}" for k, v in sorted(lint["by_invariant"].items())) + ")" if lint["total"] else ""))
-    if status.get("telemetry"):
-        click.echo(f"telemetry:   {status['telemetry']}")
-    inventory = status.get("inventory")
-    if inventory:  # which process events the kernel sends, and how many processes nothing can match
-        click.echo(f"events:      {inventory.get('event_filter') or '-'}; {inventory['processes']} processes "
-                   f"tracked, {inventory.get('untracked', 0)} not ({status.get('candidates') or '-'})")
-    overhead = status.get("overhead") or {}
-    if overhead:
-        click.echo("overhead:    " + ", ".join(f"{k} {v}" for k, v in overhead.items()))
-    if status.get("http"):
-        click.echo(f"http:        {status['http']}/metrics, {status['http']}/observe")
-    click.echo("")
-    print_table(("WORKLOAD", "PROFILE", "TIER", "BUDGET", "THREADS", "GROUPS"),
-                [(w["key"], w["profile"] or "-", w["tier"], "-" if w["budget"] is None else f"{w['budget']:g}",
-                  w["threads"], ", ".join(f"{g} {n}" for g, n in sorted(w["groups"].items())))
-                 for w in status["workloads"]])
-    if status["layers"]:
-        click.echo("")
-        layers = status["layers"]
+def status_lines(status: "Status") -> List[str]:
+    """`temperctl status`'s text, from the typed status."""
+    backend, reload = status.backend, status.last_reload
+    lines = [f"temperd {status.version}: {status.state} (pid {status.pid}, up {status.uptime_s:.0f} s)",
+             f"backend:     {backend.active} ({backend.reason})" + ("  SAFE MODE" if backend.safe_mode else "")]
+    lines.extend("  " + line for line in scx_lines(backend))
+    lines.append(f"machine:     {status.machine_shape}")
+    lines.append(f"config:      generation {status.generation}, last reload "
+                 + (f"{'ok' if reload.ok else 'FAILED'} ({reload.trigger}: {reload.summary})" if reload else "FAILED (-: )"))
+    lines.extend(f"  error: {problem}" for problem in (reload.problems if reload else ()))
+    profiles = status.profiles
+    lines.append(f"profiles:    {len(profiles.loaded)} loaded ({', '.join(profiles.loaded)}), {len(profiles.failed)} failed")
+    lines.extend(f"  error: {p.file}:{p.line or ''}: {p.key}: {p.message}" for p in profiles.failed)
+    lines.extend(f"  disabled: regular expression {pattern!r}: {why}"
+                 for pattern, why in sorted(profiles.disabled_patterns.items()))
+    lint = status.lint
+    lines.append(f"lint:        {lint.total} violation(s)" +
+                 (" (" + ", ".join(f"{k} {v}" for k, v in sorted(lint.by_invariant.items())) + ")" if lint.total else ""))
+    if status.telemetry:
+        lines.append(f"telemetry:   {status.telemetry}")
+    inventory = status.inventory  # which process events the kernel sends, and how many processes nothing can match
+    lines.append(f"events:      {inventory.event_filter or '-'}; {inventory.processes} processes "
+                 f"tracked, {inventory.untracked} not ({status.candidates or '-'})")
+    if status.overhead is not None:
+        lines.append("overhead:    " + ", ".join(f"{k} {v}" for k, v in to_json(status.overhead).items()))
+    if status.http:
+        lines.append(f"http:        {status.http}/metrics, {status.http}/observe")
+    lines.append("")
+    lines.extend(table(("WORKLOAD", "PROFILE", "TIER", "BUDGET", "THREADS", "GROUPS"),
+                       [(w.key, w.profile or "-", w.tier, "-" if w.budget is None else f"{w.budget:g}", w.threads,
+                         ", ".join(f"{g} {n}" for g, n in sorted(w.groups.items()))) for w in status.workloads]))
+    if status.layers:
+        layers = status.layers
         columns = ("LAYER", "KIND", "TREATMENT", "CPUS", "MEMBERS")
-        rows = [(l["name"], l["kind"], l["treatment"] + (f" ({l['ownership']})" if l.get("ownership") else ""),
-                 ",".join(map(str, l["cpus"])) or "-", "-" if l.get("members") is None else l["members"]) for l in layers]
-        if any(l.get("scx") for l in layers):  # scx_layered carries the plan: what it reports of each layer
+        rows = [(l.name, l.kind, l.treatment + (f" ({l.ownership})" if l.ownership else ""),
+                 ",".join(map(str, l.cpus)) or "-", "-" if l.members is None else l.members) for l in layers]
+        if any(l.scx for l in layers):  # scx_layered carries the plan: what it reports of each layer
             columns += ("SCX_LAYERED NOW",)
-            rows = [row + ((l.get("scx") or {}).get("text", "-"),) for row, l in zip(rows, layers)]
-        print_table(columns, rows)
+            rows = [row + (l.scx.text if l.scx else "-",) for row, l in zip(rows, layers)]
+        lines.append("")
+        lines.extend(table(columns, rows))
+    return lines
 
 
-def scx_lines(backend: dict) -> List[str]:
+def scx_lines(backend: "BackendView") -> List[str]:
     """The scx backend's own state: who carries the plan, scx_layered's process, restarts, notes."""
-    sup = backend.get("scx_layered")
-    if sup is None:
+    scx = backend.scx
+    if scx is None:
         return []
+    sup = scx.scx_layered
     lines = []
-    if backend.get("carried_by") == "native":
-        lines.append(f"carried by the native backend: {backend.get('fallback_reason')}")
-    pid = f" (pid {sup['pid']})" if sup.get("pid") else ""
-    lines.append(f"scx_layered {sup['state']}{pid}: {sup['starts']} start(s), {sup['restarts']} restart(s) for plan "
-                 f"changes, {sup['crashes']} crash(es), {sup['default_scheduler_gap_s']['total']:g} s on the default "
+    if backend.carried_by == "native":
+        lines.append(f"carried by the native backend: {scx.fallback_reason}")
+    pid = f" (pid {sup.pid})" if sup.pid else ""
+    lines.append(f"scx_layered {sup.state}{pid}: {sup.starts} start(s), {sup.restarts} restart(s) for plan "
+                 f"changes, {sup.crashes} crash(es), {sup.default_scheduler_gap_s.total:g} s on the default "
                  f"scheduler")
-    if sup.get("last_exit"):
-        lines.append(f"last exit: {sup['last_exit']['reason']}")
-    lines.extend(f"note: {note}" for note in backend.get("render_notes") or [])
+    if sup.last_exit is not None:
+        lines.append(f"last exit: {sup.last_exit.reason}")
+    lines.extend(f"note: {note}" for note in scx.render_notes)
     return lines
 
 

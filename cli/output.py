@@ -39,12 +39,19 @@ def print_json(data: Any) -> None:
 
 
 def print_table(headers: Sequence[str], rows: List[Sequence[Any]]) -> None:
+    for line in table(headers, rows):
+        click.echo(line)
+
+
+def table(headers: Sequence[str], rows: List[Sequence[Any]]) -> List[str]:
+    """The lines of a table: headers, a rule, the rows, each column as wide as its widest cell."""
     # Cells come escaped by printable() (replies, plan data) or are the project's own text: one
     # more escape would double each backslash.
     cells = [[str(c) for c in headers]] + [["" if c is None else printable_again(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
     for n, row in enumerate(cells):
-        line = "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
-        click.echo(line)
+        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
         if n == 0:
-            click.echo("  ".join("-" * w for w in widths))
+            lines.append("  ".join("-" * w for w in widths))
+    return lines

@@ -3,11 +3,10 @@ accepts the whole exposition with every group filled."""
 
 import shutil
 import subprocess
-import time
 
 import pytest
 
-from temperd.backends.status import BackendStatus
+import status_sample
 from temperd.observe.metrics import Metrics
 
 
@@ -18,10 +17,9 @@ class Result:
 
 
 def filled() -> Metrics:
-    metrics = Metrics()
+    status = status_sample.status()  # the scx backend's metrics too
+    metrics = Metrics(status=lambda: status)
     metrics.actions.update(Result())
-    metrics.config.update(True, 2, time.time(), 0)
-    metrics.backend.update(BackendStatus("native", drift={"nice": 2}))
     return metrics
 
 

@@ -9,9 +9,9 @@ import urllib.request
 
 import pytest
 
+import status_sample
 from servers import free_port
 from thread_children import wait_for
-from temperd.backends.status import BackendStatus
 from temperd.observe.http import HttpApi
 from temperd.observe.linter import lint
 from temperd.observe.metrics import Metrics
@@ -31,10 +31,9 @@ class Result:
 
 @pytest.fixture
 def api():
-    metrics = Metrics()
+    status = status_sample.status(scx=False)  # generation 3, drift nice 2
+    metrics = Metrics(status=lambda: status)
     metrics.actions.update(Result())
-    metrics.config.update(True, 3, time.time(), 0)
-    metrics.backend.update(BackendStatus("native", drift={"nice": 1}))
     server = HttpApi("127.0.0.1", 0, metrics.exposition, lambda: {"layers": [], "ok": True})
     server.start()
     yield server, metrics
@@ -51,9 +50,9 @@ def test_metrics_and_observe_endpoints(api):
     status, ctype, body = get(server.port, "/metrics")
     assert status == 200 and ctype.startswith("text/plain")
     assert b'temperd_actions_applied_total{kind="affinity"} 3.0' in body
-    assert b'temperd_backend_info{backend="native"} 1.0' in body and b'temperd_drift_total{kind="nice"} 1.0' in body
+    assert b'temperd_backend_info{backend="native"} 1.0' in body and b'temperd_drift_total{kind="nice"} 2.0' in body
     assert b"temperd_config_generation 3.0" in body
-    assert b'temperd_lint_violations{invariant="smt_collision"} 0.0' in body
+    assert b'temperd_lint_violations{invariant="smt_collision"} 2.0' in body
     assert json.loads(get(server.port, "/observe")[2]) == {"layers": [], "ok": True}
     with pytest.raises(urllib.error.HTTPError) as info:
         get(server.port, "/other")
@@ -99,15 +98,6 @@ def test_real_prometheus_scrapes_temperd(api, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
-
-
-def test_drift_counts_what_the_backend_found_since_start():
-    """The backend keeps the running total; the counter grows by what it grew."""
-    metrics = Metrics()
-    for found in ({"nice": 1}, {"nice": 1}, {"nice": 3, "affinity": 2}):
-        metrics.backend.update(BackendStatus("native", drift=found))
-    text = metrics.exposition().decode()
-    assert 'temperd_drift_total{kind="nice"} 3.0' in text and 'temperd_drift_total{kind="affinity"} 2.0' in text
 
 
 def test_linter_sees_a_confined_member_running_outside_its_cpus(children):

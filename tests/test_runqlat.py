@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+import status_sample
+from temperd.daemon import status_report
 from temperd.observe.linter import RUNQUEUE_LATENCY, LintReport, lint
 from temperd.observe.metrics import Metrics
 from temperd.observe.observer import Observation, Observer, Overhead
@@ -203,8 +205,10 @@ def test_linter_runqueue_latency_only_for_protected_layers_above_the_bound():
     assert "p99 20.000 ms" in found[0].message and "bound 10 ms" in found[0].message
     assert lint(plan, _observation(report), read_shape()) == []  # no bound: not checked
     assert LintReport(tuple(found)).counts()[RUNQUEUE_LATENCY] == 1
-    text = Metrics().exposition().decode()
-    assert 'temperd_lint_violations{invariant="runqueue_latency"} 0.0' in text
+    daemon = status_sample.daemon()
+    daemon.sampler.lint = LintReport(tuple(found))
+    text = Metrics(status=lambda: status_report.build_status(daemon)).exposition().decode()
+    assert 'temperd_lint_violations{invariant="runqueue_latency"} 1.0' in text
 
 
 # ---- the bcc program, for real -------------------------------------------------------------------

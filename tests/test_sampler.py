@@ -16,7 +16,6 @@ from temperd.observe.metrics import Metrics
 from temperd.observe.observer import Observer
 from temperd.observe.sampler import Sampler
 from temperd.plan import LayerPlan
-from temperd.sources.inventory import Inventory
 from temperd.sources.runqlat import Telemetry
 from temperd.sources.shape import read_shape
 
@@ -46,7 +45,7 @@ def _sampler():
     return sampler, held
 
 
-ARGS = (LayerPlan(layers=(), reserve_cpus=()), {}, MatchResult(), BackendStatus(carried_by=NATIVE), None, Inventory().stats)
+ARGS = (LayerPlan(layers=(), reserve_cpus=()), {}, MatchResult(), BackendStatus(carried_by=NATIVE), None)
 
 
 class NotedLock:
@@ -129,7 +128,7 @@ def test_the_daemons_main_loop_sample_returns_while_the_sample_is_held():
     daemon = SimpleNamespace(
         sampler=sampler, plan=ARGS[0], match=ARGS[2], backend=SimpleNamespace(layer_cpus=lambda: None),
         backend_status=lambda: ARGS[3], _notify_status=lambda: None,
-        inventory=SimpleNamespace(snapshot=lambda: SimpleNamespace(processes={}), stats=ARGS[5]))
+        inventory=SimpleNamespace(snapshot=lambda: SimpleNamespace(processes={})))
     try:
         Daemon.observe(daemon)
         assert held.started.wait(WAIT_S)

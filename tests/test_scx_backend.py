@@ -21,6 +21,7 @@ import tempfile
 import threading
 
 import pytest
+import status_sample
 from fixture_shapes import fixture_root
 from test_native_backend import layer
 from test_native_backend import make_backend as native_backend
@@ -34,7 +35,9 @@ from temperd.backends.scx.stats import SysStats, layer_cpus
 from temperd.backends.scx.status import ScxStatus
 from temperd.backends.scx.supervisor import ScxSupervisor
 from temperd.backends.select import make_backend
+from temperd.backends.status import BackendStatus
 from temperd.config.daemon_config import DaemonConfig, ScxSettings
+from temperd.daemon import status_report
 from temperd.daemon.daemon import Daemon
 from temperd.observe.linter import lint
 from temperd.observe.metrics import Metrics
@@ -259,10 +262,12 @@ def test_scx_metrics_count_restarts_and_expose_layer_stats(tmp_path):
     status = ScxStatus(fallback_reason=None, safe_mode=False, safe_mode_reason=None, render_notes=(),
                        render_problems=(), supervisor=supervisor, system_stats={},
                        layer_stats={"app.hot": {"util": 150.0, "tasks": 4, "cur_nr_cpus": 2}})
-    metrics = Metrics()
-    metrics.scx.update(status)
-    # cumulative there, increments here
-    metrics.scx.update(dataclasses.replace(status, supervisor=dataclasses.replace(supervisor, restarts=3)))
+    daemon = status_sample.daemon()
+    daemon.backend_status = lambda: BackendStatus(carried_by="scx", scx=status)
+    metrics = Metrics(status=lambda: status_report.build_status(daemon))  # read at each scrape
+    metrics.exposition()
+    # the supervisor's running totals, as they are at the next scrape
+    status = dataclasses.replace(status, supervisor=dataclasses.replace(supervisor, restarts=3))
     text = metrics.exposition().decode()
     assert "temperd_scx_restarts_total 3.0" in text and "temperd_scx_crashes_total 1.0" in text
     assert "temperd_scx_default_scheduler_seconds_total 0.5" in text

@@ -10,7 +10,8 @@ reply like any other refusal; before its reply a long command (trace) may send p
 
 Privileged actions (reload, trace capture) only ever go over this socket, never over TCP.
 
-The protocol (`protocol`: limits, errors, the reply line) and the client (`client`: what
-temperctl calls) live here, below both the daemon, whose server (daemon/control.py) speaks it,
+The protocol (`protocol`: limits, errors, the reply line), the client (`client`: what
+temperctl calls) and the typed status the `status` command carries (`status`, written and read
+by `typed_json`) live here, below both the daemon, whose server (daemon/control.py) speaks it,
 and temperctl, which asks.
 """

@@ -11,7 +11,8 @@
 - control_commands: the commands served on it (status, reload, plan, explain) and the table of
   the others: bind_commands (bind, unbind, bindings), trace_commands (trace: a capture into
   temperd's own directory), training_commands (train), watch_commands (classify, rightsize)
-- status_report: `temperctl status`, the one-line status, /observe
+- status_report: the typed Status (temperd/control/status) built from the running state, the
+  one-line status, /observe
 - notify: sd_notify
 - instance_lock: one temperd per state directory
 """

@@ -34,8 +34,11 @@ class ControlCommands:
                 "trace": trace_handler, "train": train_handler, "classify": watch.classify, "rightsize": watch.rightsize}
 
     def status(self, request: Request, progress: Progress) -> Reply:
-        """{"status": what `temperctl status` shows}."""
-        return {"status": self.daemon.status()}
+        """{"status": the typed Status (control/status.py) as JSON}."""
+        status = self.daemon.status()
+        if status is None:
+            raise ControlError("temperd is starting; ask again")
+        return {"status": status.to_json()}
 
     def reload(self, request: Request, progress: Progress) -> Reply:
         """Reload now, on this thread: {"reload": the ReloadResult}."""

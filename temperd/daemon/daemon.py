@@ -28,6 +28,7 @@ from temperd.backends.select import BackendChoice, make_backend
 from temperd.config.daemon_config import DEFAULT_CONFIG_DIR, DaemonConfig
 from temperd.config.errors import ConfigError, ConfigProblem
 from temperd.config.label_key import load_label_key
+from temperd.control.status import Status
 from temperd.daemon import status_report
 from temperd.daemon.control_commands import ControlCommands
 from temperd.daemon.instance_lock import AlreadyRunning, InstanceLock
@@ -73,7 +74,7 @@ class Daemon:
         self.requests = Requests()
         self.services = Services()
         self.inventory = Inventory()
-        self.metrics = Metrics()
+        self.metrics = Metrics(status=self.status)  # the status's facts, read at each scrape
         self.started_at = time.time()
         self.state = "starting"
         self.generation = 0
@@ -131,7 +132,6 @@ class Daemon:
                 self.sampler = Sampler(view.shape, self.metrics,
                                        latency_bound_s=view.config.lint_runqueue_latency_p99_ms / 1e3,
                                        telemetry=Telemetry(want_bpf=view.config.telemetry_bpf))
-                self._record_reload(self.last_reload)
                 self.replan("start")
                 self.sampler.telemetry.start()  # after the plan: a bcc compile waits behind the work it orders
                 if self.watch is not None:
@@ -306,7 +306,6 @@ class Daemon:
             result = ReloadResult(True, self.generation, time.time(), trigger, [], summary_of(view))
             self.journal.reloaded(True, self.generation, trigger, result.summary)
         self.last_reload = result
-        self._record_reload(result)
         return result
 
     def _move_http(self, config: DaemonConfig) -> List[str]:
@@ -319,9 +318,6 @@ class Daemon:
             return [f"{config.source}: [http] {exc.strerror or exc}; {stays}"]
         return []
 
-    def _record_reload(self, result: ReloadResult) -> None:
-        self.metrics.config.update(result.ok, self.generation, result.at, len(result.problems))
-
     def observe(self, wait: bool = False) -> None:
         """One observation sample (observe.sampler): observer, linter, metrics; on the sampler's thread unless `wait`."""
         if self.sampler is None or self.plan is None:
@@ -329,14 +325,14 @@ class Daemon:
         assert self.backend is not None
         take = self.sampler.sample if wait else self.sampler.sample_in_background
         take(self.plan, self.inventory.snapshot().processes, self.match, self.backend_status(),
-             self.backend.layer_cpus(), self.inventory.stats)
+             self.backend.layer_cpus())
         self._notify_status()
 
     # ---- what others see (status_report) ------------------------------------------------------
 
-    def status(self) -> dict:
-        with self.lock:
-            return status_report.status_json(self)
+    def status(self) -> Optional[Status]:
+        """The typed status (None until started), built under the lock."""
+        return status_report.build_status(self)
 
     def observe_json(self) -> dict:
         with self.lock:

@@ -9,6 +9,7 @@ from typing import Any, Dict, Optional, Protocol
 
 from temperd.backends.select import BackendChoice
 from temperd.backends.status import BackendStatus
+from temperd.control.status import Status
 from temperd.daemon.reload import ReloadResult
 from temperd.daemon.services import Services
 from temperd.decide.hostview import HostView
@@ -41,7 +42,7 @@ class DaemonState(Protocol):
     services: Services
     watch: Optional[WorkloadWatch]  # classification and rightsizing
 
-    def status(self) -> dict:
+    def status(self) -> Optional[Status]:
         ...
 
     def reload(self, trigger: str) -> ReloadResult:

@@ -1,5 +1,6 @@
-"""What temperd shows of itself: `temperctl status` (JSON), the one-line status (systemd's STATUS
-and the log) and /observe. Called under the daemon's lock; nothing here changes its state."""
+"""What temperd shows of itself: the typed Status (control/status.py) that `temperctl status`,
+/observe and the metrics read, the one-line status (systemd's STATUS and the log) and /observe.
+Nothing here changes the daemon's state."""
 
 from __future__ import annotations
 
@@ -10,55 +11,65 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from temperd import __version__
 from temperd.config import safe_regex
+from temperd.control.status import (ApplyView, BackendView, InventoryView, LayerScxView, LayerView, LintView,
+                                    OverheadView, ProblemView, ProfilesView, ReloadView, ScxView, Status,
+                                    WatchView, WorkloadView)
+from temperd.control.typed_json import from_json as _loose, to_json
 
 if TYPE_CHECKING:
+    from temperd.backends.status import BackendStatus
     from temperd.daemon.state import DaemonState
 
 
-def status_json(daemon: "DaemonState") -> Dict[str, Any]:
-    view, sampler, http = daemon.view, daemon.sampler, daemon.services.http
-    assert view is not None and sampler is not None, "temperd has started"
-    pset = view.profiles
-    return {
-        "version": __version__,
-        "state": daemon.state,
-        "pid": os.getpid(),
-        "uptime_s": round(time.time() - daemon.started_at, 1),
-        "config_dir": daemon.config_dir,
-        "generation": daemon.generation,
-        "last_reload": daemon.last_reload.as_dict() if daemon.last_reload else None,
-        "backend": backend_json(daemon),
-        "machine_shape": view.shape.describe(),
-        "profiles": {"loaded": sorted(pset.active), "failed": [p.as_dict() for p in pset.problems],
-                     "disabled_patterns": safe_regex.disabled_patterns()},
-        "workloads": [workload_summary(w) for w in daemon.match.workloads],
-        "layers": layer_rows(daemon),
-        "last_apply": _as_dict(daemon.last_apply),
-        "lint": sampler.lint.summary(),
-        "telemetry": sampler.telemetry.describe(),
-        "overhead": dataclasses.asdict(sampler.observation.overhead) if sampler.observation is not None else None,
-        "inventory": dataclasses.asdict(daemon.inventory.stats),
-        "candidates": daemon.inventory.gate.describe,  # what a new program is checked by
-        "replans": daemon.replans,
-        "watch": daemon.watch.describe() if daemon.watch is not None else None,  # classification, rightsizing
-        "http": f"http://{http.address}" if http else None,  # where it really listens
-    }
+def build_status(daemon: "DaemonState") -> Optional[Status]:
+    """The Status, read under the daemon's lock; None until temperd has started."""
+    with daemon.lock:
+        view, sampler, http = daemon.view, daemon.sampler, daemon.services.http
+        if view is None or sampler is None or daemon.backend_choice is None:
+            return None
+        backend = daemon.backend_status()  # read once: the scx backend's reads its supervisor
+        pset = view.profiles
+        observation = sampler.observation
+        return Status(
+            version=__version__, state=daemon.state, pid=os.getpid(),
+            uptime_s=round(time.time() - daemon.started_at, 1), config_dir=daemon.config_dir,
+            generation=daemon.generation,
+            last_reload=from_json(ReloadView, daemon.last_reload.as_dict()) if daemon.last_reload else None,
+            backend=backend_view(daemon, backend), machine_shape=view.shape.describe(),
+            profiles=ProfilesView(loaded=sorted(pset.active),
+                                  failed=[from_json(ProblemView, p.as_dict()) for p in pset.problems],
+                                  disabled_patterns=dict(safe_regex.disabled_patterns())),
+            workloads=[workload_view(w) for w in daemon.match.workloads],
+            layers=layer_views(daemon, backend),
+            last_apply=_typed(ApplyView, daemon.last_apply),
+            lint=from_json(LintView, sampler.lint.summary()),
+            telemetry=sampler.telemetry.describe(),
+            overhead=_typed(OverheadView, observation.overhead if observation is not None else None),
+            inventory=_typed(InventoryView, daemon.inventory.stats),
+            candidates=daemon.inventory.gate.describe,
+            replans=daemon.replans,
+            watch=from_json(WatchView, daemon.watch.describe()) if daemon.watch is not None else None,
+            http=f"http://{http.address}" if http else None,  # where it really listens
+        )
 
 
 def observe_json(daemon: "DaemonState") -> Dict[str, Any]:
-    """The latest observation sample, its lint violations and the backend."""
+    """The latest observation sample, its lint violations, and the backend and each layer's
+    scx_layered view from the Status."""
     sampler = daemon.sampler
     assert sampler is not None, "temperd has started"
+    status = build_status(daemon)
     data = sampler.observation.to_json() if sampler.observation is not None else {}
     data["lint"] = [dataclasses.asdict(v) for v in sampler.lint.violations]
-    data["backend"] = backend_json(daemon) if daemon.backend_choice else None
+    data["backend"] = to_json(status.backend) if status is not None else None
     # What scx_layered reports of each layer, beside what temperd observed of it; its layers
     # beyond the plan (the catch-all) apart, as the observed ones have fields those lack.
-    rows = {row["name"]: row for row in layer_rows(daemon)}
+    rows = {row.name: row for row in (status.layers if status is not None else ())}
     for layer in data.get("layers") or []:
-        layer["scx"] = rows.pop(layer["name"], {}).get("scx")
-    data["scx_layers_beyond_plan"] = [{"name": row["name"], "scx": row["scx"]} for row in rows.values()
-                                      if not row["plan"]]
+        row = rows.pop(layer["name"], None)
+        layer["scx"] = to_json(row.scx) if row is not None else None
+    data["scx_layers_beyond_plan"] = [{"name": row.name, "scx": to_json(row.scx)} for row in rows.values()
+                                      if not row.plan]
     watch = daemon.watch
     if watch is not None:  # what temperd learned of each workload ([classify], [rightsizing])
         data["classification"] = [c.as_json() for c in watch.classifications()] if watch.settings.classify else None
@@ -66,26 +77,35 @@ def observe_json(daemon: "DaemonState") -> Dict[str, Any]:
     return data
 
 
-def layer_rows(daemon: "DaemonState") -> List[Dict[str, Any]]:
+def layer_views(daemon: "DaemonState", backend: "BackendStatus") -> List[LayerView]:
     """The plan's layers, each with what scx_layered reports of it (`scx`: its CPU use, the CPUs
     it holds) while scx_layered carries the plan; then the layers scx_layered has beyond the plan
     (the catch-all for every other task), marked `plan: false`."""
-    scx = daemon.backend_status().scx
+    scx = backend.scx
     carried = scx if scx is not None and scx.fallback_reason is None else None
-    rows = [{"name": l.name, "kind": l.kind, "treatment": l.treatment, "ownership": l.holds_cpus, "cpus": list(l.cpus),
-             "members": len(l.selector.tids), "plan": True, "scx": carried.layer_view(l.name) if carried else None}
+
+    def scx_of(name: str) -> Optional[LayerScxView]:
+        seen = carried.layer_view(name) if carried is not None else None
+        return from_json(LayerScxView, seen) if seen is not None else None
+
+    rows = [LayerView(name=l.name, kind=l.kind, treatment=l.treatment, ownership=l.holds_cpus, cpus=list(l.cpus),
+                      members=len(l.selector.tids), plan=True, scx=scx_of(l.name))
             for l in (daemon.plan.layers if daemon.plan else ())]
-    planned = {row["name"] for row in rows}
+    planned = {row.name for row in rows}
     if carried is not None:
-        rows.extend({"name": name, "kind": "Open", "treatment": "catch-all", "ownership": None, "cpus": [], "members": None,
-                     "plan": False, "scx": carried.layer_view(name)}
+        rows.extend(LayerView(name=name, kind="Open", treatment="catch-all", ownership=None, cpus=[], members=None,
+                              plan=False, scx=scx_of(name))
                     for name in sorted(carried.layer_stats) if name not in planned)
     return rows
 
 
-def backend_json(daemon: "DaemonState") -> Dict[str, Any]:
+def backend_view(daemon: "DaemonState", backend: "BackendStatus") -> BackendView:
     """The backend choice (requested, active, reason) and the backend's own status."""
-    return {**dataclasses.asdict(daemon.backend_choice), **daemon.backend_status().as_dict()}
+    choice = daemon.backend_choice
+    assert choice is not None
+    return BackendView(requested=choice.requested, active=choice.active, reason=choice.reason,
+                       carried_by=backend.carried_by, drift=dict(backend.drift),
+                       scx=from_json(ScxView, backend.scx.as_dict()) if backend.scx is not None else None)
 
 
 def status_line(daemon: "DaemonState") -> str:
@@ -97,18 +117,20 @@ def status_line(daemon: "DaemonState") -> str:
             f"{violations} lint violations")
 
 
-def workload_summary(workload) -> Dict[str, Any]:
+def workload_view(workload) -> WorkloadView:
     groups: Dict[str, int] = {}
     for thread in workload.threads:
         groups[thread.group or "-"] = groups.get(thread.group or "-", 0) + 1
-    return {"key": workload.key, "profile": workload.profile_id, "tier": workload.tier, "budget": workload.budget,
-            "source": workload.source, "reason": workload.reason, "pids": list(workload.pids),
-            "threads": len(workload.threads), "groups": groups}
+    return WorkloadView(key=workload.key, profile=workload.profile_id, tier=workload.tier, budget=workload.budget,
+                        source=workload.source, reason=workload.reason, pids=list(workload.pids),
+                        threads=len(workload.threads), groups=groups)
 
 
-def _as_dict(value) -> Optional[dict]:
-    if value is None:
-        return None
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)
-    return dict(value) if isinstance(value, dict) else {"value": str(value)}
+def from_json(cls, data) -> Any:
+    """A part of the daemon's state as its view: a field the view lacks is an error, never dropped."""
+    return _loose(cls, data, strict=True)
+
+
+def _typed(cls, value) -> Any:
+    """A dataclass of another layer (ApplyResult, Overhead, InventoryStats) as its view; None stays None."""
+    return from_json(cls, dataclasses.asdict(value)) if value is not None else None

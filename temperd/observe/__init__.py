@@ -4,6 +4,8 @@
 - linter: the placement invariants checked against a sample (LintReport)
 - sampler: one observation sample: observer, linter, then the metrics
 - metrics: Prometheus metrics, one group per source, each fed that source's typed status
+- status_metrics: the metrics that are facts of the typed status (temperd/control/status), read
+  from its fields at each scrape
 - http: GET /metrics and /observe
 - journal: what temperd did and why, for the log
 - workload_watch: the workload watch's thread (classification and rightsizing), with its tracker

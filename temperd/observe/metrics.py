@@ -1,57 +1,28 @@
 """Prometheus metrics: `temperd_` prefix, base units, `_total` counters, no pid/tid/cmdline labels.
 
-One group of metrics per source, each updated from that source's typed status only (the way
-node_exporter has one collector per source): a reload's outcome, the backend's ApplyResult, its
-BackendStatus, the scx backend's ScxStatus, the InventoryStats, the matched workloads, the
-Observation and the LintReport. `temperctl status` and /observe read the same objects.
+The facts `temperctl status` shows too (the configuration, the backend and scx_layered, the
+inventory, the workloads, the linter's violations, temperd's own cost) are read from the typed
+Status at each scrape (status_metrics). The rest is one group per source, each updated from
+that source's typed value only (the way node_exporter has one collector per source): the
+backend's ApplyResult, the Observation (pressure, per-layer use, scheduling delay) and the
+workload watch.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Hashable, Iterable, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from temperd.observe.linter import LintReport
+from temperd.control.status import Status
 from temperd.observe.observer import Observation
+from temperd.observe.status_metrics import StatusMetrics
 from temperd.sources.runqlat import BOUNDS_S, LatencyReport, metric_layer_name
 
 if TYPE_CHECKING:
     from temperd.backends.result import ApplyResult
-    from temperd.backends.scx.status import ScxStatus
-    from temperd.backends.status import BackendStatus
-    from temperd.decide.matcher import Workload
-    from temperd.sources.inventory import InventoryStats
-
-
-class _RunningTotals:
-    """For counters whose source keeps the running total: what each total grew by since it was last seen."""
-
-    def __init__(self) -> None:
-        self._seen: Dict[Hashable, float] = {}
-
-    def grown(self, key: Hashable, total: float) -> float:
-        before = self._seen.get(key, 0)
-        self._seen[key] = total
-        return total - before if total > before else 0
-
-
-class ConfigMetrics:
-    """The configuration in force and the last reload's outcome."""
-
-    def __init__(self, r: CollectorRegistry) -> None:
-        self.generation = Gauge("temperd_config_generation", "Generation of the configuration in force.", registry=r)
-        self.reload_ok = Gauge("temperd_config_last_reload_success", "1 if the last reload was adopted, 0 if refused.", registry=r)
-        self.reload_time = Gauge("temperd_config_last_reload_timestamp_seconds", "When the last reload was tried.", registry=r)
-        self.reload_problems = Gauge("temperd_config_problems", "Problems found by the last reload (bad files or keys).", registry=r)
-
-    def update(self, ok: bool, generation: int, at: float, problems: int) -> None:
-        self.reload_ok.set(1 if ok else 0)
-        self.generation.set(generation)
-        self.reload_time.set(at)
-        self.reload_problems.set(problems)
 
 
 class ActionMetrics:
@@ -70,100 +41,11 @@ class ActionMetrics:
                     counter.labels(kind).inc(count)
 
 
-class BackendMetrics:
-    """Who carries the plan, safe mode, and drift: from the BackendStatus."""
-
-    def __init__(self, r: CollectorRegistry) -> None:
-        self.info = Gauge("temperd_backend_info", "The active backend (value 1).", ["backend"], registry=r)
-        self.safe_mode = Gauge("temperd_safe_mode", "1 while the scx backend has fallen back to native after crashes.", registry=r)
-        self.drift = Counter("temperd_drift_total", "Settings temperd made that someone else changed, by kind.", ["kind"], registry=r)
-        self._totals = _RunningTotals()
-
-    def update(self, status: "BackendStatus") -> None:
-        self.info.clear()
-        self.info.labels(status.carried_by).set(1)
-        self.safe_mode.set(1 if status.safe_mode else 0)
-        for kind, total in status.drift.items():
-            grown = self._totals.grown(kind, total)
-            if grown:
-                self.drift.labels(kind).inc(grown)
-
-
-class ScxMetrics:
-    """scx_layered's process (supervisor counters, cumulative there) and its per-layer stats."""
-
-    def __init__(self, r: CollectorRegistry) -> None:
-        self.restarts = Counter("temperd_scx_restarts_total", "scx_layered restarts (each a window on the default scheduler).", registry=r)
-        self.starts = Counter("temperd_scx_starts_total", "scx_layered starts, restarts included.", registry=r)
-        self.crashes = Counter("temperd_scx_crashes_total", "scx_layered exits temperd did not ask for.", registry=r)
-        self.refusals = Counter("temperd_scx_refusals_total", "Starts refused because another sched_ext scheduler was loaded.", registry=r)
-        self.gap = Counter("temperd_scx_default_scheduler_seconds_total", "Time spent on the kernel's default scheduler between scx_layered runs.", registry=r)
-        self.running = Gauge("temperd_scx_running", "1 while scx_layered is attached and carries the plan.", registry=r)
-        self.util = Gauge("temperd_scx_layer_cpu_usage_ratio", "CPU use per scx_layered layer, in CPUs (its stats' util / 100).", ["layer"], registry=r)
-        self.tasks = Gauge("temperd_scx_layer_tasks", "Tasks per scx_layered layer.", ["layer"], registry=r)
-        self.cpus = Gauge("temperd_scx_layer_cpus", "CPUs scx_layered gives each layer now.", ["layer"], registry=r)
-        self._totals = _RunningTotals()
-
-    def update(self, status: "ScxStatus") -> None:
-        supervisor = status.supervisor
-        for counter, total in ((self.restarts, supervisor.restarts), (self.starts, supervisor.starts),
-                               (self.crashes, supervisor.crashes), (self.refusals, supervisor.refusals),
-                               (self.gap, supervisor.default_scheduler_gap_total_s)):
-            grown = self._totals.grown(counter, total)
-            if grown:
-                counter.inc(grown)
-        self.running.set(1 if supervisor.state == "running" else 0)
-        for gauge in (self.util, self.tasks, self.cpus):
-            gauge.clear()
-        # scx_layered's own field names (supervisor.LAYER_STAT_FIELDS), present where it reported them
-        for layer, fields in status.layer_stats.items():
-            if "util" in fields:
-                self.util.labels(layer).set(fields["util"] / 100.0)
-            if "tasks" in fields:
-                self.tasks.labels(layer).set(fields["tasks"])
-            if "cur_nr_cpus" in fields:
-                self.cpus.labels(layer).set(fields["cur_nr_cpus"])
-
-
-class InventoryMetrics:
-    """Process events and /proc scans: from the InventoryStats."""
-
-    def __init__(self, r: CollectorRegistry) -> None:
-        self.events = Gauge("temperd_inventory_events", "Process events received since start.", registry=r)
-        self.events_lost = Gauge("temperd_inventory_event_overflows", "Event-buffer overflows since start.", registry=r)
-        self.threads = Gauge("temperd_inventory_threads", "Threads on the host known to the inventory.", registry=r)
-        self.reconcile_cpu = Gauge("temperd_reconcile_cpu_seconds", "CPU time of the last full /proc scan.", registry=r)
-
-    def update(self, stats: "InventoryStats") -> None:
-        self.events.set(stats.events_received)
-        self.events_lost.set(stats.events_lost)
-        self.threads.set(stats.threads)
-        self.reconcile_cpu.set(stats.last_reconcile_cpu_s)
-
-
-class WorkloadMetrics:
-    """Matched workloads by tier and profile."""
-
-    def __init__(self, r: CollectorRegistry) -> None:
-        self.workloads = Gauge("temperd_workloads", "Matched workloads by tier and profile.", ["tier", "profile"], registry=r)
-
-    def update(self, workloads: Iterable["Workload"]) -> None:
-        counts: Dict[tuple, int] = {}
-        for w in workloads:
-            key = (w.tier, w.profile_id or "none")
-            counts[key] = counts.get(key, 0) + 1
-        self.workloads.clear()
-        for (tier, profile), n in counts.items():
-            self.workloads.labels(tier, profile).set(n)
-
-
 class ObservationMetrics:
-    """CPU pressure, temperd's own cost and per-layer use: from the Observation."""
+    """CPU pressure and per-layer use: from the Observation."""
 
     def __init__(self, r: CollectorRegistry) -> None:
         self.psi = Gauge("temperd_psi_cpu_avg10_ratio", "CPU pressure (PSI avg10) as a ratio 0..1.", ["kind"], registry=r)
-        self.own_cpu = Gauge("temperd_cpu_usage_ratio", "temperd's own CPU use as a share of one core over the last window.", registry=r)
-        self.observe_cpu = Gauge("temperd_observe_cpu_seconds", "CPU time of the last observation sample.", registry=r)
         self.layer_util = Gauge("temperd_layer_cpu_usage_ratio", "Members' CPU use per layer, in CPUs.", ["layer"], registry=r)
         self.layer_members = Gauge("temperd_layer_members", "Member threads per layer.", ["layer"], registry=r)
         self.layer_cpus = Gauge("temperd_layer_cpus", "CPUs a layer owns (Confined, Grouped); 0 for Open layers.",
@@ -176,8 +58,6 @@ class ObservationMetrics:
             avg10 = observation.psi_avg10(kind)
             if avg10 is not None:
                 self.psi.labels(kind).set(avg10 / 100.0)
-        self.own_cpu.set(observation.overhead.daemon_cpu_ratio)
-        self.observe_cpu.set(observation.overhead.sample_cpu_s)
         # Labelled by the layer's name without a pid (metric_layer_name); layers that share one add up.
         util: Dict[str, float] = {}
         members: Dict[str, int] = {}
@@ -256,18 +136,6 @@ def _le(bound: float) -> str:
     return repr(round(bound, 9))
 
 
-class LintMetrics:
-    """Placement-linter violations by invariant (every invariant, 0 where none): from the LintReport."""
-
-    def __init__(self, r: CollectorRegistry) -> None:
-        self.violations = Gauge("temperd_lint_violations", "Current placement-linter violations by invariant.", ["invariant"], registry=r)
-        self.update(LintReport())
-
-    def update(self, report: LintReport) -> None:
-        for invariant, n in report.counts().items():
-            self.violations.labels(invariant).set(n)
-
-
 class WatchMetrics:
     """Each workload's classification and rightsizing, from WorkloadWatch: labelled by the workload's
     label (unit, binding cgroup or profile; never a pid), so the series stay bounded."""
@@ -317,18 +185,14 @@ class WatchMetrics:
 
 
 class Metrics:
-    """Owns its registry (not the process-global one), so tests and the daemon never collide."""
+    """Owns its registry (not the process-global one), so tests and the daemon never collide.
+    status: the typed Status, built at each scrape (None until temperd has started)."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: Callable[[], Optional[Status]] = lambda: None) -> None:
         r = self.registry = CollectorRegistry()
-        self.workloads = WorkloadMetrics(r)
-        self.config = ConfigMetrics(r)
-        self.backend = BackendMetrics(r)
+        self.status = StatusMetrics(r, status)
         self.actions = ActionMetrics(r)
-        self.inventory = InventoryMetrics(r)
         self.observation = ObservationMetrics(r)
-        self.lint = LintMetrics(r)
-        self.scx = ScxMetrics(r)
         self.latency = LatencyMetrics(r)
         self.watch = WatchMetrics(r)
 

@@ -1,6 +1,6 @@
 """One observation sample every few seconds: what the scheduler did (observer), checked against
-the plan (linter), handed to the metrics. The latest sample and lint report stay for
-`temperctl status` and /observe.
+the plan (linter), its pressure, per-layer use and scheduling delay handed to the metrics. The
+latest sample and lint report stay for the status (its lint and overhead) and /observe.
 
 The daemon's samples are taken on a thread of their own (`sample_in_background`): a sample reads
 three files of every watched thread, 50-90 ms of a fork storm's thousand threads, and process
@@ -24,7 +24,6 @@ from temperd.observe.linter import LintReport, RateLimitedLog, lint
 from temperd.observe.metrics import Metrics
 from temperd.observe.observer import Observation, Observer
 from temperd.plan import LayerPlan
-from temperd.sources.inventory import InventoryStats
 from temperd.sources.runqlat import Telemetry
 
 log = logging.getLogger(__name__)
@@ -63,8 +62,7 @@ class Sampler:
         self.telemetry.close()
 
     def sample_in_background(self, plan: LayerPlan, processes: Mapping[int, object], match: MatchResult,
-                             backend: BackendStatus, layer_cpus: Optional[Mapping[str, FrozenSet[int]]],
-                             inventory: InventoryStats) -> bool:
+                             backend: BackendStatus, layer_cpus: Optional[Mapping[str, FrozenSet[int]]]) -> bool:
         """sample() on the sampler's thread; False (nothing done) while the last one still runs.
         The telemetry's membership follows the plan here, on the caller's thread, as after each apply."""
         if self._pending is not None and not self._pending.done():
@@ -72,19 +70,19 @@ class Sampler:
         self.update_membership(plan)
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="temperd-observe")
-        self._pending = self._worker.submit(self._take, plan, processes, match, backend, layer_cpus, inventory)
+        self._pending = self._worker.submit(self._take, plan, processes, match, backend, layer_cpus)
         self._pending.add_done_callback(_log_failure)
         return True
 
     def sample(self, plan: LayerPlan, processes: Mapping[int, object], match: MatchResult, backend: BackendStatus,
-               layer_cpus: Optional[Mapping[str, FrozenSet[int]]], inventory: InventoryStats) -> None:
+               layer_cpus: Optional[Mapping[str, FrozenSet[int]]]) -> None:
         """backend: read once per sample (the scx backend's status reads its supervisor);
         layer_cpus: the backend's (Backend.layer_cpus)."""
         self.update_membership(plan)  # at once where the daemon calls it after each apply; a no-op then
-        self._take(plan, processes, match, backend, layer_cpus, inventory)
+        self._take(plan, processes, match, backend, layer_cpus)
 
     def _take(self, plan: LayerPlan, processes: Mapping[int, object], match: MatchResult, backend: BackendStatus,
-              layer_cpus: Optional[Mapping[str, FrozenSet[int]]], inventory: InventoryStats) -> None:
+              layer_cpus: Optional[Mapping[str, FrozenSet[int]]]) -> None:
         with self._one_at_a_time:
             observation = self.observer.sample(plan, processes, match, time.time())
             self.lint = LintReport(tuple(lint(plan, observation, self.shape, match,
@@ -93,13 +91,7 @@ class Sampler:
             self.observation = observation
             self.lint_log.report(self.lint.violations)
             self.metrics.observation.update(observation)
-            self.metrics.lint.update(self.lint)
             self.metrics.latency.update(observation.latency)
-            self.metrics.inventory.update(inventory)
-            self.metrics.workloads.update(match.workloads)
-            self.metrics.backend.update(backend)
-            if backend.scx is not None:
-                self.metrics.scx.update(backend.scx)
 
 
 def _log_failure(done: Future) -> None:
