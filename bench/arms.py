@@ -225,9 +225,9 @@ def _taskset(command: str) -> None:
 
 
 def _online() -> FrozenSet[int]:
-    from temperd.backends.native import sched
+    from temperd.sources.shape import online_cpus
 
-    return frozenset(sched.online_cpus())
+    return frozenset(online_cpus())
 
 
 def warm_history(workload, server, under: ServerUnderTest, variant: str, seconds: float, timeout_s: float) -> str:

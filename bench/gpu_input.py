@@ -118,6 +118,7 @@ def run(workers: int, seconds: float, cpu: bool, settle: float) -> dict:
     from temperd.config.daemon_config import WatchSettings
     from temperd.observe.workload_watch import WorkloadWatch
     from temperd.sources import nvml
+    from temperd.sources.shape import online_cpus
 
     ctx = multiprocessing.get_context("spawn")
     report = ctx.Queue()
@@ -125,7 +126,7 @@ def run(workers: int, seconds: float, cpu: bool, settle: float) -> dict:
     child.start()
     settings = WatchSettings(window_s=max(10.0, seconds - settle), sample_interval_s=1.0, keep_threads=32,
                                  history_file=f"/tmp/gpu-input-history-{os.getpid()}.json")
-    watch = WorkloadWatch(settings, os.cpu_count() or 1, lambda: (tracked_workload(child.pid), None, {}))
+    watch = WorkloadWatch(settings, len(online_cpus()), lambda: (tracked_workload(child.pid), None, {}))
     reader, why = nvml.open_reader()
     readings = []
     watch.start()

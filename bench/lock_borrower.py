@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import HostMonitor, host_description, running_temperd  # noqa: E402
 
 from temperd.sources import procfs  # noqa: E402
+from temperd.sources.shape import online_cpus  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARMS = ("stock", "by-hand", "temperd-owned", "temperd-fenced", "temperd-owned-batch")
@@ -67,7 +68,7 @@ def tids(pid: int) -> Dict[str, int]:
 def treated(pid: int) -> bool:
     names = tids(pid)
     return (os.sched_getscheduler(names["lb-holder"]) in (os.SCHED_IDLE, os.SCHED_BATCH)
-            and len(os.sched_getaffinity(names["lb-owner"])) < os.cpu_count())
+            and len(os.sched_getaffinity(names["lb-owner"])) < len(online_cpus()))
 
 
 def run_arm(arm: str, binary: str, seconds: float) -> dict:

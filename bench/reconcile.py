@@ -22,6 +22,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from temperd.sources.inventory import RENAME, Inventory  # noqa: E402
+from temperd.sources.shape import online_cpus  # noqa: E402
 
 HOLDER = r"""
 import ctypes, sys, threading
@@ -137,7 +138,7 @@ def main() -> None:
     parser.add_argument("--interval-ms", type=float, default=5.0)
     args = parser.parse_args()
 
-    print(f"host: {os.cpu_count()} CPUs, kernel {os.uname().release}")
+    print(f"host: {len(online_cpus())} CPUs, kernel {os.uname().release}")
     scenarios = [(0, 0), (args.threads, 0)]
     if args.processes:
         scenarios.append((args.threads, args.processes))

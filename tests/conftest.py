@@ -41,6 +41,7 @@ if importlib.util.find_spec("temperctl") is None:
 import tiers  # noqa: E402  (after the layout above: the helpers import temperd)
 from driven import DrivenProcess  # noqa: E402
 from thread_children import Children  # noqa: E402
+from temperd.sources.shape import online_cpus  # noqa: E402
 
 
 def pytest_addoption(parser):
@@ -49,22 +50,12 @@ def pytest_addoption(parser):
                           "the seed is printed): finds tests that pass only after another")
 
 
-def _online_cpus():
-    with open("/sys/devices/system/cpu/online") as handle:
-        text = handle.read().strip()
-    cpus = set()
-    for part in text.split(","):
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
-
-
 def pytest_configure(config):
     # Tests compare affinities with "every CPU". A test process started from a shell that a running
     # temperd confined (its exclusive cores fence other threads out) inherits that confinement:
     # widen it back, and say so in the header.
     config._confined = None
-    own, online = os.sched_getaffinity(0), _online_cpus()
+    own, online = os.sched_getaffinity(0), set(online_cpus())
     if own != online:
         try:
             os.sched_setaffinity(0, online)

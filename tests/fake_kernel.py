@@ -85,7 +85,6 @@ class FakeKernel:
         for name in ("get_affinity", "set_affinity", "get_sched", "set_sched"):
             monkeypatch.setattr(sched, name, getattr(self, name))
         monkeypatch.setattr(sched, "set_nice", lambda tid, nice: self.set_sched(tid, nice=nice))
-        monkeypatch.setattr(sched, "online_cpus", lambda path=None: self.cpus)
         monkeypatch.setattr(sched, "slice_support",
                             lambda: sched.SliceSupport(False, None, None, None, "not in a fake kernel"))
         monkeypatch.setattr(procfs, "read_thread_stat", self.read_thread_stat)

@@ -5,7 +5,8 @@ import os
 import pytest
 
 from temperd.backends.scx.detect import detect_sched_ext
-from temperd.backends.select import choose, scx_availability
+from temperd.backends.select import choose, make_backend, scx_availability
+from temperd.config.daemon_config import DaemonConfig
 
 
 def fake_sysfs(tmp_path, state, ops=None):
@@ -66,3 +67,11 @@ def test_missing_capabilities_make_scx_unusable_and_name_them(tmp_path):
     assert found.reason.startswith("temperd lacks CAP_PERFMON, CAP_BPF, which scx_layered needs")
     status.write_text("CapEff:\t000001ffffffffff\n")  # root's full set
     assert detect_sched_ext(sysfs, binary="/usr/bin/scx_layered", status_path=str(status)).usable
+
+
+def test_the_native_backend_compares_within_the_online_cpus_the_daemon_gives(tmp_path):
+    """The daemon hands its machine shape's online CPUs to the backend: no second reading."""
+    config = DaemonConfig(backend="native", state_dir=str(tmp_path))
+    _, backend = make_backend(config, str(tmp_path), None, online_cpus=lambda: frozenset({0, 3}))
+    assert backend.ledger.online_cpus() == frozenset({0, 3})
+    assert backend.ledger.copy().online_cpus() == frozenset({0, 3})

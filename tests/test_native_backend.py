@@ -25,7 +25,7 @@ from temperd.plan import CONFINED, EXCLUSIVE, FENCED, LATENCY, OPEN, OWNED, YIEL
 from temperd.backends.native.pmqos import PmQos
 from temperd.backends.status import BackendStatus
 from temperd.sources import procfs
-from temperd.sources.shape import format_cpulist
+from temperd.sources.shape import format_cpulist, online_cpus
 from thread_children import (needs_two_cpus, ticks_used_until, cpus_allowed, nice_of, percpu_kthreads, policy_of, read_json_line,
                              snapshot)
 
@@ -38,7 +38,7 @@ EXCL_CPU = 1
 
 
 def _rest() -> str:
-    return format_cpulist(sched.online_cpus() - {EXCL_CPU})
+    return format_cpulist(frozenset(online_cpus()) - {EXCL_CPU})
 
 
 def layer(name, kind, treatment, tids=(), pids=(), cpus=(), comm=(), catch_all=False, **kw) -> Layer:
@@ -167,7 +167,7 @@ def test_new_threads_are_treated_at_once(tmp_path, children, backends, server):
     backend.stop()
     # Each was created by a thread temperd had kept off CPU 1 (or made SCHED_IDLE) and inherited that;
     # stop() gives back the creator's original, not the inheritance.
-    full = format_cpulist(sched.online_cpus())
+    full = format_cpulist(frozenset(online_cpus()))
     for pid, tid in ((srv.pid, hot), (srv.pid, net), (job.pid, bg), (other.pid, stray)):
         assert (cpus_allowed(pid, tid), policy_of(pid, tid), nice_of(pid, tid)) == (full, 0, 0), tid
 
@@ -235,7 +235,7 @@ def test_thread_inherits_treatment_but_keeps_true_original(tmp_path, children, b
     assert cpus_allowed(srv.pid, helper) == _rest()
     backend.on_new_threads([t for t in scan_threads([srv.pid]) if t.tid == helper])
     backend.stop()
-    assert cpus_allowed(srv.pid, helper) == format_cpulist(sched.online_cpus())
+    assert cpus_allowed(srv.pid, helper) == format_cpulist(frozenset(online_cpus()))
 
 
 def test_thread_leaving_a_layer_gets_its_originals_back(tmp_path, children, backends, server):
@@ -251,7 +251,7 @@ def test_thread_leaving_a_layer_gets_its_originals_back(tmp_path, children, back
     result = backend.apply(smaller, threads)
     assert not result.failed, result.errors
     assert result.restored.get("nice", 0) >= 1 and result.restored.get("affinity", 0) >= 1
-    full = format_cpulist(sched.online_cpus())
+    full = format_cpulist(frozenset(online_cpus()))
     assert (cpus_allowed(srv.pid, net), nice_of(srv.pid, net)) == (full, 0)
     assert cpus_allowed(srv.pid, srv.threads["hot-0"]) == full
     assert policy_of(job.pid, job.threads["bg-a"]) == sched.SCHED_IDLE  # still a member
@@ -485,17 +485,17 @@ def test_idle_resume_bound_on_confined_cpus_only_and_undone_after_a_crash(tmp_pa
     recovered = fresh.recover()
     assert recovered.restored["pmqos"] == 1
     assert (sysfs / "cpu1/power/pm_qos_resume_latency_us").read_text() == "0"
-    assert cpus_allowed(srv.pid, srv.threads["hot-0"]) == format_cpulist(sched.online_cpus())
+    assert cpus_allowed(srv.pid, srv.threads["hot-0"]) == format_cpulist(frozenset(online_cpus()))
 
 
 def test_idle_resume_bound_for_open_layers_when_asked(tmp_path, children, backends):
     srv = children.spawn(["net-io"])
     sysfs = tmp_path / "sys"
-    backend = backends(tmp_path / "state", pmqos=_qos_tree(sysfs, sorted(sched.online_cpus())), pmqos_open_layers=True)
+    backend = backends(tmp_path / "state", pmqos=_qos_tree(sysfs, sorted(frozenset(online_cpus()))), pmqos_open_layers=True)
     plan = LayerPlan(layers=(layer("net", OPEN, LATENCY, tids=[srv.threads["net-io"]], idle_resume_us=10),),
                      reserve_cpus=(0,))
-    assert backend.apply(plan, universe(srv, kthreads=False)).applied["pmqos"] == len(sched.online_cpus())
-    assert backend.stop().restored["pmqos"] == len(sched.online_cpus())
+    assert backend.apply(plan, universe(srv, kthreads=False)).applied["pmqos"] == len(frozenset(online_cpus()))
+    assert backend.stop().restored["pmqos"] == len(frozenset(online_cpus()))
 
 
 def _kthreads_named(prefix, cpus):
@@ -514,7 +514,7 @@ def test_kernel_threads_refusing_or_bound_elsewhere_are_left_alone(tmp_path, chi
     """kthreadd moves; workqueue workers refuse (EINVAL: unmovable, not a failure); a per-CPU kernel thread
     of another CPU is not touched, and is not 'restored' to its creator kthreadd's original either."""
     srv = children.spawn(["hot-0"])
-    full = sched.online_cpus()
+    full = frozenset(online_cpus())
     kthreadd = [t for t in scan_threads([2])]
     refusing = _kthreads_named("kworker/u", full)[:3]
     bound0 = _kthreads_named("ksoftirqd/0", {0})
@@ -542,7 +542,7 @@ def test_kernel_threads_refusing_or_bound_elsewhere_are_left_alone(tmp_path, chi
 
 def test_a_refused_setting_is_reported_once_per_plan(tmp_path, children, backends):
     srv = children.spawn(["hot-0"])
-    absent = max(sched.online_cpus()) + 64  # a CPU this host does not have: the kernel says EINVAL
+    absent = max(frozenset(online_cpus())) + 64  # a CPU this host does not have: the kernel says EINVAL
     plan = LayerPlan(layers=(layer("hot", CONFINED, EXCLUSIVE, tids=[srv.threads["hot-0"]], cpus=[absent]),),
                      reserve_cpus=(0,))
     backend = backends(tmp_path)
@@ -551,7 +551,7 @@ def test_a_refused_setting_is_reported_once_per_plan(tmp_path, children, backend
     assert f"tid {srv.threads['hot-0']} (hot-0): setting affinity: Invalid argument" in first.errors
     second = backend.apply(plan, universe(srv, kthreads=False))
     assert not second.failed and not second.errors  # not retried under the same plan
-    assert cpus_allowed(srv.pid, srv.threads["hot-0"]) == format_cpulist(sched.online_cpus())
+    assert cpus_allowed(srv.pid, srv.threads["hot-0"]) == format_cpulist(frozenset(online_cpus()))
 
 
 def test_ended_threads_leave_the_backends_picture_between_whole_applies(backends, server, children, tmp_path):

@@ -55,7 +55,7 @@ class Host:
         self.backend = NativeBackend(
             os.path.join(root, "run"), pmqos=PmQos(os.path.join(root, "cpu")), autogroup=False,
             weights=CgroupWeights(WeightSupport(CGROUPFS, os.path.join(root, "cg"), "a directory of the test")),
-            idle_cgroup=IdleCgroup(why_not="no idle cgroup in a fake kernel"))
+            idle_cgroup=IdleCgroup(why_not="no idle cgroup in a fake kernel"), online_cpus=lambda: kernel.cpus)
         self.plan = None
 
     def launch(self, name: str, threads, cgroup: bool) -> None:

@@ -10,25 +10,19 @@ import sys
 import pytest
 
 from fixture_shapes import FIXTURES_DIR, fixture_names, fixture_root, load_fixture_shape
-from temperd.sources.shape import Core, ShapeError, format_cpulist, parse_cpulist, read_shape
+from temperd.sources.shape import Core, ShapeError, format_cpulist, online_cpus, parse_cpulist, read_shape
 
 M5_MODEL = "Intel(R) Xeon(R) Platinum 8175M CPU @ 2.50GHz"
 C2_MODEL = "Intel(R) Xeon(R) CPU @ 3.10GHz"
 
-# name -> (physical cores as sibling tuples, packages, NUMA nodes, LLC groups, model)
+# name -> (physical cores as sibling tuples, packages, model)
 EXPECTED = {
-    "this-host": ([(0,), (1,)], (0,), ((0, (0, 1)),), ((0, 1),), "AMD EPYC"),
-    "aws-m5.xlarge": ([(0, 2), (1, 3)], (0,), ((0, (0, 1, 2, 3)),), ((0, 1, 2, 3),), M5_MODEL),
-    "aws-m5.2xlarge": ([(0, 4), (1, 5), (2, 6), (3, 7)], (0,), ((0, tuple(range(8))),), (tuple(range(8)),),
-                       M5_MODEL),
-    "gcp-c2-standard-4": ([(0, 2), (1, 3)], (0,), ((0, (0, 1, 2, 3)),), ((0, 1, 2, 3),), C2_MODEL),
-    "gcp-c2-standard-8": ([(0, 4), (1, 5), (2, 6), (3, 7)], (0,), ((0, tuple(range(8))),), (tuple(range(8)),),
-                          C2_MODEL),
-    "dual-socket-64c": ([(c, c + 64) for c in range(64)], (0, 1),
-                        ((0, tuple(range(0, 32)) + tuple(range(64, 96))),
-                         (1, tuple(range(32, 64)) + tuple(range(96, 128)))),
-                        (tuple(range(0, 32)) + tuple(range(64, 96)), tuple(range(32, 64)) + tuple(range(96, 128))),
-                        "Intel(R) Xeon(R) Platinum 8358 CPU @ 2.60GHz"),
+    "this-host": ([(0,), (1,)], (0,), "AMD EPYC"),
+    "aws-m5.xlarge": ([(0, 2), (1, 3)], (0,), M5_MODEL),
+    "aws-m5.2xlarge": ([(0, 4), (1, 5), (2, 6), (3, 7)], (0,), M5_MODEL),
+    "gcp-c2-standard-4": ([(0, 2), (1, 3)], (0,), C2_MODEL),
+    "gcp-c2-standard-8": ([(0, 4), (1, 5), (2, 6), (3, 7)], (0,), C2_MODEL),
+    "dual-socket-64c": ([(c, c + 64) for c in range(64)], (0, 1), "Intel(R) Xeon(R) Platinum 8358 CPU @ 2.60GHz"),
 }
 
 
@@ -38,15 +32,13 @@ def test_every_fixture_tree_is_covered():
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_fixture_shape(name):
-    cores, packages, nodes, llcs, model = EXPECTED[name]
+    cores, packages, model = EXPECTED[name]
     shape = load_fixture_shape(name)
     assert [c.cpus for c in shape.cores] == cores
     assert shape.cpus == tuple(sorted(cpu for core in cores for cpu in core))
     assert shape.n_cores == len(cores)
     assert shape.threads_per_core == max(len(c) for c in cores)
     assert shape.packages == packages
-    assert shape.numa_nodes == nodes
-    assert shape.llc_groups == llcs
     assert shape.cpu_model == model
     assert shape.source == fixture_root(name)
     for core in cores:
@@ -62,7 +54,7 @@ def test_m5_xlarge_siblings_pairs_across_halves():
     assert shape.siblings(0) == (2,) and shape.siblings(3) == (1,)
     assert shape.core_of(0) == Core("0:0", 0, 0, (0, 2))
     assert shape.core_of(1) != shape.core_of(0)
-    assert shape.describe() == f"2 cores x 2 threads (4 CPUs), 1 package, 1 NUMA node, 1 LLC, model {M5_MODEL}"
+    assert shape.describe() == f"2 cores x 2 threads (4 CPUs), 1 package, model {M5_MODEL}"
 
 
 def test_dual_socket_core_ids_repeat_per_package():
@@ -70,9 +62,7 @@ def test_dual_socket_core_ids_repeat_per_package():
     # core_id 5 exists in both sockets: the cores stay distinct, keyed by package.
     assert shape.core_of(5).core_key == "0:5" and shape.core_of(37).core_key == "1:5"
     assert shape.core_of(5).cpus == (5, 69) and shape.core_of(37).cpus == (37, 101)
-    assert shape.node_of(100) == 1 and shape.node_of(70) == 0
-    assert shape.llc_of(96) == shape.llc_of(32)
-    assert shape.describe().startswith("64 cores x 2 threads (128 CPUs), 2 packages, 2 NUMA nodes, 2 LLCs, model ")
+    assert shape.describe().startswith("64 cores x 2 threads (128 CPUs), 2 packages, model ")
 
 
 def test_core_of_unknown_cpu_names_the_cpu():
@@ -90,8 +80,6 @@ def test_real_host_agrees_with_the_kernel():
     assert set(os.sched_getaffinity(0)) <= set(shape.cpus)
     assert shape.n_cpus == os.sysconf("SC_NPROCESSORS_ONLN")
     assert sum(len(c.cpus) for c in shape.cores) == shape.n_cpus
-    assert sorted(cpu for _, cpus in shape.numa_nodes for cpu in cpus) == list(shape.cpus)
-    assert sorted(cpu for group in shape.llc_groups for cpu in group) == list(shape.cpus)
     with open("/proc/cpuinfo") as handle:
         models = {line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")}
     if models:
@@ -152,25 +140,15 @@ def test_offline_cpu_is_left_out(tree):
     assert shape.core_of(3).cpus == (3,)
     assert shape.siblings(3) == ()
     assert shape.threads_per_core == 2
-    assert 7 not in shape.numa_nodes[0][1] and 7 not in shape.llc_groups[0]
+    assert online_cpus(str(tree)) == tuple(range(7))
 
 
-def test_vm_without_numa_and_cache_dirs_degrades(tree):
+def test_numa_and_cache_dirs_are_not_read(tree):
+    """No decision uses NUMA nodes or caches: a VM without them, or with garbage there, reads the same."""
     shutil.rmtree(tree / "devices/system/node")
-    for cpu in range(8):
-        shutil.rmtree(tree / f"devices/system/cpu/cpu{cpu}/cache")
+    (tree / "devices/system/cpu/cpu6/cache/index3/level").write_text("L3\n")
     shape = read_shape(str(tree))
-    assert shape.numa_nodes == ((0, tuple(range(8))),)
-    assert shape.llc_groups == (tuple(range(8)),)
-    assert shape.n_cores == 4
-
-
-def test_llc_falls_back_to_highest_level(tree):
-    for cpu in range(8):
-        shutil.rmtree(tree / f"devices/system/cpu/cpu{cpu}/cache/index3")
-    shape = read_shape(str(tree))
-    # L2 is per core on this host: one group per physical core.
-    assert shape.llc_groups == ((0, 4), (1, 5), (2, 6), (3, 7))
+    assert shape.n_cores == 4 and shape.cpus == tuple(range(8))
 
 
 def test_older_kernel_thread_siblings_list_only(tree):
@@ -212,15 +190,9 @@ def test_not_a_sysfs_root(tmp_path):
     ("devices/system/cpu/online", "0-x", "expected the list of online CPUs like '0-3', found '0-x'"),
     ("devices/system/cpu/cpu1/topology/core_cpus_list", "1;5", "expected the CPU list of this CPU's SMT siblings"),
     ("devices/system/cpu/cpu1/topology/core_cpus_list", "0,4", "expected a sibling list that contains CPU 1"),
-    ("devices/system/node/node0/cpulist", "all", "expected a CPU list like '0-3,8', found 'all'"),
-    ("devices/system/cpu/cpu6/cache/index3/level", "L3", "expected the cache level (an integer), found 'L3'"),
-    ("devices/system/cpu/cpu6/cache/index3/shared_cpu_list", "", None),  # empty: the CPU alone, not an error
 ])
 def test_garbage_in_a_file(tree, relpath, content, expected):
     (tree / relpath).write_text(content + "\n")
-    if expected is None:
-        assert 6 in read_shape(str(tree)).llc_of(6)
-        return
     with pytest.raises(ShapeError) as info:
         read_shape(str(tree))
     message = str(info.value)

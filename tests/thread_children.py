@@ -19,7 +19,7 @@ from typing import Dict, List
 
 import pytest
 
-from temperd.backends.native import sched
+from temperd.sources.shape import online_cpus
 
 CHILD_LIFETIME_S = 120
 
@@ -266,5 +266,5 @@ def percpu_kthreads(cpu: int) -> List[int]:
     return out
 
 
-needs_two_cpus = pytest.mark.skipif(len(sched.online_cpus()) < 2 or not {0, 1} <= os.sched_getaffinity(0),
+needs_two_cpus = pytest.mark.skipif(len(online_cpus()) < 2 or not {0, 1} <= os.sched_getaffinity(0),
                                     reason="needs CPUs 0 and 1 online and allowed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Callable, FrozenSet, Optional, Tuple
 
 from temperd.backends import Backend
 
@@ -31,12 +31,15 @@ def choose(requested: str, scx_available: bool, scx_reason: str) -> BackendChoic
     return BackendChoice(requested, "native", f"auto: {scx_reason}; native backend")
 
 
-def make_backend(config, sysfs_root: str = "/sys", shape=None) -> Tuple[BackendChoice, Backend]:
+def make_backend(config, sysfs_root: str = "/sys", shape=None,
+                 online_cpus: Optional[Callable[[], FrozenSet[int]]] = None) -> Tuple[BackendChoice, Backend]:
+    """online_cpus: the daemon's machine shape's, current after each reload (the native backend
+    reads sysfs without it)."""
     from temperd.backends.native.backend import NativeBackend
 
     found = scx_availability(sysfs_root, config.scx.binary) if config.backend != "native" else None
     choice = choose(config.backend, bool(found and found.usable), found.reason if found else "")
-    native = NativeBackend(config.state_dir)
+    native = NativeBackend(config.state_dir, online_cpus=online_cpus)
     if choice.active == "native":
         return choice, native
     from temperd.backends.scx.backend import ScxBackend, restart_policy

@@ -164,7 +164,9 @@ class Daemon:
         self.replan(trigger)
 
     def _start_backend(self, view: HostView) -> None:
-        self.backend_choice, self.backend = make_backend(view.config, self.sysfs_root, view.shape)
+        # The backend's online CPUs are the shape's in force: read at start and at each reload (CPU hotplug's).
+        self.backend_choice, self.backend = make_backend(view.config, self.sysfs_root, view.shape,
+                                                         online_cpus=lambda: frozenset(self.view.shape.cpus))
         log.info("backend %s: %s", self.backend_choice.active, self.backend_choice.reason)
         self.backend.on_carrier_change = lambda reason: self.request(REPLAN, f"scx: {reason}")
         self.backend.recover()

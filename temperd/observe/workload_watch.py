@@ -173,7 +173,7 @@ class WorkloadWatch:
 
     def _idle_by_cpu(self) -> Optional[List[float]]:
         """Each CPU's idle share since the previous sample (None at the first)."""
-        idle, at = host_cpu.idle_seconds(), time.monotonic()
+        idle, at = host_cpu.idle_seconds(host_cpu.read_stat()), time.monotonic()
         before, self._idle_mark = self._idle_mark, (idle, at)
         if before is None or at <= before[1] or len(before[0]) != len(idle):
             return None

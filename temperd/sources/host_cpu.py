@@ -1,13 +1,50 @@
-"""Each CPU's idle time (idle + iowait, /proc/stat through psutil): whether CPU was to be had,
-where a thread may run, while it waited for one."""
+"""/proc/stat, the host's CPU times: the whole host's (a trial's idle and steal), each online
+CPU's idle time by number (whether CPU was to be had, where a thread may run, while it waited for
+one) and when the host booted. The one reader of the file."""
 
 from __future__ import annotations
 
-from typing import List
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
 
-import psutil
+from temperd.files import kernel_lines
+from temperd.sources.procfs import CLOCK_TICKS, PROC, read_file
+
+IDLE, IOWAIT = 3, 4  # positions in a cpu line's times
 
 
-def idle_seconds() -> List[float]:
-    """Per CPU (by number), the seconds it spent idle (or idle waiting on I/O) since boot."""
-    return [t.idle + getattr(t, "iowait", 0.0) for t in psutil.cpu_times(percpu=True)]
+@dataclass(frozen=True)
+class HostStat:
+    total: Tuple[int, ...]  # the `cpu` line: user nice system idle iowait irq softirq steal (ticks)
+    per_cpu: Dict[int, Tuple[int, ...]]  # each online CPU's line, by CPU number
+    boot_time: float  # btime: seconds since the epoch; 0 where the file has none
+
+
+def parse_stat(data: bytes) -> HostStat:
+    total: Tuple[int, ...] = ()
+    per_cpu: Dict[int, Tuple[int, ...]] = {}
+    boot_time = 0.0
+    for line in kernel_lines(data):
+        if line.startswith(b"cpu"):
+            fields = line.split()
+            times = tuple(int(x) for x in fields[1:9])
+            name = fields[0][3:]
+            if not name:
+                total = times
+            elif name.isdigit():
+                per_cpu[int(name)] = times
+        elif line.startswith(b"btime "):
+            boot_time = float(line.split()[1])
+    return HostStat(total, per_cpu, boot_time)
+
+
+def read_stat() -> HostStat:
+    return parse_stat(read_file(f"{PROC}/stat", 65536))
+
+
+def idle_seconds(stat: HostStat) -> List[float]:
+    """Indexed by CPU number, the seconds each CPU spent idle (or idle waiting on I/O) since boot;
+    0 for a CPU that is not online."""
+    size = max(stat.per_cpu, default=-1) + 1
+    return [(stat.per_cpu[cpu][IDLE] + stat.per_cpu[cpu][IOWAIT]) / CLOCK_TICKS if cpu in stat.per_cpu else 0.0
+            for cpu in range(size)]

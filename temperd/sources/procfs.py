@@ -297,13 +297,6 @@ def read_process_cpu_ticks(pid: int) -> Optional[int]:
     return stat.cpu_ticks if stat is not None else None
 
 
-def read_cpu_times() -> Tuple[int, ...]:
-    """The aggregate `cpu` line of /proc/stat: user nice system idle iowait irq softirq steal (ticks)."""
-    with open(f"{PROC}/stat") as handle:
-        fields = handle.readline().split()
-    return tuple(int(x) for x in fields[1:9])
-
-
 def read_resched_interrupts() -> Optional[int]:
     """Rescheduling IPIs taken so far, summed over the CPUs (/proc/interrupts, the row whose text is
     "Rescheduling interrupts": RES on x86, IPI0 on arm64); None where the kernel has no such row.
@@ -315,15 +308,6 @@ def read_resched_interrupts() -> Optional[int]:
             counts = line.split(b":", 1)[1].split()
             return sum(int(c) for c in counts if c.isdigit())
     return None
-
-
-def read_boot_time() -> float:
-    """When the host booted, in seconds since the epoch (/proc/stat btime); 0 where unknown."""
-    data = read_bytes(f"{PROC}/stat", 65536) or b""
-    for line in kernel_lines(data):
-        if line.startswith(b"btime "):
-            return float(line.split()[1])
-    return 0.0
 
 
 def read_children(pid: int) -> List[int]:

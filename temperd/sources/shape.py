@@ -1,11 +1,10 @@
-"""The machine shape: online CPUs, physical cores and their SMT siblings, packages, NUMA nodes, LLCs.
+"""The machine shape: online CPUs, physical cores and their SMT siblings, packages, the CPU model.
 
 Read from sysfs (the root is injectable so fixture trees of other hosts can stand in for /sys).
 Physical cores are grouped by the kernel's own sibling lists (core_cpus_list, or the older
 thread_siblings_list), not by core_id alone: core_id is only unique within a package.
 Files that every Linux host has are required and a problem with them raises ShapeError naming
-the file; NUMA and cache directories are absent in some VMs, so without them the whole machine
-counts as one NUMA node and one LLC.
+the file. What no decision uses (NUMA nodes, caches) is not read.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from temperd.files import kernel_lines
 
 CPU_DIR = "devices/system/cpu"
-NODE_DIR = "devices/system/node"
 UNKNOWN_MODEL = "unknown"
 
 _CPULIST_ITEM = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -77,8 +75,6 @@ class MachineShape:
     cores: Tuple[Core, ...]  # sorted by first CPU
     threads_per_core: int  # the most online siblings any core has
     packages: Tuple[int, ...]  # physical package ids, sorted
-    numa_nodes: Tuple[Tuple[int, Tuple[int, ...]], ...]  # (node, online CPUs), nodes without CPUs left out
-    llc_groups: Tuple[Tuple[int, ...], ...]  # CPUs sharing one last-level cache, sorted by first CPU
     cpu_model: str
     source: str  # where it was read from
 
@@ -104,25 +100,12 @@ class MachineShape:
         """The other online CPUs on the same physical core (not cpu itself)."""
         return tuple(c for c in self.core_of(cpu).cpus if c != cpu)
 
-    def node_of(self, cpu: int) -> int:
-        for node, cpus in self.numa_nodes:
-            if cpu in cpus:
-                return node
-        raise KeyError(f"CPU {cpu} is in no NUMA node of this machine")
-
-    def llc_of(self, cpu: int) -> Tuple[int, ...]:
-        for group in self.llc_groups:
-            if cpu in group:
-                return group
-        raise KeyError(f"CPU {cpu} is in no LLC group of this machine")
-
     def describe(self) -> str:
         def count(n: int, word: str) -> str:
             return f"{n} {word}" + ("" if n == 1 else "s")
 
         return (f"{count(self.n_cores, 'core')} x {count(self.threads_per_core, 'thread')} ({count(self.n_cpus, 'CPU')}), "
-                f"{count(self.n_packages, 'package')}, {count(len(self.numa_nodes), 'NUMA node')}, "
-                f"{count(len(self.llc_groups), 'LLC')}, model {self.cpu_model}")
+                f"{count(self.n_packages, 'package')}, model {self.cpu_model}")
 
 
 # --- reading sysfs ------------------------------------------------------------------------------
@@ -151,20 +134,6 @@ def _read_cpulist(path: str, expected: str = "a CPU list like '0-3,8'") -> Tuple
         return parse_cpulist(text)
     except ValueError:
         raise ShapeError(f"{path}: expected {expected}, found {text[:60]!r}") from None
-
-
-def _numbered_dirs(parent: str, prefix: str) -> List[Tuple[int, str]]:
-    """(n, path) of parent/<prefix>N directories, sorted by n; [] when parent does not exist."""
-    try:
-        names = os.listdir(parent)
-    except FileNotFoundError:
-        return []
-    found = []
-    for name in names:
-        rest = name[len(prefix):]
-        if name.startswith(prefix) and rest.isdigit() and os.path.isdir(os.path.join(parent, name)):
-            found.append((int(rest), os.path.join(parent, name)))
-    return sorted(found)
 
 
 def _read_cores(cpu_dir: str, online: Sequence[int]) -> Tuple[Core, ...]:
@@ -205,58 +174,6 @@ def _read_cores(cpu_dir: str, online: Sequence[int]) -> Tuple[Core, ...]:
     return tuple(cores)
 
 
-def _read_numa(sysfs_root: str, online: Sequence[int]) -> Tuple[Tuple[int, Tuple[int, ...]], ...]:
-    online_set = set(online)
-    nodes = []
-    for node, path in _numbered_dirs(os.path.join(sysfs_root, NODE_DIR), "node"):
-        cpus = tuple(c for c in _read_cpulist(os.path.join(path, "cpulist")) if c in online_set)
-        if cpus:  # memory-only nodes (CXL, some NVDIMM setups) have no CPUs to plan for
-            nodes.append((node, cpus))
-    if not nodes:
-        return ((0, tuple(online)),)
-    return tuple(nodes)
-
-
-def _read_llc(cpu_dir: str, online: Sequence[int]) -> Tuple[Tuple[int, ...], ...]:
-    online_set = set(online)
-    per_cpu: Dict[int, Tuple[int, Tuple[int, ...]]] = {}  # cpu -> (level, shared CPUs) of its LLC
-    for cpu in online:
-        best: Optional[Tuple[int, Tuple[int, ...]]] = None
-        for _, index in _numbered_dirs(os.path.join(cpu_dir, f"cpu{cpu}", "cache"), "index"):
-            type_file = os.path.join(index, "type")
-            if os.path.exists(type_file) and _read(type_file, "a cache type") == "Instruction":
-                continue
-            level = _read_int(os.path.join(index, "level"), "the cache level (an integer)")
-            shared = tuple(c for c in _read_cpulist(os.path.join(index, "shared_cpu_list"),
-                                                     "the CPU list sharing this cache") if c in online_set)
-            if best is None or level > best[0]:
-                best = (level, shared or (cpu,))
-        if best is not None:
-            per_cpu[cpu] = best
-    if not per_cpu:
-        return (tuple(online),)
-    # Level 3 where the host has it, else the highest level any CPU reports.
-    top = 3 if any(level == 3 for level, _ in per_cpu.values()) else max(level for level, _ in per_cpu.values())
-    groups: List[set] = []
-    for cpu in online:
-        entry = per_cpu.get(cpu)
-        members = set(entry[1]) | {cpu} if entry is not None and entry[0] >= top else {cpu}
-        # Merge overlapping lists so every CPU ends up in exactly one group.
-        overlapping = [g for g in groups if g & members]
-        for g in overlapping:
-            members |= g
-            groups.remove(g)
-        groups.append(members)
-    uncovered = [cpu for cpu in online if cpu not in per_cpu]
-    if uncovered:  # CPUs without cache information join one group rather than each its own
-        merged = set(uncovered)
-        for g in [g for g in groups if g & merged]:
-            merged |= g
-            groups.remove(g)
-        groups.append(merged)
-    return tuple(sorted((tuple(sorted(g)) for g in groups), key=lambda g: g[0]))
-
-
 def _cpuinfo_default(sysfs_root: str) -> Optional[str]:
     """The cpuinfo that belongs to this sysfs root: <root>/cpuinfo in a fixture tree, else <root>/../proc/cpuinfo."""
     for candidate in (os.path.join(sysfs_root, "cpuinfo"),
@@ -277,15 +194,22 @@ def read_cpu_model(cpuinfo_path: str) -> str:
     return UNKNOWN_MODEL
 
 
-def read_shape(sysfs_root: str = SYSFS_ROOT, cpuinfo_path: Optional[str] = None) -> MachineShape:
-    """Read the machine shape under sysfs_root. cpuinfo_path defaults to the cpuinfo next to the root
-    (<root>/cpuinfo, else <root>/../proc/cpuinfo); without one the model is 'unknown'."""
+def online_cpus(sysfs_root: str = SYSFS_ROOT) -> Tuple[int, ...]:
+    """The online CPUs, sorted; ShapeError where the list cannot be read or is empty."""
     cpu_dir = os.path.join(sysfs_root, CPU_DIR)
     if not os.path.isdir(cpu_dir):
         raise ShapeError(f"{cpu_dir}: missing; expected the sysfs CPU directory")
     online = _read_cpulist(os.path.join(cpu_dir, "online"), "the list of online CPUs like '0-3'")
     if not online:
         raise ShapeError(f"{os.path.join(cpu_dir, 'online')}: expected at least one online CPU, found none")
+    return online
+
+
+def read_shape(sysfs_root: str = SYSFS_ROOT, cpuinfo_path: Optional[str] = None) -> MachineShape:
+    """Read the machine shape under sysfs_root. cpuinfo_path defaults to the cpuinfo next to the root
+    (<root>/cpuinfo, else <root>/../proc/cpuinfo); without one the model is 'unknown'."""
+    cpu_dir = os.path.join(sysfs_root, CPU_DIR)
+    online = online_cpus(sysfs_root)
     cores = _read_cores(cpu_dir, online)
     if cpuinfo_path is None:
         cpuinfo_path = _cpuinfo_default(sysfs_root)
@@ -295,8 +219,6 @@ def read_shape(sysfs_root: str = SYSFS_ROOT, cpuinfo_path: Optional[str] = None)
         cores=tuple(sorted(cores, key=lambda c: c.cpus[0])),
         threads_per_core=max(len(c.cpus) for c in cores),
         packages=tuple(sorted({c.package for c in cores})),
-        numa_nodes=_read_numa(sysfs_root, online),
-        llc_groups=_read_llc(cpu_dir, online),
         cpu_model=model,
         source=os.path.abspath(sysfs_root),
     )

@@ -26,8 +26,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from temperd import paths
 from temperd.files import kernel_lines
 from temperd.sources.mounts import tracefs_mount
-from temperd.sources import procfs
+from temperd.sources import host_cpu, procfs
 from temperd.sources.facts import UNIT_SUFFIXES
+from temperd.sources.shape import ShapeError, online_cpus
 from temperd.trace.format import TraceWriter, output_path
 
 TRACEFS_PATHS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
@@ -162,9 +163,15 @@ def find_tracefs(mount: bool = True) -> str:
     return target
 
 
-def buffer_kb_per_cpu(max_bytes: int, cpus: Optional[int] = None) -> int:
-    cpus = cpus or os.cpu_count() or 1
+def buffer_kb_per_cpu(max_bytes: int, cpus: int) -> int:
     return max(BUFFER_KB_MIN, min(BUFFER_KB_MAX, max_bytes // 3 // cpus // 1024))
+
+
+def _online_count() -> int:
+    try:
+        return len(online_cpus())
+    except ShapeError as exc:
+        raise TraceError(f"cannot size the trace buffers: {exc}") from None
 
 
 def _write(path: str, value: str) -> None:
@@ -217,7 +224,7 @@ class Instance:
 
     def configure(self, filter_tids: Sequence[int], max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         _write(self._file("tracing_on"), "0")
-        _write(self._file("buffer_size_kb"), str(buffer_kb_per_cpu(max_bytes)))
+        _write(self._file("buffer_size_kb"), str(buffer_kb_per_cpu(max_bytes, _online_count())))
         clocks = _read(self._file("trace_clock"))
         if "mono" in clocks.replace("[", " ").replace("]", " ").split():
             _write(self._file("trace_clock"), "mono")  # CLOCK_MONOTONIC: what Perfetto assumes
@@ -536,7 +543,7 @@ def _creator_alive(pid: int, created_at: float) -> bool:
     stat = procfs.read_task_stat(pid, pid)
     if stat is None:
         return False
-    started_at = procfs.read_boot_time() + stat.start_time / procfs.CLOCK_TICKS
+    started_at = host_cpu.read_stat().boot_time + stat.start_time / procfs.CLOCK_TICKS
     return started_at <= created_at + 1.0
 
 

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
-from temperd.sources import cgroups, procfs
+from temperd.sources import cgroups, host_cpu, procfs
 from temperd.training.verdicts import (  # noqa: F401  (part of this module's public face)
     BETTER, WITHIN_NOISE, WORSE, Bound, Comparison, Spread, bound, compare, median, settled, spread)
 
@@ -146,12 +146,12 @@ class HostMonitor:
 
     def start(self) -> None:
         self._procs0 = all_proc_cpu()
-        self._cpu0 = procfs.read_cpu_times()
+        self._cpu0 = host_cpu.read_stat().total
         self._resched0 = procfs.read_resched_interrupts()
         self._t0 = time.monotonic()
 
     def stop(self) -> HostWindow:
-        cpu1 = procfs.read_cpu_times()
+        cpu1 = host_cpu.read_stat().total
         resched1 = procfs.read_resched_interrupts()
         seconds = time.monotonic() - self._t0
         procs1 = all_proc_cpu()

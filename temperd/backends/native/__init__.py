@@ -1,12 +1,14 @@
 """The native backend: a LayerPlan carried out with the kernel's own controls.
 
 backend.py         NativeBackend: one apply, stop or recover over the parts below
-universe.py        the host threads it last saw, indexed by tid
-membership.py      which layer each thread belongs to; which threads are kernel threads
+universe.py        the host threads it last saw, by (tid, start time), their ids indexed
+membership.py      which layer each thread belongs to; which threads are kernel threads; a
+                   process's threads as the backend reads them (scan_threads)
 treatment.py       per-thread affinity, policy, nice and slice under the plan
 inheritance.py     treatment a new thread or process inherited from its creator, and the way back
 given_back.py      values it replaced or gave back, remembered for threads made before
-restore_ledger.py  each thread's originals and temperd's changes
+restore_ledger.py  each thread's originals and temperd's changes, an affinity compared within
+                   the online CPUs it is given (the daemon's machine shape's)
 state_file.py      the ledger on disk, a journal, for the next start
 held.py            held host settings: original first, drift, restore, adopt
 autogroup.py       the nice of whole sessions (autogroups)
@@ -15,7 +17,7 @@ thread_cgroup.py   a thread's cgroup v1 cpu cgroup, as a held setting of the idl
 cgroup_moves.py    a batch's moves into a v1 cgroup, made on a thread of their own
 pmqos.py           the per-CPU idle-resume bound (PM QoS)
 cgroup_weight.py   tier weights: cgroup v2 cpu.weight, through systemd or the cgroupfs
-sched.py           the scheduler syscalls and policy ids
+sched.py           the per-thread scheduler syscalls (affinity, policy, nice, slice), policy ids
 
 What a call did (ApplyResult) and the drift found (DriftRecord) are in temperd/backends/result.py.
 """

@@ -25,7 +25,6 @@ import os
 from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set
 
 from temperd import paths
-from temperd.backends.native import sched
 from temperd.backends.native.autogroup import AUTOGROUP, Autogroups, Groups, autogroup_enabled, mixed_note
 from temperd.backends.native.cgroup_weight import CPU_WEIGHT, CgroupWeights
 from temperd.backends.native.held import HeldSettings
@@ -53,8 +52,9 @@ class NativeBackend:
 
     def __init__(self, state_dir: str = DEFAULT_STATE_DIR, *, pmqos: Optional[PmQos] = None,
                  weights: Optional[CgroupWeights] = None, pmqos_open_layers: bool = False,
-                 autogroup: bool = True, idle_cgroup: Optional[IdleCgroup] = None):
-        self.ledger = RestoreLedger(state_dir)
+                 autogroup: bool = True, idle_cgroup: Optional[IdleCgroup] = None,
+                 online_cpus: Optional[Callable[[], FrozenSet[int]]] = None):
+        self.ledger = RestoreLedger(state_dir, online_cpus=online_cpus)  # online_cpus: the daemon's shape's
         self.treatment = ThreadTreatment(self.ledger)
         self.ledger.on_give_back = self.treatment.given_back.note
         self.pmqos = pmqos if pmqos is not None else PmQos()
@@ -115,7 +115,7 @@ class NativeBackend:
         self.treatment.treat(threads, result, save, new)
         self.treatment.restore_departed(self._universe, result)
         self._apply_autogroups(result, reread=True)
-        bounds, notes = resume_bounds(plan, sched.online_cpus(), self.pmqos_open_layers)
+        bounds, notes = resume_bounds(plan, self.ledger.online_cpus(), self.pmqos_open_layers)
         result.notes.extend(notes)
         result.take_counts(PMQOS, self.pmqos.apply(bounds, save))
         result.take_counts(CPU_WEIGHT, self.weights.apply(plan.cgroup_weights, save))
@@ -245,7 +245,7 @@ class NativeBackend:
         return result
 
     def _recover_from_state_file(self, result: ApplyResult) -> None:
-        previous = RestoreLedger(self.ledger.state_dir, os.path.basename(self.ledger.path))
+        previous = RestoreLedger(self.ledger.state_dir, os.path.basename(self.ledger.path), self.ledger.online_cpus)
         removed = previous.remove_stale_temp_files()
         if removed:
             result.notes.append(f"removed {len(removed)} unfinished state-file write(s) of an earlier run: "

@@ -182,7 +182,7 @@ def restore_inherited(ledger: RestoreLedger, creators: RestoreLedger, known: Ite
     out = RestoreOutcome()
     if not creators.records and not (given_back and given_back.pids()):
         return out
-    online = sched.online_cpus()
+    online = ledger.online_cpus()
     looked_at: Set[ThreadKey] = set(creators.records) | set(known)  # a thread inherits once, at creation
     for _ in range(max_sweeps):
         found = 0

@@ -7,7 +7,8 @@ before each round of changes, so a temperd that was killed can be undone by the 
 state file also carries the sections of the host settings temperd holds (held.py: PM QoS
 bounds, cgroup weights, autogroup nices, the idle cgroup) in `extras`.
 
-Drift: when a re-read value differs from what temperd set, someone else changed it. The ledger
+Drift: when a re-read value differs from what temperd set, someone else changed it (an affinity
+compared within the online CPUs: the daemon's machine shape's, else sysfs's when made without one). The ledger
 marks that setting as theirs (temperd stops enforcing it: no fight loop) and does not restore
 it later either; the outcome counts it.
 
@@ -28,6 +29,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Opti
 from temperd.backends.native import sched
 from temperd.backends.native.state_file import StateFile, StateFileError
 from temperd.sources import procfs
+from temperd.sources.shape import online_cpus as sysfs_online_cpus
 
 AFFINITY = "affinity"
 POLICY = "policy"
@@ -221,8 +223,11 @@ class _Watched(dict):
 
 
 class RestoreLedger:
-    def __init__(self, state_dir: str, filename: str = STATE_FILE):
+    def __init__(self, state_dir: str, filename: str = STATE_FILE,
+                 online_cpus: Optional[Callable[[], FrozenSet[int]]] = None):
         self.state_dir = state_dir
+        # The online CPUs an affinity is compared within: the daemon's machine shape, else sysfs now.
+        self.online_cpus = online_cpus or (lambda: frozenset(sysfs_online_cpus()))
         self.path = os.path.join(state_dir, filename)
         self.records: Dict[Tuple[int, int], ThreadRecord] = {}  # add with record() or add()
         self._by_pid: Dict[int, Dict[Tuple[int, int], ThreadRecord]] = {}
@@ -301,7 +306,7 @@ class RestoreLedger:
 
     def copy(self) -> "RestoreLedger":
         """The records as they are now (not saved anywhere): who had what written, after they are restored."""
-        out = RestoreLedger(self.state_dir, os.path.basename(self.path))
+        out = RestoreLedger(self.state_dir, os.path.basename(self.path), self.online_cpus)
         for rec in self.records.values():
             out.add(copy.deepcopy(rec))
         return out
@@ -339,7 +344,7 @@ class RestoreLedger:
             else:
                 self._maybe_forget(rec)
             return out
-        online = online if online is not None else sched.online_cpus()
+        online = online if online is not None else self.online_cpus()
         try:
             if not self.alive(rec):
                 out.gone += 1
@@ -398,7 +403,7 @@ class RestoreLedger:
 
     def restore_all(self) -> RestoreOutcome:
         out = RestoreOutcome()
-        online = sched.online_cpus()
+        online = self.online_cpus()
         for rec in list(self.records.values()):
             out.merge(self.restore(rec, online=online))
         return out

@@ -23,7 +23,6 @@ import threading
 from dataclasses import dataclass
 from typing import FrozenSet, Iterable, Optional
 
-from temperd.sources.shape import parse_cpulist
 
 SCHED_OTHER = 0
 SCHED_FIFO = 1
@@ -120,14 +119,6 @@ def get_affinity(tid: int) -> FrozenSet[int]:
 def set_affinity(tid: int, cpus: Iterable[int]) -> None:
     """EINVAL: the kernel refuses (per-CPU kernel thread, or no allowed CPU is online)."""
     os.sched_setaffinity(tid, set(cpus))
-
-
-def online_cpus(path: str = "/sys/devices/system/cpu/online") -> FrozenSet[int]:
-    try:
-        with open(path) as handle:
-            return frozenset(parse_cpulist(handle.read()))
-    except OSError:
-        return frozenset(range(os.cpu_count() or 1))
 
 
 # ---- policy, nice, slice ----------------------------------------------------------------------

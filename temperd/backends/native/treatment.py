@@ -154,7 +154,7 @@ class ThreadTreatment:
             self._failed.clear()  # a new plan tries again what the kernel refused under the old one
         self.membership = Membership(plan, self.membership)
         if added is None:
-            self.exclusive, error = exclusive_cpus(plan, sched.online_cpus())
+            self.exclusive, error = exclusive_cpus(plan, self.ledger.online_cpus())
             if error:
                 result.errors.append(error)
         layers = plan.layers if added is None else added
@@ -186,7 +186,7 @@ class ThreadTreatment:
 
         new: the threads temperd has not looked at before (None: all of them); only those can
         have inherited temperd's treatment unseen."""
-        online = sched.online_cpus()
+        online = self.ledger.online_cpus()
         changes: List[Change] = []
         stuck: Stuck = {}
         self._stuck = stuck
@@ -222,7 +222,7 @@ class ThreadTreatment:
 
     def restore_departed(self, present: Container[ThreadKey], result: ApplyResult) -> None:
         """Threads temperd holds that are not among the host's threads any more: restore the living."""
-        online = sched.online_cpus()
+        online = self.ledger.online_cpus()
         for rec in list(self.ledger.records.values()):
             if rec.key not in present:
                 result.take(self.ledger.restore(rec, online=online))
