@@ -15,7 +15,6 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 CONFINED = "Confined"
 GROUPED = "Grouped"
 OPEN = "Open"
-LAYER_KINDS = (CONFINED, GROUPED, OPEN)
 
 EXCLUSIVE = "exclusive"
 LATENCY = "latency"

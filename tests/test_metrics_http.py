@@ -122,7 +122,7 @@ def test_linter_sees_a_confined_member_running_outside_its_cpus(children):
     # A window in which the hot thread runs on CPU 0: a third of a second on it.
     wait_for(lambda: read_schedstat(child.pid, hot).run_ns - ran >= 0.3e9, 10, "the hot thread running on CPU 0")
     obs = observer.sample(plan, inventory.processes, MatchResult())
-    seen = obs.member(hot)
+    seen = next((t for t in obs.threads if t.tid == hot), None)
     assert seen is not None and seen.cpu == 0 and seen.util >= BUSY_RATIO, seen
     kinds = {(v.invariant, v.tid) for v in lint(plan, obs, shape)}
     assert ("protected_fallback", hot) in kinds  # ran on CPU 0, its layer owns CPU 1

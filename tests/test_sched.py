@@ -38,7 +38,7 @@ def test_policy_and_nice_are_per_thread(children):
     assert (policy_of(child.pid, t["pol-nice"]), nice_of(child.pid, t["pol-nice"])) == (sched.SCHED_OTHER, -7)
     assert (policy_of(child.pid, t["pol-none"]), nice_of(child.pid, t["pol-none"])) == (sched.SCHED_OTHER, 0)
     state = sched.get_sched(t["pol-batch"])
-    assert (state.policy_name, state.nice, state.priority) == ("batch", 19, 0)
+    assert (state.policy, state.nice, state.priority) == (sched.SCHED_BATCH, 19, 0)
     # Back to the defaults: a policy change keeps nice unless told, and a nice change keeps policy.
     sched.set_sched(t["pol-batch"], policy=sched.SCHED_OTHER)
     assert (policy_of(child.pid, t["pol-batch"]), nice_of(child.pid, t["pol-batch"])) == (sched.SCHED_OTHER, 19)

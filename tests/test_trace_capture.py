@@ -8,6 +8,7 @@ import fcntl
 import gzip
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -15,14 +16,43 @@ import sys
 import textwrap
 import threading
 import time
+from typing import Any, Dict, Optional
 
 import pytest
 
 from temperd.trace import capture as tc
-from temperd.trace.format import PERFETTO_HEAD, WRITTEN_LINE
 from temperd.trace.parse import parse_trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A line as temperd.trace.format writes it: what these tests hold the output to.
+WRITTEN_LINE = re.compile(
+    r"^ *(?P<comm>.+)-(?P<tid>\d+) +\( *(?P<tgid>\d+|-+)\) \[(?P<cpu>\d{3,})\] (?P<flags>[a-zA-Z0-9.]{4}) +"
+    r"(?P<ts>\d+\.\d{6}): (?P<event>[^\s:]+): (?P<fields>.*)$")
+
+# Perfetto's own head search (systrace_line_tokenizer): every written line must satisfy it.
+PERFETTO_HEAD = re.compile(
+    r"-(\d+)\s+\(?\s*(\d+|-+)?\)?\s?\[(\d+)\]\s*[a-zA-Z0-9.]{0,4}\s+(\d+\.\d+):\s+(\S+):")
+
+
+def read_lock_holder(path: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    """The running capture, or None when no capture holds the lock."""
+    path = path or tc.LOCK_PATH
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                return json.loads(os.pread(fd, 64 * 1024, 0).decode("utf-8", "replace"))
+            except ValueError:
+                return {}
+        return None
+    finally:
+        os.close(fd)
 
 
 def _tracefs():
@@ -250,9 +280,9 @@ def test_second_capture_is_refused_naming_the_running_one(tmp_path):
     try:
         # {} means locked with the holder not written yet (the moment after flock): wait for it
         deadline = time.monotonic() + 5
-        while not tc.read_lock_holder() and time.monotonic() < deadline:
+        while not read_lock_holder() and time.monotonic() < deadline:
             time.sleep(0.01)
-        holder = tc.read_lock_holder()
+        holder = read_lock_holder()
         assert holder and holder["pid"] == os.getpid() and holder["output"] == first_out
         started = time.monotonic()
         with pytest.raises(tc.CaptureBusy) as refused:
@@ -264,12 +294,12 @@ def test_second_capture_is_refused_naming_the_running_one(tmp_path):
     finally:
         runner.join(10)  # a failure here must not leave the capture running into the next test
     assert outcome["result"].events > 0
-    assert tc.read_lock_holder() is None
+    assert read_lock_holder() is None
     assert not os.path.exists(tmp_path / "second.trace")
 
 
 def test_a_reader_looking_at_the_lock_does_not_refuse_a_starting_capture(tmp_path):
-    """read_lock_holder takes a shared lock for an instant: a capture starting in that instant
+    """A reader (read_lock_holder) takes a shared lock for an instant: a capture starting in that instant
     found the lock held with no holder written and was refused as 'just starting'."""
     path = str(tmp_path / "trace.lock")
     with open(path, "w") as probe:
@@ -278,7 +308,7 @@ def test_a_reader_looking_at_the_lock_does_not_refuse_a_starting_capture(tmp_pat
         releaser.start()
         try:
             with tc.CaptureLock({"pid": os.getpid(), "requester": "starting"}, path):
-                assert tc.read_lock_holder(path)["requester"] == "starting"
+                assert read_lock_holder(path)["requester"] == "starting"
         finally:
             releaser.join()
     with open(path, "w") as stuck:  # held with no holder for longer than a starting capture takes
@@ -307,13 +337,13 @@ def test_killed_capture_leaves_an_instance_that_cleanup_removes(tmp_path):
         while name not in instances() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert name in instances()
-        assert tc.read_lock_holder()["requester"] == "doomed"
+        assert read_lock_holder()["requester"] == "doomed"
         time.sleep(0.2)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert name in instances()  # nothing ran its finally
-    assert tc.read_lock_holder() is None  # the kernel dropped the flock with the process
+    assert read_lock_holder() is None  # the kernel dropped the flock with the process
     mine = tc.Instance(TRACEFS)  # a live capture's instance (ours) and another tool's stay
     other = os.path.join(TRACEFS, "instances", "someone-else")
     os.mkdir(other)
@@ -338,7 +368,7 @@ def test_interrupted_capture_removes_its_instance_and_writes_nothing(tmp_path):
         tc.capture(tc.CaptureRequest(output=str(tmp_path / "cut.trace"), duration_s=5.0), progress=stop_it)
     assert instances() == before
     assert os.listdir(tmp_path) == []
-    assert tc.read_lock_holder() is None
+    assert read_lock_holder() is None
 
 
 @needs_tracefs

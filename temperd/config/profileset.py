@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from importlib.resources import files as resource_files
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from temperd import paths
@@ -17,12 +18,6 @@ from temperd.config.profile import Profile, parse_profile, profile_from_document
 from temperd.config.tomlsource import read_toml
 
 DEFAULT_PROFILE_DIR = paths.PROFILE_DIR
-
-try:  # Python >= 3.9 has importlib.resources.files
-    from importlib.resources import files as _resource_files
-except ImportError:  # pragma: no cover
-    _resource_files = None
-
 
 @dataclass(frozen=True)
 class HostShape:
@@ -63,8 +58,7 @@ class ProfileSet:
 def load_builtin_profiles() -> List[Profile]:
     """The profiles shipped in the package (profiles/*.toml)."""
     out = []
-    assert _resource_files is not None
-    root = _resource_files("temperd.builtin_profiles")
+    root = resource_files("temperd.builtin_profiles")
     for entry in sorted(root.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".toml"):
             out.append(parse_profile(entry.read_text(encoding="utf-8"), f"builtin:{entry.name}", builtin=True))

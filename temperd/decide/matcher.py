@@ -9,10 +9,14 @@ without a unit) are matched together so a process-per-connection server is one w
 A match raises standing (exclusive and latency groups, the critical tier) only for processes
 the host trusts (decide/trust.py); for others it only lowers it.
 
-Pure: a function of the facts (`ProcessFacts`: what an environment binding or a budget needs is
-read on demand by the facts themselves, once per program image) and the configuration, besides
-the trust policy (hostview builds it from the host's accounts; a Matcher made without one builds
-it the same way).
+A Matcher reads nothing of the host itself: a match is made of the facts (`ProcessFacts`: what
+an environment binding or a budget needs is read on demand by the facts themselves, once per
+program image), the configuration and the trust policy (hostview builds it from the host's
+accounts; a Matcher made without one builds it the same way). It is not a pure function: it
+keeps, from one match to the next, the runtime bindings, what it last decided of each process and
+the workloads it last built (a batch of process events decides again only the processes it
+changed), and each thread's runtime at the last match (a `busiest` group ranks by the CPU grown
+since).
 """
 
 from __future__ import annotations

@@ -74,12 +74,6 @@ class Observation:
     unmanaged_busy: List[dict] = field(default_factory=list)
     latency: Optional[LatencyReport] = None  # scheduling delay per layer (sources.runqlat)
 
-    def member(self, tid: int) -> Optional[ThreadSample]:
-        for thread in self.threads:
-            if thread.tid == tid:
-                return thread
-        return None
-
     def psi_avg10(self, kind: str) -> Optional[float]:
         """CPU pressure ("some" or "full") over the last 10 s, in percent; None where the kernel has none."""
         line = (self.psi or {}).get(kind)

@@ -17,7 +17,6 @@ EXIT = "exit"
 REUSED = "reused"
 UPDATE = "update"
 CHANGE_KINDS = (NEW_PROCESS, NEW_THREAD, EXEC, RENAME, EXIT, REUSED, UPDATE)
-_WHOLE_PROCESS = frozenset((NEW_PROCESS, REUSED, EXEC))
 
 
 @dataclass(frozen=True)

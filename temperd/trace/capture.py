@@ -304,9 +304,8 @@ class CaptureLock:
     def __enter__(self) -> "CaptureLock":
         os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        # An empty file under a held lock is a reader's probe (read_lock_holder's shared lock, held
-        # for microseconds) or a capture between its flock and its holder line: look again shortly
-        # instead of refusing a capture because `temperctl status` looked at the lock.
+        # An empty file under a held lock is another capture between its flock and its holder line
+        # (or a reader's shared lock, held for an instant): look again shortly before refusing.
         deadline = time.monotonic() + _EMPTY_HOLDER_WAIT_S
         while True:
             try:
@@ -335,26 +334,6 @@ class CaptureLock:
             os.ftruncate(self._fd, 0)
             os.close(self._fd)  # releases the flock
             self._fd = None
-
-
-def read_lock_holder(path: Optional[str] = None) -> Optional[Dict[str, Any]]:
-    """The running capture, or None when no capture holds the lock."""
-    path = path or LOCK_PATH
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                return json.loads(os.pread(fd, 64 * 1024, 0).decode("utf-8", "replace"))
-            except ValueError:
-                return {}
-        return None
-    finally:
-        os.close(fd)
 
 
 # ---- whose events --------------------------------------------------------------------------------

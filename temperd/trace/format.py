@@ -45,15 +45,6 @@ UNKNOWN_TGID = "-------"
 KERNEL_LINE = re.compile(
     r"^\s*(.*)-(\d+)\s+(?:\(\s*(\d+|-+)\)\s+)?\[(\d+)\]\s+(?:([a-zA-Z0-9.]{1,6})\s+)?(\d+\.\d+): ([^\s:]+): ?(.*)$")
 
-# A line as this module writes it: what the tests hold the output to.
-WRITTEN_LINE = re.compile(
-    r"^ *(?P<comm>.+)-(?P<tid>\d+) +\( *(?P<tgid>\d+|-+)\) \[(?P<cpu>\d{3,})\] (?P<flags>[a-zA-Z0-9.]{4}) +"
-    r"(?P<ts>\d+\.\d{6}): (?P<event>[^\s:]+): (?P<fields>.*)$")
-
-# Perfetto's own head search (systrace_line_tokenizer): every written line must satisfy it.
-PERFETTO_HEAD = re.compile(
-    r"-(\d+)\s+\(?\s*(\d+|-+)?\)?\s?\[(\d+)\]\s*[a-zA-Z0-9.]{0,4}\s+(\d+\.\d+):\s+(\S+):")
-
 # trace_pipe reports ring-buffer overruns in-line.
 LOST_LINE = re.compile(r"^CPU:(\d+) \[LOST (\d+) EVENTS\]")
 
@@ -199,22 +190,6 @@ def _ftrace_section(it: Iterator[str]) -> Iterator[str]:
             yield line
         elif line.startswith("#") and "TASK-PID" in line:
             in_trace = True
-
-
-def process_dump(lines: Iterable[str]) -> Dict[int, Tuple[str, str]]:
-    """pid -> (name, command line) from the PROCESS DUMP section of an HTML trace."""
-    out: Dict[int, Tuple[str, str]] = {}
-    in_dump = False
-    for line in lines:
-        if line.startswith(PROCESS_DUMP_TITLE):
-            in_dump = True
-        elif in_dump and line.startswith(SECTION_END):
-            break
-        elif in_dump:
-            tokens = line.split(None, 9)
-            if len(tokens) >= 10 and tokens[1].isdigit():
-                out[int(tokens[1])] = (tokens[8], tokens[9].rstrip("\n"))
-    return out
 
 
 @dataclass

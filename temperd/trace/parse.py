@@ -89,10 +89,6 @@ class TraceSummary:
     def named(self, comm: str) -> List[ThreadStats]:
         return [t for t in self.threads.values() if t.comm == comm]
 
-    def top_runtime(self, n: int = 10) -> List[ThreadStats]:
-        return sorted(self.threads.values(), key=lambda t: t.runtime_ns, reverse=True)[:n]
-
-
 
 def parse_trace(source: Union[str, Iterable[str]]) -> TraceSummary:
     """Parse a trace file (path, plain or gzip) or any iterable of lines."""

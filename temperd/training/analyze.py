@@ -48,8 +48,6 @@ SYNC_COMPUTE = "sync compute"
 LATENCY_CRITICAL = "latency critical"
 IO_WAKE_CHAIN = "I/O wake chain"
 BACKGROUND = "sporadic / background"
-CLASSES = (SYNC_COMPUTE, LATENCY_CRITICAL, IO_WAKE_CHAIN, BACKGROUND)
-TREATMENT_OF = {SYNC_COMPUTE: EXCLUSIVE, LATENCY_CRITICAL: LATENCY, IO_WAKE_CHAIN: LATENCY, BACKGROUND: YIELD}
 UNTREATED = "none"  # no thread group: the thread keeps the scheduling it has
 # A group takes its foremost member's treatment: untreated outranks yield, so that a group holding a
 # thread the path waits on is not yielded.
@@ -462,5 +460,5 @@ def wakers_summary(t_list: Sequence[ThreadFeatures], wf: WorkloadFeatures, n: in
                      sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:n])
 
 
-__all__ = ["Analysis", "CLASSES", "Cluster", "UNTREATED", "Verdict", "analyze", "cores_needed", "request_path",
+__all__ = ["Analysis", "Cluster", "UNTREATED", "Verdict", "analyze", "cores_needed", "request_path",
            "title_key", "title_regex", "waited_on", "wakers_summary", "SAME_PROCESS", "WORKLOAD", "top"]

@@ -25,7 +25,6 @@ from temperd.plan import LayerPlan
 
 PMQOS = "pmqos"
 CPU_ROOT = "/sys/devices/system/cpu"
-NO_CONSTRAINT = "0"
 ZERO_LATENCY = "n/a"
 
 

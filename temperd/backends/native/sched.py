@@ -73,10 +73,6 @@ class SchedState:
     nice: int
     slice_ns: Optional[int]  # the slice the kernel reports (sched_runtime); None: not reported
 
-    @property
-    def policy_name(self) -> str:
-        return POLICY_NAMES.get(self.policy, str(self.policy))
-
 
 @dataclass(frozen=True)
 class SliceSupport:
