@@ -71,7 +71,9 @@ class Layer:
     policy: str = "other"  # "other" | "batch" | "idle"
     idle_resume_us: Optional[int] = None
     protected: bool = False
-    ownership: str = FENCED  # OWNED | FENCED; meaningful for CONFINED/GROUPED exclusive layers
+    # OWNED | FENCED, meaningful for CONFINED/GROUPED exclusive layers; the default is a thread
+    # group's (GROUP_SPEC in temperd/config/profile.py, which this base cannot import; a test holds them equal).
+    ownership: str = OWNED
     reasons: Tuple[str, ...] = ()
 
     @property

@@ -23,7 +23,7 @@ from temperd.backends.native import sched
 from temperd.backends.native.backend import NativeBackend, scan_threads
 from temperd.backends.native.cgroup_weight import CgroupWeights, WeightSupport
 from temperd.backends.native.pmqos import PmQos
-from temperd.plan import CONFINED, EXCLUSIVE, OPEN, YIELD, Layer, LayerPlan, MemberSelector
+from temperd.plan import CONFINED, EXCLUSIVE, FENCED, OPEN, YIELD, Layer, LayerPlan, MemberSelector
 from test_daemon_e2e import Temperd
 from thread_children import needs_two_cpus, read_json_line, wait_for
 
@@ -155,6 +155,7 @@ def backends():
 
 
 def layer(name, kind, treatment, tids=(), pids=(), cpus=(), comm=(), catch_all=False, **kw) -> Layer:
+    kw.setdefault("ownership", FENCED)  # these tests' exclusive layers are fenced
     return Layer(name=name, kind=kind, treatment=treatment, tier="critical", workload="w", group=name,
                  selector=MemberSelector(pids=tuple(pids), tids=tuple(tids), comm_patterns=tuple(comm),
                                          catch_all=catch_all), cpus=tuple(cpus), **kw)

@@ -12,7 +12,7 @@ import pytest
 
 from temperd.decide.matcher import MatchResult, ThreadMatch, Workload
 from temperd.observe.journal import Journal, describe_layer
-from temperd.plan import CONFINED, EXCLUSIVE, LATENCY, OPEN, OWNED, YIELD, Layer, LayerPlan, MemberSelector
+from temperd.plan import CONFINED, EXCLUSIVE, FENCED, LATENCY, OPEN, OWNED, YIELD, Layer, LayerPlan, MemberSelector
 
 
 class Clock:
@@ -43,7 +43,7 @@ def plan_for(w, cpus=(1,)):
     workers = tuple(t.tid for t in w.threads if t.group == "workers")
     return LayerPlan(layers=(
         Layer(name=f"{w.key}.workers", kind=CONFINED, treatment=EXCLUSIVE, tier=w.tier, workload=w.key, group="workers",
-              selector=MemberSelector(tids=workers), cpus=cpus),
+              selector=MemberSelector(tids=workers), cpus=cpus, ownership=FENCED),
         Layer(name=f"{w.key}.dispatch", kind=OPEN, treatment=LATENCY, tier=w.tier, workload=w.key, group="dispatch",
               selector=MemberSelector(tids=(100,)), nice=-7),
     ), reserve_cpus=(0,))
@@ -51,11 +51,11 @@ def plan_for(w, cpus=(1,)):
 
 def test_describe_layer():
     sel = MemberSelector()
-    assert describe_layer(Layer("a", CONFINED, EXCLUSIVE, "critical", "w", "g", sel, cpus=(2, 3, 4, 7))) == \
+    assert describe_layer(Layer("a", CONFINED, EXCLUSIVE, "critical", "w", "g", sel, cpus=(2, 3, 4, 7), ownership=FENCED)) == \
         "exclusive, CPUs 2-4,7, fenced"
     assert describe_layer(Layer("a", CONFINED, EXCLUSIVE, "critical", "w", "g", sel, cpus=(1,), ownership=OWNED,
                                 idle_resume_us=0)) == "exclusive, CPUs 1, owned, polling while idle"
-    assert describe_layer(Layer("a", CONFINED, EXCLUSIVE, "critical", "w", "g", sel, cpus=(1,),
+    assert describe_layer(Layer("a", CONFINED, EXCLUSIVE, "critical", "w", "g", sel, cpus=(1,), ownership=FENCED,
                                 idle_resume_us=20)).endswith("fenced, idle exit within 20 us")
     assert "idle" not in describe_layer(Layer("a", OPEN, LATENCY, "critical", "w", "g", sel, nice=-5, idle_resume_us=0))
     assert describe_layer(Layer("a", OPEN, LATENCY, "critical", "w", "g", sel, nice=-7, slice_us=500)) == \

@@ -42,6 +42,7 @@ def _rest() -> str:
 
 
 def layer(name, kind, treatment, tids=(), pids=(), cpus=(), comm=(), catch_all=False, **kw) -> Layer:
+    kw.setdefault("ownership", FENCED)  # these tests' exclusive layers are fenced unless one says owned
     return Layer(name=name, kind=kind, treatment=treatment, tier=kw.pop("tier", "critical"), workload="w", group=name,
                  selector=MemberSelector(pids=tuple(pids), tids=tuple(tids), comm_patterns=tuple(comm),
                                          catch_all=catch_all), cpus=tuple(cpus), **kw)

@@ -8,7 +8,7 @@ import pytest
 from temperd.backends.scx.render import (CATCH_ALL_NAME, RenderError, comm_prefix, cgroup_prefix, render, render_plan)
 from temperd.backends.scx.validate import validate_config
 from temperd.backends.scx.kinds import LOW_FALLBACK, PREEMPTING, YIELD_SLICE_US, level_of
-from temperd.plan import (CONFINED, EXCLUSIVE, GROUPED, LATENCY, OPEN, OWNED, YIELD, Layer, LayerPlan, MemberSelector)
+from temperd.plan import (CONFINED, EXCLUSIVE, FENCED, GROUPED, LATENCY, OPEN, OWNED, YIELD, Layer, LayerPlan, MemberSelector)
 
 MYSQL_CGROUP = "/system.slice/mysql.service"
 
@@ -16,6 +16,7 @@ MYSQL_CGROUP = "/system.slice/mysql.service"
 def layer(name, kind, treatment, selector, **kw):
     kw.setdefault("tier", "critical")
     kw.setdefault("workload", "mysql")
+    kw.setdefault("ownership", FENCED)  # these tests' exclusive layers are fenced unless one says owned
     return Layer(name=name, kind=kind, treatment=treatment, group=name.split(".")[-1], selector=selector, **kw)
 
 

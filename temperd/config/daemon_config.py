@@ -29,23 +29,37 @@ DEFAULT_RECONCILE_INTERVAL_S = 120.0
 DEFAULT_SCAN_WITHOUT_EVENTS_S = 30.0
 DEFAULT_SCX_STATS_SOCKET = "/var/run/scx/root/stats"
 
-# cgroup v2 cpu.weight per tier (1..10000, the kernel's default is 100).
-DEFAULT_TIER_WEIGHTS = {"critical": 1000, "standard": 100, "background": 10}
-# The PM QoS resume bound (us) on the CPUs a tier's exclusive groups own, where their profile sets
-# no idle_resume_us. 0: an owned CPU waits for its owner's next request polling, never in a
-# sleep state (on a KVM guest, never halted): a lone client's request is then served without a
-# wakeup from idle (redis, one client, 2-vCPU guest: 1.79x stock's requests per second, p99
-# 0.58x; docs/benchmarks.md). The cost is power: the CPU never sleeps while its owner does.
 NO_IDLE_RESUME_BOUND = -1
-DEFAULT_IDLE_RESUME_US = {"critical": 0, "standard": NO_IDLE_RESUME_BOUND, "background": NO_IDLE_RESUME_BOUND}
 
-_TIER_SPEC = TableSpec("tier", "One QoS tier.", {
-    "weight": Spec("int", "cgroup v2 cpu.weight of this tier's workloads (1..10000).", minimum=1, maximum=10000),
-    "idle_resume_us": Spec("int", "PM QoS resume bound (microseconds) on the CPUs this tier's exclusive groups own, "
-                           "where their profile sets no idle_resume_us: 0 keeps an owned CPU polling while its "
-                           "owner sleeps (no wakeup from a sleep state; the CPU never saves power), -1 sets none. "
-                           "Default: 0 for critical, -1 for the others.", minimum=-1, maximum=1000000),
+
+def _tier_spec(name: str, weight: int, idle_resume_us: int) -> TableSpec:
+    return TableSpec(name, f"The {name} tier.", {
+        "weight": Spec("int", "cgroup v2 cpu.weight of this tier's workloads (1..10000).", minimum=1, maximum=10000,
+                       default=weight),
+        "idle_resume_us": Spec("int", "PM QoS resume bound (microseconds) on the CPUs this tier's exclusive groups "
+                               "own, where their profile sets no idle_resume_us: 0 keeps an owned CPU polling while "
+                               "its owner sleeps (no wakeup from a sleep state; the CPU never saves power), -1 sets "
+                               "none.", minimum=-1, maximum=1000000, default=idle_resume_us),
+    })
+
+
+# Each tier's cgroup v2 cpu.weight (1..10000; the kernel's default is 100) and PM QoS resume bound.
+# The critical tier's 0: an owned CPU waits for its owner's next request polling, never in a sleep
+# state (on a KVM guest, never halted): a lone client's request is then served without a wakeup
+# from idle (redis, one client, 2-vCPU guest: 1.79x stock's requests per second, p99 0.58x;
+# docs/benchmarks.md). The cost is power: the CPU never sleeps while its owner does.
+TIERS_SPEC = TableSpec("tiers", "tiers", {
+    "critical": Spec("table", "The critical tier.", default={}, table=_tier_spec("critical", 1000, 0)),
+    "standard": Spec("table", "The standard tier.", default={},
+                     table=_tier_spec("standard", 100, NO_IDLE_RESUME_BOUND)),
+    "background": Spec("table", "The background tier.", default={},
+                       table=_tier_spec("background", 10, NO_IDLE_RESUME_BOUND)),
 })
+
+
+def tier_defaults(key: str) -> Dict[str, int]:
+    """Each tier's declared default of a [tiers.*] key."""
+    return {name: TIERS_SPEC.fields[name].table.default_of(key) for name in TIERS}  # type: ignore[union-attr]
 
 BINDING_SPEC = TableSpec(
     "binding",
@@ -93,13 +107,11 @@ TRUST_SPEC = TableSpec("trust", "trust", {
 
 # The placement linter's runqueue_latency invariant: a protected (exclusive or latency) layer's
 # scheduling delay p99 over one observation window above this bound is a violation.
-DEFAULT_RUNQUEUE_LATENCY_P99_MS = 10.0
-
 LINT_SPEC = TableSpec("lint", "lint", {
     "runqueue_latency_p99_ms": Spec("float", "Bound on a protected layer's scheduling-delay p99 (wakeup to run) "
                                     "over one observation window, in milliseconds; above it the linter reports "
                                     "runqueue_latency.", minimum=0.001, maximum=60000.0,
-                                    default=DEFAULT_RUNQUEUE_LATENCY_P99_MS),
+                                    default=10.0),
 })
 
 # Scheduling-delay telemetry: the bcc program (bpf/runqlat.bpf.c) where it can load, else schedstat.
@@ -138,7 +150,8 @@ CONFIG_SPEC = TableSpec(
     "temperd's own settings: /etc/temper/temperd.toml.",
     {
         "backend": Spec("str", "auto: scx_layered where sched_ext and the binary exist, else native.", choices=BACKENDS, default="auto"),
-        "profile_dir": Spec("str", "Directory of file profiles (relative to this file's directory).", default="profiles.d"),
+        "profile_dir": Spec("str", "Directory of file profiles (relative to this file's directory).",
+                            default=os.path.relpath(paths.PROFILE_DIR, paths.CONFIG_DIR)),
         "state_dir": Spec("str", "Runtime state (restore records, control socket).", default=DEFAULT_STATE_DIR),
         "default_tier": Spec("str", "Tier of workloads no binding names.", choices=TIERS, default="standard"),
         "reserve_cpus": Spec("int", "CPUs kept for everything that is not exclusive (at least 1).", minimum=1, maximum=4096, default=1),
@@ -150,9 +163,7 @@ CONFIG_SPEC = TableSpec(
                                                maximum=3600.0, default=DEFAULT_SCAN_WITHOUT_EVENTS_S),
         "http": Spec("table", "Read-only HTTP endpoints /metrics and /observe.", default={}, table=HTTP_SPEC),
         "control": Spec("table", "The Unix control socket used by temperctl.", default={}, table=CONTROL_SPEC),
-        "tiers": Spec("table", "Per-tier settings.", default={}, table=TableSpec("tiers", "tiers", {
-            name: Spec("table", f"The {name} tier.", default={}, table=_TIER_SPEC) for name in TIERS
-        })),
+        "tiers": Spec("table", "Per-tier settings.", default={}, table=TIERS_SPEC),
         "scx": Spec("table", "The scx backend: how temperd runs and supervises scx_layered.", default={},
                     table=SCX_SPEC),
         "trust": Spec("table", "Whose processes a match may raise: a process owned by anyone else only ever "
@@ -212,7 +223,7 @@ class WatchSettings:
 class DaemonConfig:
     source: str = "(defaults)"
     backend: str = CONFIG_SPEC.default_of("backend")
-    profile_dir: str = paths.PROFILE_DIR  # the spec's default is relative to temperd.toml's directory
+    profile_dir: str = os.path.join(DEFAULT_CONFIG_DIR, CONFIG_SPEC.default_of("profile_dir"))  # beside temperd.toml
     state_dir: str = CONFIG_SPEC.default_of("state_dir")
     default_tier: str = CONFIG_SPEC.default_of("default_tier")
     reserve_cpus: int = CONFIG_SPEC.default_of("reserve_cpus")
@@ -222,8 +233,8 @@ class DaemonConfig:
     http_port: int = HTTP_SPEC.default_of("port")
     control_socket: str = CONTROL_SPEC.default_of("socket")
     control_group: str = CONTROL_SPEC.default_of("group")
-    tier_weights: Dict[str, int] = field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
-    tier_idle_resume_us: Dict[str, int] = field(default_factory=lambda: dict(DEFAULT_IDLE_RESUME_US))
+    tier_weights: Dict[str, int] = field(default_factory=lambda: tier_defaults("weight"))
+    tier_idle_resume_us: Dict[str, int] = field(default_factory=lambda: tier_defaults("idle_resume_us"))
     trust_users: Tuple[str, ...] = tuple(TRUST_SPEC.default_of("users"))
     trust_groups: Tuple[str, ...] = tuple(TRUST_SPEC.default_of("groups"))
     bindings: Tuple[Binding, ...] = ()
@@ -253,12 +264,7 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
                                 profile=b.get("profile"), cpus=b.get("cpus"), index=index))
     if v.problems:
         raise ConfigError(sorted(v.problems, key=lambda p: p.line or 0))
-    weights, resume = dict(DEFAULT_TIER_WEIGHTS), dict(DEFAULT_IDLE_RESUME_US)
-    for name, tier in (values["tiers"] or {}).items():
-        if tier and tier.get("weight") is not None:
-            weights[name] = tier["weight"]
-        if tier and tier.get("idle_resume_us") is not None:
-            resume[name] = tier["idle_resume_us"]
+    tiers = values["tiers"]  # every tier's table, its absent keys at their declared defaults
     http, control, scx, trust = values["http"], values["control"], values["scx"], values["trust"]
     return DaemonConfig(
         source=doc.file,
@@ -273,8 +279,8 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
         http_port=http["port"],
         control_socket=control["socket"],
         control_group=control["group"],
-        tier_weights=weights,
-        tier_idle_resume_us=resume,
+        tier_weights={name: tiers[name]["weight"] for name in TIERS},
+        tier_idle_resume_us={name: tiers[name]["idle_resume_us"] for name in TIERS},
         trust_users=tuple(trust["users"]),
         trust_groups=tuple(trust["groups"]),
         bindings=tuple(bindings),
@@ -307,12 +313,11 @@ def load_config(config_dir: str = DEFAULT_CONFIG_DIR, require_trusted: bool = Fa
         raise ConfigError([ConfigProblem(config_dir, (), f"{what}; expected the directory of {CONFIG_FILE}")])
     path = os.path.join(config_dir, CONFIG_FILE)
     if not os.path.lexists(path):
-        return DaemonConfig(source=f"{path} (absent: defaults)", profile_dir=os.path.join(config_dir, "profiles.d"))
-    doc = read_toml(path, require_trusted)
-    config = config_from_document(doc)
+        return DaemonConfig(source=f"{path} (absent: defaults)",
+                            profile_dir=os.path.join(config_dir, CONFIG_SPEC.default_of("profile_dir")))
+    config = config_from_document(read_toml(path, require_trusted))
     # profiles.d lives beside temperd.toml unless the file says otherwise (relative = to the file).
-    profile_dir = os.path.join(config_dir, doc.data.get("profile_dir", "profiles.d"))
-    return dataclasses.replace(config, profile_dir=profile_dir)
+    return dataclasses.replace(config, profile_dir=os.path.join(config_dir, config.profile_dir))
 
 
 def check_binding_profiles(config: DaemonConfig, known_ids) -> List[ConfigProblem]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
+from temperd.config.defaults import by_value
 from temperd.config.errors import ConfigError, ConfigProblem, describe_value
 from temperd.plan import EXCLUSIVE, LATENCY, OWNED, OWNERSHIPS, TREATMENTS, YIELD
 from temperd.config.schema import (Spec, TableSpec, Validator, check_cgroup_path, check_comm_glob, check_glob, check_regex, glob_match, json_schema)
@@ -14,9 +15,6 @@ SCHEMA_VERSION = 1
 PROFILE_ID_PATTERN = r"[a-z0-9][a-z0-9-]{0,62}"
 GROUP_NAME_PATTERN = r"[a-z0-9][a-z0-9_-]{0,31}"
 
-# Per-treatment defaults, documented in temper-profile(5).
-DEFAULT_WEIGHT = {EXCLUSIVE: 1000, LATENCY: 500, YIELD: 50}
-DEFAULT_NICE = {EXCLUSIVE: 0, LATENCY: -10, YIELD: 19}
 YIELD_POLICIES = ("idle", "batch")
 SELECTORS = ("thread_names", "process_titles", "busiest", "catch_all")
 # Which treatment each optional parameter belongs to.
@@ -76,17 +74,19 @@ GROUP_SPEC = TableSpec(
         "name": Spec("str", "Group name, unique in the profile.", required=True, pattern=GROUP_NAME_PATTERN,
                      pattern_doc="a name of lowercase letters, digits, '_' or '-' (at most 32)"),
         "description": Spec("str", "What these threads do.", default=""),
-        "thread_names": Spec("strlist", "Globs on the thread name (comm, at most 15 bytes).", item_check=check_comm_glob, item_format="glob", min_items=1),
-        "process_titles": Spec("strlist", "Regular expressions searched in the process title (/proc/PID/cmdline), for process-per-connection servers.", item_check=check_regex, item_format="regex", min_items=1),
+        "thread_names": Spec("strlist", "Globs on the thread name (comm, at most 15 bytes).", default=(), item_check=check_comm_glob, item_format="glob", min_items=1),
+        "process_titles": Spec("strlist", "Regular expressions searched in the process title (/proc/PID/cmdline), for process-per-connection servers.", default=(), item_check=check_regex, item_format="regex", min_items=1),
         "busiest": Spec("int", "The N busiest threads of the process by recent CPU time, for runtimes that leave threads unnamed.", minimum=1, maximum=1024),
-        "catch_all": Spec("bool", "This group takes the workload's threads no other group claims (at most one group)."),
+        "catch_all": Spec("bool", "This group takes the workload's threads no other group claims (at most one group).", default=False),
         "treatment": Spec("str", "exclusive: whole cores of its own; latency: fast wakeups; yield: runs when nothing else wants the CPU.", required=True, choices=TREATMENTS),
-        "cpu_fraction": Spec("float", "exclusive: cores = ceil(workload CPU budget x cpu_fraction).", minimum=0.0, maximum=1.0, exclusive_minimum=True),
-        "ownership": Spec("str", "exclusive: 'owned' (default) = the group's threads run on its cores first and other work may use them while they sleep; 'fenced' = no other thread runs there, even while the group sleeps.", choices=OWNERSHIPS),
-        "weight": Spec("int", "Share under contention (1..10000); default exclusive 1000, latency 500, yield 50.", minimum=1, maximum=10000),
-        "nice": Spec("int", "Nice value; default exclusive 0, latency -10, yield 19 (with yield_policy = 'batch').", minimum=-20, maximum=19),
+        "cpu_fraction": Spec("float", "exclusive: cores = ceil(workload CPU budget x cpu_fraction).", minimum=0.0, maximum=1.0, exclusive_minimum=True, default=1.0),
+        "ownership": Spec("str", "exclusive: 'owned' = the group's threads run on its cores first and other work may use them while they sleep; 'fenced' = no other thread runs there, even while the group sleeps.", choices=OWNERSHIPS, default=OWNED),
+        "weight": Spec("int", "Share under contention (1..10000), by treatment.", minimum=1, maximum=10000,
+                       default=by_value("treatment", {EXCLUSIVE: 1000, LATENCY: 500, YIELD: 50})),
+        "nice": Spec("int", "Nice value, by treatment (yield: with yield_policy = 'batch').", minimum=-20, maximum=19,
+                     default=by_value("treatment", {EXCLUSIVE: 0, LATENCY: -10, YIELD: 19})),
         "slice_us": Spec("int", "exclusive/latency: custom time slice in microseconds (EEVDF kernels >= 6.12); on an owned exclusive group, 100 lets a waking owner preempt a fair borrower.", minimum=100, maximum=100000),
-        "yield_policy": Spec("str", "yield: 'idle' = SCHED_IDLE, 'batch' = SCHED_BATCH with nice.", choices=YIELD_POLICIES),
+        "yield_policy": Spec("str", "yield: 'idle' = SCHED_IDLE, 'batch' = SCHED_BATCH with nice.", choices=YIELD_POLICIES, default="idle"),
         "idle_resume_us": Spec("int", "exclusive/latency: bound on the wake-up latency of idle CPUs serving this group (microseconds).", minimum=0, maximum=1000000),
     },
 )
@@ -164,20 +164,27 @@ class Traits:
 
 @dataclass(frozen=True)
 class ThreadGroup:
+    """One [[thread_groups]] table; each default is GROUP_SPEC's."""
+
     name: str
     treatment: str
-    description: str = ""
-    thread_names: Tuple[str, ...] = ()
-    process_titles: Tuple[str, ...] = ()
-    busiest: Optional[int] = None
-    catch_all: bool = False
-    cpu_fraction: float = 1.0
-    ownership: str = OWNED
-    weight: int = 100
-    nice: int = 0
-    slice_us: Optional[int] = None
-    yield_policy: str = "idle"
-    idle_resume_us: Optional[int] = None
+    description: str = GROUP_SPEC.default_of("description")
+    thread_names: Tuple[str, ...] = GROUP_SPEC.default_of("thread_names")
+    process_titles: Tuple[str, ...] = GROUP_SPEC.default_of("process_titles")
+    busiest: Optional[int] = GROUP_SPEC.default_of("busiest")
+    catch_all: bool = GROUP_SPEC.default_of("catch_all")
+    cpu_fraction: float = GROUP_SPEC.default_of("cpu_fraction")
+    ownership: str = GROUP_SPEC.default_of("ownership")
+    weight: int = None  # type: ignore[assignment]  # None: the treatment's (__post_init__)
+    nice: int = None  # type: ignore[assignment]  # None: the treatment's (__post_init__)
+    slice_us: Optional[int] = GROUP_SPEC.default_of("slice_us")
+    yield_policy: str = GROUP_SPEC.default_of("yield_policy")
+    idle_resume_us: Optional[int] = GROUP_SPEC.default_of("idle_resume_us")
+
+    def __post_init__(self) -> None:
+        for key in ("weight", "nice"):
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, GROUP_SPEC.default_for(key, {"treatment": self.treatment}))
 
     @property
     def selector(self) -> str:
@@ -200,7 +207,7 @@ class ThreadGroup:
 
     def describe_treatment(self) -> str:
         if self.treatment == EXCLUSIVE:
-            extra = f"cpu_fraction={self.cpu_fraction:g}" + (f" {self.ownership}" if self.ownership != OWNED else "")
+            extra = f"cpu_fraction={self.cpu_fraction:g}" + (f" {self.ownership}" if self.ownership != GROUP_SPEC.default_of("ownership") else "")
         elif self.treatment == LATENCY:
             extra = f"nice={self.nice}"
         else:
@@ -237,8 +244,9 @@ def _group_from(values: dict, raw: dict, index: int, v: Validator) -> Optional[T
     selectors = [s for s in SELECTORS if s in raw and raw[s] is not False]
     treatment = values.get("treatment")
     if treatment is not None:
+        bad = {p.keypath for p in v.problems}  # a bad value is reported once, as that
         for param, allowed in PARAM_TREATMENTS.items():
-            if values.get(param) is not None and treatment not in allowed:
+            if param in raw and path + (param,) not in bad and treatment not in allowed:
                 v.fail(path + (param,), f"applies only to treatment {' or '.join(repr(a) for a in allowed)}; this group's treatment is {treatment!r}")
     if len(selectors) != 1:
         found = ", ".join(selectors) if selectors else "none"
@@ -246,22 +254,8 @@ def _group_from(values: dict, raw: dict, index: int, v: Validator) -> Optional[T
         return None
     if treatment is None:
         return None
-    return ThreadGroup(
-        name=values["name"],
-        treatment=treatment,
-        description=values["description"],
-        thread_names=values.get("thread_names") or (),
-        process_titles=values.get("process_titles") or (),
-        busiest=values.get("busiest"),
-        catch_all=bool(values.get("catch_all")),
-        cpu_fraction=values["cpu_fraction"] if values.get("cpu_fraction") is not None else 1.0,
-        ownership=values.get("ownership") or OWNED,
-        weight=values["weight"] if values.get("weight") is not None else DEFAULT_WEIGHT[treatment],
-        nice=values["nice"] if values.get("nice") is not None else DEFAULT_NICE[treatment],
-        slice_us=values.get("slice_us"),
-        yield_policy=values.get("yield_policy") or "idle",
-        idle_resume_us=values.get("idle_resume_us"),
-    )
+    # The validator filled in every absent key's declared default (GROUP_SPEC).
+    return ThreadGroup(**{key: values[key] for key in GROUP_SPEC.fields})
 
 
 def profile_from_document(doc: TomlDocument, *, builtin: bool = False, source: Optional[str] = None) -> Profile:

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from temperd.config.defaults import ByValue, default_text, resolve, shown
 from temperd.config.errors import ConfigProblem, KeyPath, describe_value
 from temperd.config.safe_regex import regex_problem
 from temperd.config.tomlsource import TomlDocument
@@ -26,7 +27,7 @@ class Spec:
     type: str  # "int" | "float" | "str" | "bool" | "strlist" | "table" | "tables"
     doc: str
     required: bool = False
-    default: Any = None
+    default: Any = None  # the one declaration of the key's default: a value, or a ByValue
     choices: Tuple[Any, ...] = ()
     minimum: Optional[float] = None
     maximum: Optional[float] = None
@@ -48,6 +49,10 @@ class TableSpec:
     def default_of(self, key: str) -> Any:
         """The one declared default of a key; the typed dataclasses take theirs from here."""
         return self.fields[key].default
+
+    def default_for(self, key: str, values: Dict[str, Any]) -> Any:
+        """A key's default in a table holding `values` (a ByValue's is the one for its key's value)."""
+        return resolve(self.fields[key].default, values)
 
 
 _TYPE_NAMES = {
@@ -114,7 +119,8 @@ class Validator:
                 out[key] = self.table({}, fspec.table, path + (key,)) if fspec.type == "table" else fspec.default
                 continue
             out[key] = self.value(data[key], fspec, path + (key,))
-        return out
+        # A default that depends on another key's value is the one for that key's checked value.
+        return {key: resolve(value, out) if isinstance(value, ByValue) else value for key, value in out.items()}
 
     def value(self, value: Any, spec: Spec, path: KeyPath) -> Any:
         if not _type_ok(spec.type, value):
@@ -241,7 +247,8 @@ def _table_schema(spec: TableSpec) -> dict:
 
 
 def _field_schema(spec: Spec) -> dict:
-    out: Dict[str, Any] = {"description": spec.doc}
+    # The help text says the declared default; no doc types it in.
+    out: Dict[str, Any] = {"description": spec.doc + (f" Default: {default_text(spec.default)}." if shown(spec) else "")}
     scalar: Dict[str, Any] = {}
     kind = spec.type
     if kind in ("int", "float", "str", "bool"):
@@ -271,6 +278,6 @@ def _field_schema(spec: Spec) -> dict:
             out["minItems"] = spec.min_items
     else:
         out.update(scalar)
-    if spec.default is not None and not isinstance(spec.default, tuple):
-        out["default"] = spec.default
+    if spec.default is not None and not isinstance(spec.default, ByValue):
+        out["default"] = list(spec.default) if isinstance(spec.default, tuple) else spec.default
     return out

@@ -28,7 +28,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from temperd.decide.matcher import Workload
 from temperd.plan import (CONFINED, EXCLUSIVE, FENCED, GROUPED, LATENCY, OPEN, OWNED, TIERS, YIELD, CgroupWeight, Layer, LayerPlan, MemberSelector)
-from temperd.config.daemon_config import DEFAULT_IDLE_RESUME_US, DEFAULT_TIER_WEIGHTS, NO_IDLE_RESUME_BOUND
+from temperd.config.daemon_config import CONFIG_SPEC, NO_IDLE_RESUME_BOUND, tier_defaults
 from temperd.config.profile import Profile, ThreadGroup
 from temperd.decide.sizing import NO_SIZING, Sizing
 
@@ -40,9 +40,11 @@ LAYER_NAME_MAX = 63
 
 @dataclass(frozen=True)
 class PlannerSettings:
-    reserve_cpus: int = 1
-    tier_weights: Tuple[Tuple[str, int], ...] = tuple(sorted(DEFAULT_TIER_WEIGHTS.items()))
-    idle_resume_us: Tuple[Tuple[str, int], ...] = tuple(sorted(DEFAULT_IDLE_RESUME_US.items()))  # per tier
+    """What the planner takes from temperd.toml; each default is the configuration's."""
+
+    reserve_cpus: int = CONFIG_SPEC.default_of("reserve_cpus")
+    tier_weights: Tuple[Tuple[str, int], ...] = tuple(sorted(tier_defaults("weight").items()))
+    idle_resume_us: Tuple[Tuple[str, int], ...] = tuple(sorted(tier_defaults("idle_resume_us").items()))  # per tier
 
     def weight_of(self, tier: str) -> int:
         return _by_tier(self.tier_weights)[tier]

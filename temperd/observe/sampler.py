@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import FrozenSet, Mapping, Optional
 
 from temperd.backends.status import NATIVE, BackendStatus
-from temperd.config.daemon_config import DEFAULT_RUNQUEUE_LATENCY_P99_MS
+from temperd.config.daemon_config import LINT_SPEC
 from temperd.decide.matcher import MatchResult
 from temperd.observe.linter import LintReport, RateLimitedLog, lint
 from temperd.observe.metrics import Metrics
@@ -36,7 +36,8 @@ class Sampler:
         default's where None). telemetry: the scheduling-delay source, started on the first sample."""
         self.shape = shape
         self.metrics = metrics
-        self.latency_bound_s = latency_bound_s if latency_bound_s is not None else DEFAULT_RUNQUEUE_LATENCY_P99_MS / 1e3
+        self.latency_bound_s = (latency_bound_s if latency_bound_s is not None
+                                else LINT_SPEC.default_of("runqueue_latency_p99_ms") / 1e3)
         self.telemetry = telemetry if telemetry is not None else Telemetry()
         self.observer = Observer(shape, telemetry=self.telemetry)
         self.lint_log = RateLimitedLog()

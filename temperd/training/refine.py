@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, List, Set, Tuple
 
 from temperd.config.errors import ConfigError
-from temperd.config.profile import DEFAULT_NICE, ThreadGroup, parse_profile
+from temperd.config.profile import GROUP_SPEC, ThreadGroup, parse_profile
 from temperd.plan import EXCLUSIVE, LATENCY, YIELD
 from temperd.training.verdicts import BETTER, Spread
 
@@ -80,6 +80,10 @@ class Refinement:
 # ---- neighbours -----------------------------------------------------------------------------------
 
 
+def _latency_nice() -> int:
+    return GROUP_SPEC.default_for("nice", {"treatment": LATENCY})
+
+
 def changes_of(group: ThreadGroup, declared: Set[str]) -> Iterator[Change]:
     """The neighbours of one group, the likelier gains first. declared: the keys its table sets."""
     name = group.name
@@ -89,7 +93,7 @@ def changes_of(group: ThreadGroup, declared: Set[str]) -> Iterator[Change]:
         if group.cpu_fraction < 1.0:
             yield Change(name, "cpu_fraction", group.cpu_fraction, round(min(1.0, group.cpu_fraction + FRACTION_STEP), 3))
         yield Change(name, "treatment", EXCLUSIVE, LATENCY,
-                     also=(("cpu_fraction", None), ("nice", DEFAULT_NICE[LATENCY] if "nice" in declared else None)))
+                     also=(("cpu_fraction", None), ("nice", _latency_nice() if "nice" in declared else None)))
     if group.treatment == LATENCY:
         if group.nice > -20:
             yield Change(name, "nice", group.nice, max(-20, group.nice - NICE_STEP))

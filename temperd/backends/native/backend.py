@@ -24,7 +24,6 @@ import logging
 import os
 from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set
 
-from temperd import paths
 from temperd.backends.native.autogroup import AUTOGROUP, Autogroups, Groups, autogroup_enabled, mixed_note
 from temperd.backends.native.cgroup_weight import CPU_WEIGHT, CgroupWeights
 from temperd.backends.native.held import HeldSettings
@@ -37,12 +36,13 @@ from temperd.backends.result import ApplyResult, Drift, DriftRecord
 from temperd.backends.native.treatment import ThreadTreatment
 from temperd.backends.native.universe import Universe
 from temperd.backends.status import NATIVE, BackendStatus
+from temperd.config.daemon_config import CONFIG_SPEC
 from temperd.plan import YIELD, LayerPlan, layer_changes, moved_members
 
 __all__ = ["AUTOGROUP", "CPU_WEIGHT", "IDLE_CGROUP", "PMQOS", "ApplyResult", "DEFAULT_STATE_DIR", "NativeBackend", "ThreadRef",
            "scan_threads"]
 
-DEFAULT_STATE_DIR = paths.RUN_DIR
+DEFAULT_STATE_DIR = CONFIG_SPEC.default_of("state_dir")
 
 log = logging.getLogger(__name__)
 
