@@ -400,3 +400,17 @@ def test_limits_are_checked():
     assert tc.buffer_kb_per_cpu(tc.HARD_MAX_BYTES, cpus=1) == tc.BUFFER_KB_MAX
     assert tc.filter_tids(None, None) == []
     assert tc.filter_tids(os.getpid(), None) == sorted(int(t) for t in os.listdir("/proc/self/task"))
+
+
+def test_the_ring_buffer_is_sized_by_the_machine_shapes_online_cpus(monkeypatch):
+    """The CPUs come from the shape's one reading of them; where it cannot be read the capture
+    says so, instead of guessing a count."""
+    monkeypatch.setattr(tc, "online_cpus", lambda: (0, 1, 2))
+    assert tc._online_count() == 3
+
+    def unreadable():
+        raise tc.ShapeError("/sys/devices/system/cpu/online: missing")
+
+    monkeypatch.setattr(tc, "online_cpus", unreadable)
+    with pytest.raises(tc.TraceError, match="cannot size the trace buffers: .*online: missing"):
+        tc._online_count()
