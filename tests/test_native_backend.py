@@ -277,7 +277,7 @@ def test_drift_is_counted_once_and_not_fought(tmp_path, children, backends, serv
     assert nice_of(srv.pid, net) == 3
     assert backend.drift_counts == {"nice": 1, "affinity": 1}
     assert backend.status() == BackendStatus("native", drift={"nice": 1, "affinity": 1})  # what metrics count
-    kinds = {(d.tid, d.kind) for d in backend.drift_report()}
+    kinds = {(rec.tid, kind) for rec in backend.ledger.records.values() for kind in rec.drifted}
     assert (net, "nice") in kinds and (other.threads["other-a"], "affinity") in kinds
 
     stopped = backend.stop()

@@ -5,7 +5,7 @@ read these types without importing one another."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence
+from typing import Dict, List, Mapping, Protocol, Sequence
 
 
 class RestoreCounts(Protocol):
@@ -97,17 +97,6 @@ class ApplyResult:
         return (f"applied: {fmt(self.applied)}; restored: {fmt(self.restored)}; failed: {fmt(self.failed)}; "
                 f"drift: {fmt(self.drift)}; unmovable {self.unmovable}; gone {self.gone}; "
                 f"threads held {self.threads_treated}")
-
-
-@dataclass(frozen=True)
-class Drift:
-    """A setting someone else changed after temperd set it: theirs from then on."""
-
-    kind: str  # affinity, policy, nice, slice, pmqos, cpu_weight, autogroup
-    target: str  # whose: "tid 812 (net-io)", a sysfs path, "systemd:db.service", "autogroup /autogroup-14 (pid 9)"
-    found: Any  # the value found instead of temperd's
-    tid: Optional[int] = None  # a thread's setting: the thread
-    pid: Optional[int] = None
 
 
 @dataclass

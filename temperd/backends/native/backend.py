@@ -32,7 +32,7 @@ from temperd.backends.native.inheritance import restore_inherited
 from temperd.backends.native.membership import ThreadKey, ThreadRef, scan_threads
 from temperd.backends.native.pmqos import PMQOS, PmQos, resume_bounds
 from temperd.backends.native.restore_ledger import LedgerError, RestoreLedger
-from temperd.backends.result import ApplyResult, Drift, DriftRecord
+from temperd.backends.result import ApplyResult, DriftRecord
 from temperd.backends.native.treatment import ThreadTreatment
 from temperd.backends.native.universe import Universe
 from temperd.backends.status import NATIVE, BackendStatus
@@ -290,15 +290,6 @@ class NativeBackend:
 
     def retry(self) -> bool:
         return False  # nothing is ever given up
-
-    def drift_report(self) -> List[Drift]:
-        """Settings someone else changed after temperd set them, still standing (temperd no longer enforces these)."""
-        out = [Drift(kind, f"tid {rec.tid} ({rec.comm})", list(found) if isinstance(found, tuple) else found,
-                     tid=rec.tid, pid=rec.pid)
-               for rec in self.ledger.records.values() for kind, found in sorted(rec.drifted.items())]
-        for held in self._held():
-            out.extend(Drift(held.kind, where, found) for where, found in held.drift_report())
-        return out
 
     @property
     def drift_counts(self) -> Dict[str, int]:

@@ -255,7 +255,3 @@ class HeldSettings(Generic[K, V]):
 
     def adopt_state(self, section: Mapping[str, Any]) -> None:
         self.adopt(section.get("originals") or {}, section.get("written") or {})
-
-    def drift_report(self) -> List[Tuple[str, V]]:
-        """(where, value found) of each value that drifted and is still held."""
-        return [(self.setting.where(key), found) for key, found in sorted(self.drifted.items())]
