@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from temperd.config.daemon_config import (DEFAULT_HTTP_PORT, check_binding_profiles, config_json_schema, load_config, parse_config)
+from temperd.config.daemon_config import (HTTP_SPEC, check_binding_profiles, config_json_schema, load_config, parse_config)
 from temperd.config.errors import ConfigError
 
 GOOD = """\
@@ -46,7 +46,7 @@ def test_good_config():
 
 def test_defaults_when_file_is_absent(tmp_path):
     config = load_config(str(tmp_path))
-    assert config.backend == "auto" and config.http_port == DEFAULT_HTTP_PORT and config.bindings == ()
+    assert config.backend == "auto" and config.http_port == HTTP_SPEC.default_of("port") and config.bindings == ()
     assert config.profile_dir == str(tmp_path / "profiles.d")
     assert "absent" in config.source
 

@@ -139,10 +139,8 @@ def test_the_man_pages_say_the_spec_defaults():
     assert f"{http.default_of('listen')}:{http.default_of('port')}" in (MAN / "temperd.8").read_text()
 
 
-def test_etc_temperd_toml_shows_the_spec_defaults():
-    text = (ROOT / "etc" / "temperd.toml").read_text()
-    shown_settings = tomllib.loads("\n".join(line[1:] for line in text.splitlines()
-                                             if re.match(r"#[\[a-z]", line)))
+def settings_problems(settings: dict) -> List[str]:
+    """The settings of a temperd.toml that show a value other than their spec's default ([[binding]] aside)."""
     wrong = []
 
     def compare(values: dict, table: TableSpec, where: str) -> None:
@@ -150,15 +148,24 @@ def test_etc_temperd_toml_shows_the_spec_defaults():
             spec = table.fields[key]
             if isinstance(value, dict):
                 compare(value, spec.table, f"{where}{key}.")
-            elif not isinstance(value, list) or not any(isinstance(v, dict) for v in value):
-                if not same(value, spec.default):
-                    wrong.append(f"{where}{key} = {toml_text(value)}, the spec says {default_text(spec.default)}")
-    compare({k: v for k, v in shown_settings.items() if k != "binding"}, dc.CONFIG_SPEC, "")
-    assert wrong == [] and shown_settings["scx"]["crash_limit"] == dc.SCX_SPEC.default_of("crash_limit")
+            elif not same(value, spec.default):
+                wrong.append(f"{where}{key} = {toml_text(value)}, the spec says {default_text(spec.default)}")
+    compare({k: v for k, v in settings.items() if k != "binding"}, dc.CONFIG_SPEC, "")
+    return wrong
+
+
+def test_etc_temperd_toml_and_readme_show_the_spec_defaults():
+    text = (ROOT / "etc" / "temperd.toml").read_text()
+    shipped = tomllib.loads("\n".join(line[1:] for line in text.splitlines() if re.match(r"#[\[a-z]", line)))
+    assert settings_problems(shipped) == [] and shipped["scx"]["crash_limit"] == dc.SCX_SPEC.default_of("crash_limit")
+    readme = (ROOT / "README.md").read_text().split("## Configuration: /etc/temper/temperd.toml", 1)[1]
+    example = tomllib.loads(readme.split("```toml\n", 1)[1].split("```", 1)[0])
+    assert settings_problems(example) == [] and "weight" in example["tiers"]["critical"]  # the block was found
 
 
 def test_the_checks_see_a_contrary_default():
     assert contrary(dataclasses.replace(dc.DaemonConfig(), reserve_cpus=2), DAEMON_FIELDS) != []
+    assert settings_problems({"reserve_cpus": 2, "scx": {"crash_limit": 3}}) == ["reserve_cpus = 2, the spec says 1"]
     page = (MAN / "temperd.8").read_text()
     assert page_problems("temperd.8", page.replace('reserve_cpus " = 1"', 'reserve_cpus " = 2"'))
     assert page_problems("temperd.8", page.replace("crash_limit = 3\n", "crash_limit = 4\n", 1))

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 import pytest
 
-from temperd.config.daemon_config import (CONFIG_SPEC, DEFAULT_CONFIG_DIR, DEFAULT_SOCKET, DaemonConfig, parse_config)
+from temperd.config.daemon_config import (CONFIG_SPEC, CONTROL_SPEC, DEFAULT_CONFIG_DIR, DaemonConfig, parse_config)
 from temperd.config.profile import PROFILE_SPEC, parse_profile
 
 try:
@@ -145,7 +145,7 @@ def test_unit_runs_the_packaged_daemon_with_the_default_paths():
     # The control socket's group is the service's group, and its directory the runtime directory.
     assert _unit_values("Group") == [defaults.control_group]
     runtime = _unit_values("RuntimeDirectory")[0].split()
-    assert os.path.dirname(DEFAULT_SOCKET) == "/run/" + runtime[0] == defaults.state_dir
+    assert os.path.dirname(CONTROL_SPEC.default_of("socket")) == "/run/" + runtime[0] == defaults.state_dir
     assert _unit_values("RuntimeDirectoryPreserve") == ["yes"]
     # The rightsizing history lives in the unit's StateDirectory (writable under ProtectSystem=strict).
     assert os.path.dirname(defaults.watch.history_file) == "/var/lib/" + _unit_values("StateDirectory")[0]

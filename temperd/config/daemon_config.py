@@ -15,20 +15,7 @@ from temperd.config.tomlsource import TomlDocument, parse_toml, read_toml
 
 DEFAULT_CONFIG_DIR = paths.CONFIG_DIR
 CONFIG_FILE = "temperd.toml"
-# 9100 is node_exporter's and 9256 process-exporter's; 9477 is temperd's.
-DEFAULT_HTTP_PORT = 9477
-DEFAULT_SOCKET = paths.CONTROL_SOCKET
-DEFAULT_STATE_DIR = paths.RUN_DIR
 BACKENDS = ("auto", "scx", "native")
-# With process events the inventory is current without scanning; the scan catches what no event
-# reports (affinity, nice, policy changed by others; cgroup moves). It reads every thread's stat
-# (about 18 us each), so its interval sets temperd's idle CPU on hosts with thousands of threads:
-# at 2 000 threads, 0.200 % of a core every 30 s and 0.083 % every 120 s (docs/benchmarks.md).
-DEFAULT_RECONCILE_INTERVAL_S = 120.0
-# Without events the scan is the only way to see new processes.
-DEFAULT_SCAN_WITHOUT_EVENTS_S = 30.0
-DEFAULT_SCX_STATS_SOCKET = "/var/run/scx/root/stats"
-
 NO_IDLE_RESUME_BOUND = -1
 
 
@@ -49,17 +36,16 @@ def _tier_spec(name: str, weight: int, idle_resume_us: int) -> TableSpec:
 # from idle (redis, one client, 2-vCPU guest: 1.79x stock's requests per second, p99 0.58x;
 # docs/benchmarks.md). The cost is power: the CPU never sleeps while its owner does.
 TIERS_SPEC = TableSpec("tiers", "tiers", {
-    "critical": Spec("table", "The critical tier.", default={}, table=_tier_spec("critical", 1000, 0)),
-    "standard": Spec("table", "The standard tier.", default={},
-                     table=_tier_spec("standard", 100, NO_IDLE_RESUME_BOUND)),
-    "background": Spec("table", "The background tier.", default={},
-                       table=_tier_spec("background", 10, NO_IDLE_RESUME_BOUND)),
+    name: Spec("table", f"The {name} tier.", default={}, table=_tier_spec(name, weight, idle_resume_us))
+    for name, weight, idle_resume_us in (("critical", 1000, 0), ("standard", 100, NO_IDLE_RESUME_BOUND),
+                                         ("background", 10, NO_IDLE_RESUME_BOUND))
 })
 
 
 def tier_defaults(key: str) -> Dict[str, int]:
     """Each tier's declared default of a [tiers.*] key."""
     return {name: TIERS_SPEC.fields[name].table.default_of(key) for name in TIERS}  # type: ignore[union-attr]
+
 
 BINDING_SPEC = TableSpec(
     "binding",
@@ -78,7 +64,7 @@ BINDING_SPEC = TableSpec(
 SCX_SPEC = TableSpec("scx", "scx", {
     "binary": Spec("str", "Path of scx_layered; empty: found on PATH, /usr/bin, /usr/local/bin, /usr/sbin.", default=""),
     "args": Spec("strlist", "Extra scx_layered command-line options, e.g. ['--disable-topology=false'].", default=[]),
-    "stats_socket": Spec("str", "scx_layered's stats socket.", default=DEFAULT_SCX_STATS_SOCKET),
+    "stats_socket": Spec("str", "scx_layered's stats socket.", default="/var/run/scx/root/stats"),
     "min_restart_interval_s": Spec("float", "Least time between two restarts for plan changes (each restart is a "
                                    "moment on the kernel's default scheduler).", minimum=0.0, maximum=3600.0,
                                    default=30.0),
@@ -89,11 +75,12 @@ SCX_SPEC = TableSpec("scx", "scx", {
 
 HTTP_SPEC = TableSpec("http", "HTTP", {
     "listen": Spec("str", "Address to listen on (loopback by default).", default="127.0.0.1"),
-    "port": Spec("int", "TCP port (0 = disabled).", minimum=0, maximum=65535, default=DEFAULT_HTTP_PORT),
+    # 9100 is node_exporter's and 9256 process-exporter's; 9477 is temperd's.
+    "port": Spec("int", "TCP port (0 = disabled).", minimum=0, maximum=65535, default=9477),
 })
 
 CONTROL_SPEC = TableSpec("control", "control", {
-    "socket": Spec("str", "Socket path.", default=DEFAULT_SOCKET),
+    "socket": Spec("str", "Socket path.", default=paths.CONTROL_SOCKET),
     "group": Spec("str", "Group allowed to use the socket besides root.", default="temper"),
 })
 
@@ -152,15 +139,20 @@ CONFIG_SPEC = TableSpec(
         "backend": Spec("str", "auto: scx_layered where sched_ext and the binary exist, else native.", choices=BACKENDS, default="auto"),
         "profile_dir": Spec("str", "Directory of file profiles (relative to this file's directory).",
                             default=os.path.relpath(paths.PROFILE_DIR, paths.CONFIG_DIR)),
-        "state_dir": Spec("str", "Runtime state (restore records, control socket).", default=DEFAULT_STATE_DIR),
+        "state_dir": Spec("str", "Runtime state (restore records, control socket).", default=paths.RUN_DIR),
         "default_tier": Spec("str", "Tier of workloads no binding names.", choices=TIERS, default="standard"),
         "reserve_cpus": Spec("int", "CPUs kept for everything that is not exclusive (at least 1).", minimum=1, maximum=4096, default=1),
+        # With process events the inventory is current without scanning; the scan catches what no
+        # event reports (affinity, nice, policy changed by others; cgroup moves). It reads every
+        # thread's stat (about 18 us each), so its interval sets temperd's idle CPU on hosts with
+        # thousands of threads: at 2 000 threads, 0.200 % of a core every 30 s and 0.083 % every
+        # 120 s (docs/benchmarks.md). Without events the scan is the only way to see new processes.
         "reconcile_interval_s": Spec("float", "Seconds between full /proc reconcile scans while process events arrive "
                                      "(a lost-event overflow starts one at once).", minimum=1.0, maximum=3600.0,
-                                     default=DEFAULT_RECONCILE_INTERVAL_S),
+                                     default=120.0),
         "scan_interval_without_events_s": Spec("float", "Seconds between /proc scans where process events are "
                                                "unavailable (no CAP_NET_ADMIN, containers).", minimum=1.0,
-                                               maximum=3600.0, default=DEFAULT_SCAN_WITHOUT_EVENTS_S),
+                                               maximum=3600.0, default=30.0),
         "http": Spec("table", "Read-only HTTP endpoints /metrics and /observe.", default={}, table=HTTP_SPEC),
         "control": Spec("table", "The Unix control socket used by temperctl.", default={}, table=CONTROL_SPEC),
         "tiers": Spec("table", "Per-tier settings.", default={}, table=TIERS_SPEC),
