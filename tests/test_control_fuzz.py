@@ -23,7 +23,7 @@ from temperd.control.client import request
 from temperd.control.protocol import MAX_REQUEST, DaemonUnavailable, parse_reply
 from temperd.daemon.control_commands import ControlCommands
 from temperd.trace.capture import TraceError
-from test_control_socket import FakeDaemon, stub_daemon
+from test_control_socket import STATUS, FakeDaemon, stub_daemon
 
 FUZZ = settings(max_examples=300, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -120,7 +120,7 @@ def test_the_socket_answers_any_line_and_keeps_serving(live, errors, line):
         sock.sendall(line + b'{"cmd": "status"}\n')
         stream = sock.makefile("rb")
         assert_protocol_reply(parse_reply(stream.readline()))
-        assert parse_reply(stream.readline()) == {"ok": True, "status": {"state": "running"}}
+        assert parse_reply(stream.readline()) == {"ok": True, "status": STATUS.to_json()}
     assert errors == [], [r.getMessage() for r in errors]
     assert live._thread.is_alive()
 

@@ -27,6 +27,7 @@ from temperd.control.protocol import BadReply, DaemonNotRunning, DaemonUnavailab
 from temperd.daemon.control_commands import ControlCommands
 from temperd.decide.matcher import MatchResult
 from temperd.sources.inventory import Inventory
+import status_sample
 from thread_children import wait_for
 
 
@@ -74,10 +75,13 @@ def test_socket_is_given_to_the_group_where_it_differs(tmp_path, monkeypatch):
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the control socket serves root (and group temper)")
 
 
+STATUS = status_sample.status()
+
+
 def stub_daemon():
     """What ControlCommands reads of a Daemon: an empty inventory, no plan."""
     return types.SimpleNamespace(lock=threading.RLock(), inventory=Inventory(), match=MatchResult(), plan=None,
-                                 matcher=None, status=lambda: {"state": "running"},
+                                 matcher=None, status=lambda: STATUS,
                                  view=types.SimpleNamespace(shape=types.SimpleNamespace(describe=lambda: "2 CPUs")))
 
 
@@ -177,7 +181,7 @@ def test_clients_beyond_the_cap_are_told_so(served):
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and not request(served.path, "status", timeout=5)["ok"]:
         time.sleep(0.05)
-    assert request(served.path, "status", timeout=5) == {"ok": True, "status": {"state": "running"}}
+    assert request(served.path, "status", timeout=5) == {"ok": True, "status": STATUS.to_json()}
 
 
 @needs_root
