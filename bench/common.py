@@ -28,6 +28,7 @@ for _path in (ROOT, os.path.join(ROOT, "tests")):
 from temperd.control import client  # noqa: E402
 from temperd.control.protocol import DaemonUnavailable  # noqa: E402
 from temperd.sources import procfs  # noqa: E402
+from temperd.sources.shape import format_cpulist, read_shape  # noqa: E402
 from temperd.training.trials import (  # noqa: E402,F401  (re-exported for the bench scripts)
     CGROUP2_ROOT, TICK_HZ, HostMonitor, HostWindow, NoiseLimits, median, wait_for_quiet, wait_until,
 )
@@ -91,21 +92,16 @@ def stuck_report(pids: Sequence[int], log_paths: Sequence[str] = ()) -> str:
 
 
 def host_description() -> str:
-    model = ""
-    for line in read_text("/proc/cpuinfo").splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
+    shape = read_shape()
     hypervisor = "hypervisor" in read_text("/proc/cpuinfo")
     vendor = read_text("/sys/class/dmi/id/sys_vendor") or read_text("/sys/class/dmi/id/product_name")
-    online = read_text("/sys/devices/system/cpu/online")
     governor = read_text("/sys/devices/system/cpu/cpuidle/current_governor_ro") or \
         read_text("/sys/devices/system/cpu/cpuidle/current_governor") or "none"
     autogroup = read_text("/proc/sys/kernel/sched_autogroup_enabled", "?")
     smt = read_text("/sys/devices/system/cpu/smt/active", "?")
     virt = "VM" + (f" ({vendor})" if vendor else "") if hypervisor else "bare metal"
-    return (f"{platform.node()}: Linux {platform.release()}, {virt}, CPUs {online} ({model}), SMT active {smt}, "
-            f"cpuidle governor {governor}, autogroup {autogroup}")
+    return (f"{platform.node()}: Linux {platform.release()}, {virt}, CPUs {format_cpulist(shape.cpus)} "
+            f"({shape.cpu_model}), SMT active {smt}, cpuidle governor {governor}, autogroup {autogroup}")
 
 
 # ---- temperd from a throwaway config directory ----------------------------------------------------
