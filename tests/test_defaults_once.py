@@ -5,6 +5,7 @@ the Spec's. A contrary default in any of them fails here."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import re
 from pathlib import Path
@@ -16,9 +17,11 @@ from temperd.config.profile import (FINGERPRINT_SPEC, GROUP_SPEC, PROFILE_SPEC, 
                                     profile_json_schema)
 from temperd.config.schema import TableSpec
 from temperd.config.tomlsource import tomllib
+from temperd.decide.classify import WorkloadSignals
 from temperd.decide.hostview import planner_settings
 from temperd.decide.planner import PlannerSettings
 from temperd.plan import TIERS, TREATMENTS, Layer
+from temperd.training import synthesize
 
 ROOT = Path(__file__).resolve().parent.parent
 MAN = ROOT / "docs" / "man"
@@ -61,6 +64,10 @@ def test_the_daemon_dataclasses_and_a_parsed_empty_file_hold_the_spec_defaults()
     assert dc.DaemonConfig().profile_dir == os.path.join(dc.DEFAULT_CONFIG_DIR, dc.CONFIG_SPEC.default_of("profile_dir"))
     assert tuple(dc.TIERS_SPEC.fields) == TIERS
     assert PlannerSettings() == planner_settings(dc.DaemonConfig())
+    # A workload's tier where none is given, in what classifies and trains it: the configuration's.
+    default_tier = dc.CONFIG_SPEC.default_of("default_tier")
+    assert WorkloadSignals("w", 1.0, 1.0).tier == default_tier
+    assert {inspect.signature(f).parameters["tier"].default for f in (synthesize.traits, synthesize.synthesize)} == {default_tier}
 
 
 def test_every_daemon_key_with_a_default_has_its_typed_field_checked():

@@ -20,6 +20,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Dict, List, Mapping, Optional, Tuple
 
+from temperd.config.daemon_config import CONFIG_SPEC
 from temperd.config.profile import Traits
 
 # ---- signal names (WorkloadSignals.measured keys) ---------------------------------------------
@@ -126,7 +127,7 @@ class WorkloadSignals:
     workload: str
     window_s: float  # how long the measurements cover
     window_goal_s: float  # the configured window ([classify] window_s)
-    tier: str = "standard"
+    tier: str = CONFIG_SPEC.default_of("default_tier")  # the tier of a workload no binding names
     measured: Mapping[str, float] = field(default_factory=dict)
     sources: Tuple[str, ...] = ()
     missing: Mapping[str, str] = field(default_factory=dict)

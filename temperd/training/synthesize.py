@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from temperd.config.daemon_config import CONFIG_SPEC
 from temperd.config.profile import PROFILE_ID_PATTERN, Profile, Traits, parse_profile
 from temperd.decide.classify import (BUSIEST_THREAD, CPU_CAPACITY, CPU_DEMAND, CPU_USED, D_STATE_SHARE, HOT_THREAD_CPUS,
                                      HOT_THREADS, Hints, WorkloadSignals, classify, traits_of)
@@ -100,7 +101,7 @@ def fingerprint(root: Optional[ProcessInfo]) -> Dict[str, List[str]]:
     return out
 
 
-def traits(analysis: Analysis, tier: str = "standard") -> Traits:
+def traits(analysis: Analysis, tier: str = CONFIG_SPEC.default_of("default_tier")) -> Traits:
     threads = analysis.features.threads.values()
     used = sum(t.cpu_share for t in threads)
     demand = sum(t.demand for t in threads)
@@ -177,7 +178,7 @@ def _untreated_lines(analysis: Analysis) -> List[str]:
 
 
 def synthesize(analysis: Analysis, root: Optional[ProcessInfo], shape: ShapeFacts, *, requested_id: Optional[str] = None,
-               load: Optional[str] = None, tier: str = "standard") -> str:
+               load: Optional[str] = None, tier: str = CONFIG_SPEC.default_of("default_tier")) -> str:
     """The profile TOML text; raises ValueError when the result does not validate (a bug)."""
     pid = profile_id(requested_id, root)
     if not re.fullmatch(PROFILE_ID_PATTERN, pid):
