@@ -74,7 +74,7 @@ SCX_SPEC = TableSpec("scx", "scx", {
 })
 
 HTTP_SPEC = TableSpec("http", "HTTP", {
-    "listen": Spec("str", "Address to listen on (loopback by default).", default="127.0.0.1"),
+    "listen": Spec("str", "Address to listen on.", default="127.0.0.1"),
     # 9100 is node_exporter's and 9256 process-exporter's; 9477 is temperd's.
     "port": Spec("int", "TCP port (0 = disabled).", minimum=0, maximum=65535, default=9477),
 })
