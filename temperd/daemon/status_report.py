@@ -14,7 +14,7 @@ from temperd.config import safe_regex
 from temperd.control.status import (ApplyView, BackendView, InventoryView, LayerScxView, LayerView, LintView,
                                     OverheadView, ProblemView, ProfilesView, ReloadView, ScxView, Status,
                                     WatchView, WorkloadView)
-from temperd.control.typed_json import from_json as _loose, to_json
+from temperd.control.typed_json import from_json, to_json
 
 if TYPE_CHECKING:
     from temperd.backends.status import BackendStatus
@@ -34,21 +34,21 @@ def build_status(daemon: "DaemonState") -> Optional[Status]:
             version=__version__, state=daemon.state, pid=os.getpid(),
             uptime_s=round(time.time() - daemon.started_at, 1), config_dir=daemon.config_dir,
             generation=daemon.generation,
-            last_reload=from_json(ReloadView, daemon.last_reload.as_dict()) if daemon.last_reload else None,
+            last_reload=_view(ReloadView, daemon.last_reload.as_dict()) if daemon.last_reload else None,
             backend=backend_view(daemon, backend), machine_shape=view.shape.describe(),
             profiles=ProfilesView(loaded=sorted(pset.active),
-                                  failed=[from_json(ProblemView, p.as_dict()) for p in pset.problems],
+                                  failed=[_view(ProblemView, p.as_dict()) for p in pset.problems],
                                   disabled_patterns=dict(safe_regex.disabled_patterns())),
             workloads=[workload_view(w) for w in daemon.match.workloads],
             layers=layer_views(daemon, backend),
             last_apply=_typed(ApplyView, daemon.last_apply),
-            lint=from_json(LintView, sampler.lint.summary()),
+            lint=_view(LintView, sampler.lint.summary()),
             telemetry=sampler.telemetry.describe(),
             overhead=_typed(OverheadView, observation.overhead if observation is not None else None),
             inventory=_typed(InventoryView, daemon.inventory.stats),
             candidates=daemon.inventory.gate.describe,
             replans=daemon.replans,
-            watch=from_json(WatchView, daemon.watch.describe()) if daemon.watch is not None else None,
+            watch=_view(WatchView, daemon.watch.describe()) if daemon.watch is not None else None,
             http=f"http://{http.address}" if http else None,  # where it really listens
         )
 
@@ -86,7 +86,7 @@ def layer_views(daemon: "DaemonState", backend: "BackendStatus") -> List[LayerVi
 
     def scx_of(name: str) -> Optional[LayerScxView]:
         seen = carried.layer_view(name) if carried is not None else None
-        return from_json(LayerScxView, seen) if seen is not None else None
+        return _view(LayerScxView, seen) if seen is not None else None
 
     rows = [LayerView(name=l.name, kind=l.kind, treatment=l.treatment, ownership=l.holds_cpus, cpus=list(l.cpus),
                       members=len(l.selector.tids), plan=True, scx=scx_of(l.name))
@@ -105,7 +105,7 @@ def backend_view(daemon: "DaemonState", backend: "BackendStatus") -> BackendView
     assert choice is not None
     return BackendView(requested=choice.requested, active=choice.active, reason=choice.reason,
                        carried_by=backend.carried_by, drift=dict(backend.drift),
-                       scx=from_json(ScxView, backend.scx.as_dict()) if backend.scx is not None else None)
+                       scx=_view(ScxView, backend.scx.as_dict()) if backend.scx is not None else None)
 
 
 def status_line(daemon: "DaemonState") -> str:
@@ -126,11 +126,11 @@ def workload_view(workload) -> WorkloadView:
                         threads=len(workload.threads), groups=groups)
 
 
-def from_json(cls, data) -> Any:
+def _view(cls, data) -> Any:
     """A part of the daemon's state as its view: a field the view lacks is an error, never dropped."""
-    return _loose(cls, data, strict=True)
+    return from_json(cls, data, strict=True)
 
 
 def _typed(cls, value) -> Any:
     """A dataclass of another layer (ApplyResult, Overhead, InventoryStats) as its view; None stays None."""
-    return from_json(cls, dataclasses.asdict(value)) if value is not None else None
+    return _view(cls, dataclasses.asdict(value)) if value is not None else None
