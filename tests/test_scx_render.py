@@ -5,12 +5,17 @@ import json
 
 import pytest
 
-from temperd.backends.scx.render import (CATCH_ALL_NAME, RenderError, comm_prefix, cgroup_prefix, render, render_plan)
+from temperd.backends.scx.render import (CATCH_ALL_NAME, RenderError, comm_prefix, cgroup_prefix, render_plan)
 from temperd.backends.scx.validate import validate_config
 from temperd.backends.scx.kinds import LOW_FALLBACK, PREEMPTING, YIELD_SLICE_US, level_of
 from temperd.plan import (CONFINED, EXCLUSIVE, FENCED, GROUPED, LATENCY, OPEN, OWNED, YIELD, Layer, LayerPlan, MemberSelector)
 
 MYSQL_CGROUP = "/system.slice/mysql.service"
+
+
+def render(plan, cpu_count):
+    """The scx_layered config the plan renders to."""
+    return render_plan(plan, cpu_count).config
 
 
 def layer(name, kind, treatment, selector, **kw):

@@ -10,7 +10,7 @@ share of its sleeps in D state, and its runqueue wait per switch-in.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Set, Tuple
+from typing import Dict, List, Mapping, Set, Tuple
 
 from temperd.trace.parse import BURST_BUCKETS, TraceSummary, burst_bucket_bounds_us
 from temperd.training.names import name_key
@@ -154,12 +154,3 @@ def workload_features(summary: TraceSummary, samples: Samples) -> WorkloadFeatur
 
 def top(counts: Mapping[int, int], n: int = 3) -> List[Tuple[int, int]]:
     return sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:n]
-
-
-def share(part: float, whole: float) -> float:
-    return part / whole if whole else 0.0
-
-
-def busiest(threads: Mapping[int, ThreadFeatures], n: Optional[int] = None) -> List[ThreadFeatures]:
-    ordered = sorted(threads.values(), key=lambda t: (-t.cpu_share, t.tid))
-    return ordered if n is None else ordered[:n]

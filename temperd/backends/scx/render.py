@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from temperd.plan import OPEN, Layer, LayerPlan
 from temperd.backends.scx.kinds import exclusive_count, partial_cores, render_kind
@@ -263,8 +263,3 @@ def render_plan(plan: LayerPlan, shape_cpu_count: int, *, gpu_support: bool = Fa
         notes.append(RenderNote("", f"scx_layered runs with {PARTIAL_CORE_OPTION}: owned groups hold one CPU of "
                                     "each core, their SMT siblings stay every layer's"))
     return Rendered(config, tuple(notes), (PARTIAL_CORE_OPTION,) if partial else ())
-
-
-def render(plan: LayerPlan, shape_cpu_count: int) -> List[dict]:
-    """The plan as a scx_layered config (see render_plan for the notes)."""
-    return render_plan(plan, shape_cpu_count).config
