@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from typing import Callable, FrozenSet, Optional, Tuple
 
 from temperd.backends import Backend
-
-log = logging.getLogger("temperd.backend")
 
 
 @dataclass(frozen=True)

@@ -96,8 +96,6 @@ INPUT_BOUND_GPU_PCT = 50.0  # a GPU busy less than this while its workers are CP
 INPUT_WORKER_BOUND_CPUS = 0.8  # wanted CPUs per worker, on average, that make the workers CPU-bound
 INPUT_TARGET_GPU_PCT = 90.0  # how busy the GPU should be once its input keeps up
 
-LEVELS = ("high", "medium", "low")
-
 
 @dataclass(frozen=True)
 class Hints:
