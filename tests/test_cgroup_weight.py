@@ -355,3 +355,32 @@ def test_real_systemd_weight_set_drift_restore_and_recovery(transient_unit, tmp_
     assert weights.apply(plan.cgroup_weights).drift == 1
     assert weights.restore_all().restored == 0
     assert _unit_weight(unit) == "33"  # theirs
+
+
+def test_between_whole_applies_only_a_new_weight_is_looked_up_and_read():
+    """A batch of process events in which a workload came asks systemd about that workload's
+    unit alone; a whole apply reads every weight again (drift)."""
+    calls = []
+    state = {}
+
+    def run(argv):
+        calls.append(list(argv))
+        if argv[1] == "show":
+            return 0, state.get(argv[-1], "[not set]") + "\n", ""
+        state[argv[3]] = argv[4].split("=", 1)[1]
+        return 0, "", ""
+
+    weights = CgroupWeights(WeightSupport(SYSTEMD, "/sys/fs/cgroup", "systemd is PID 1"), run=run)
+    db = CgroupWeight("db", "critical", 1000, unit="db.service")
+    web = CgroupWeight("web", "batch", 50, unit="web.service")
+    assert weights.apply([db]).applied == 1
+    calls.clear()
+    assert weights.apply([db, web], verify=False).applied == 1
+    assert [c[-1] for c in calls if c[1] == "show"] == ["web.service"]
+    calls.clear()
+    assert weights.apply([web], verify=False).restored == 1  # db's workload left: its original back
+    assert [c[-1] for c in calls if c[1] == "show"] == ["db.service"]
+    calls.clear()
+    state["web.service"] = "77"  # someone else's
+    assert weights.apply([web]).drift == 1
+    assert [c[-1] for c in calls if c[1] == "show"] == ["web.service"]

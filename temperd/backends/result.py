@@ -70,9 +70,12 @@ class ApplyResult:
         self.bump(self.drift, kind, part.drift)
         self.errors.extend(part.errors)
         self.notes.extend(part.notes)
-        for text in part.unsupported:
-            if text not in self.unsupported:
-                self.unsupported.append(text)
+        if part.unsupported:
+            said = set(self.unsupported)  # a check per text, not a walk of the list (one per workload)
+            for text in part.unsupported:
+                if text not in said:
+                    said.add(text)
+                    self.unsupported.append(text)
 
     def merge(self, other: "ApplyResult") -> None:
         """Add another result's counts and messages to this one."""

@@ -126,8 +126,9 @@ class NativeBackend:
         """A plan equal to the one in force beyond its members (plan.host_wide): the new threads
         and the moved ones are treated under it."""
         result = ApplyResult()
-        if plan.cgroup_weights != self.plan.cgroup_weights:  # a workload came, went or changed tier
-            result.take_counts(CPU_WEIGHT, self.weights.apply(plan.cgroup_weights, functools.partial(self._save, result)))
+        if plan.cgroup_weights != self.plan.cgroup_weights:  # a workload came, went or changed tier: only those read
+            result.take_counts(CPU_WEIGHT, self.weights.apply(plan.cgroup_weights, functools.partial(self._save, result),
+                                                              verify=False))
         self.treatment.set_plan(plan, False, result, layer_changes(self.plan, plan)[1])
         self.plan = plan
         touched = {thread.tid: thread for thread in changed}

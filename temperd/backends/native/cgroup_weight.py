@@ -126,6 +126,7 @@ class CgroupWeights(HeldSettings[str, str]):
 
     def __init__(self, support: Optional[WeightSupport] = None, run: Runner = run_command):
         self.support = support if support is not None else detect()
+        self._targets: Dict[CgroupWeight, Tuple[Optional[str], str]] = {}  # the last apply's, by weight
         super().__init__(CpuWeight(run))
 
     def _target(self, weight: CgroupWeight) -> Tuple[Optional[str], str]:
@@ -147,17 +148,29 @@ class CgroupWeights(HeldSettings[str, str]):
                           f"(cpu controller not enabled in {parent}/cgroup.subtree_control)")
         return f"{CGROUPFS}:{path}", ""
 
-    def apply(self, weights: Iterable[CgroupWeight],
-              before_write: Optional[Callable[[], None]] = None) -> HostSettingResult:
-        """Make these weights hold and restore the ones no longer asked for."""
+    def apply(self, weights: Iterable[CgroupWeight], before_write: Optional[Callable[[], None]] = None,
+              verify: bool = True) -> HostSettingResult:
+        """Make these weights hold and restore the ones no longer asked for. verify False
+        (between whole applies, where a workload came or went): a weight the last apply also
+        asked for is neither looked up nor read again (a systemctl call or a file read per
+        workload, at every batch of a process churn); only the new ones are."""
         desired: Dict[str, str] = {}
         unsupported: List[str] = []
+        targets: Dict[CgroupWeight, Tuple[Optional[str], str]] = {}
+        trusted = set()
         for weight in weights:
-            key, why = self._target(weight)
+            found = None if verify else self._targets.get(weight)
+            if found is None:
+                found = self._target(weight)
+            else:
+                trusted.add(found[0])
+            targets[weight] = found
+            key, why = found
             if key is None:
                 unsupported.append(why)
                 continue
             desired[key] = str(max(WEIGHT_MIN, min(WEIGHT_MAX, int(weight.weight))))
-        result = self.hold(desired, before_write)
+        self._targets = targets
+        result = self.hold(desired, before_write, trusted)
         result.unsupported.extend(unsupported)
         return result
