@@ -9,6 +9,7 @@ A cell that did not has no p99: the table says "not sustained" and the achieved 
 
 from __future__ import annotations
 
+import re
 from typing import List, Optional, Sequence, Tuple
 
 import arms as A  # bench/arms.py
@@ -217,17 +218,32 @@ def summary_table(datasets: Sequence[Tuple[dict, Sequence[T.Run]]], loads: Optio
 
 
 def summary_caption(datasets: Sequence[Tuple[dict, Sequence[T.Run]]]) -> str:
-    """Host, date and state of the host, from the JSON."""
+    """Host, and each server's date and the host's state before its first run, from the JSON."""
     parts = []
     for data, _ in datasets:
-        parts.append(f"{data['workload']}: {data['date']}, {data.get('repetitions', '?')} repetition(s) of "
-                     f"{data.get('seconds', '?')} s runs; {data.get('host_state', 'host state not recorded')}")
+        state = data.get("host_state", "")
+        before = state.split("before the first run: ", 1)[1] if "before the first run: " in state else state
+        parts.append(f"{data['workload']} {data['date']} ({data.get('repetitions', '?')} repetitions of "
+                     f"{data.get('seconds', '?')} s runs; before them {before or 'host state not recorded'})")
     host = datasets[0][0]["host"].split(": ", 1)[-1] if datasets else ""
     return f"Host: {host}. " + "; ".join(parts) + "."
 
 
+def _as_run(command: str) -> str:
+    """A JSON's command as one runs it again: its --note (a description of that run) left out."""
+    return re.sub(r" --note ('[^']*'|\S+)", "", command)
+
+
 def reproduce(datasets: Sequence[Tuple[dict, Sequence[T.Run]]]) -> str:
-    """The command that made each JSON, as run from the checkout."""
-    commands = "; ".join(f"`sudo .venv/bin/python {data['command']}`" for data, _ in datasets if data.get("command"))
+    """The command that made each JSON, as run from the checkout: one loop over the servers where
+    their commands differ only in the server's name."""
+    made = [(data["workload"], _as_run(data["command"])) for data, _ in datasets if data.get("command")]
+    shapes = {command.replace(f"--server {name} ", "--server $s ").replace(f"isolation-{name}-", "isolation-$s-")
+              for name, command in made}
+    if len(made) > 1 and len(shapes) == 1:
+        commands = (f"`for s in {' '.join(name for name, _ in made)}; do sudo .venv/bin/python {shapes.pop()}; "
+                    "done`")
+    else:
+        commands = "; ".join(f"`sudo .venv/bin/python {command}`" for _, command in made)
     return (f"Reproduce: {commands}, then `.venv/bin/python bench/isolation.py --update-docs`; every server's "
             "table and the full ladder's command: [docs/benchmarks.md](docs/benchmarks.md).")

@@ -225,3 +225,26 @@ def test_a_step_whose_runs_all_failed_is_named_not_measured_not_passed():
     data = {"workload": "redis", "capacity": 2000.0}
     row = R.summary_rows(data, runs)[0]
     assert "→ error" in row and "1 step(s) not measured" in row and "0.5 × 2 000 = 1 000/s" in row
+
+
+def test_the_headline_reproduces_several_servers_with_one_loop_and_no_note():
+    def made(server, note):
+        return ({"workload": server, "command": f"bench/isolation.py --server {server} --load 0.5 --note '{note}' "
+                                                f"--json bench/results/isolation-{server}-open.json"}, [])
+    line = R.reproduce([made("redis", "quiet host"), made("memcached", "other work paused")])
+    assert ("`for s in redis memcached; do sudo .venv/bin/python bench/isolation.py --server $s --load 0.5 "
+            "--json bench/results/isolation-$s-open.json; done`") in line
+    assert "--note" not in line
+    other = made("postgresql", "x")
+    other[0]["command"] = other[0]["command"].replace("--load 0.5", "--load 0.8")
+    listed = R.reproduce([made("redis", "quiet host"), other])
+    assert "for s in" not in listed and "--server postgresql --load 0.8" in listed and "--server redis" in listed
+
+
+def test_the_headline_caption_keeps_each_servers_date_and_host_state_before_its_runs():
+    data = {"workload": "redis", "date": "2026-11-28 09:25:25 UTC", "repetitions": 3, "seconds": 5,
+            "host": "vm: Linux 6.18, VM, CPUs 0-1",
+            "host_state": "quiet host; load average 0.59 at the start; before the first run: idle 99 %, steal 0.5 %"}
+    caption = R.summary_caption([(data, [])])
+    assert caption == ("Host: Linux 6.18, VM, CPUs 0-1. redis 2026-11-28 09:25:25 UTC (3 repetitions of 5 s runs; "
+                       "before them idle 99 %, steal 0.5 %).")
