@@ -115,8 +115,8 @@ def tracked_workload(root: int):
 
 
 def run(workers: int, seconds: float, cpu: bool, settle: float) -> dict:
-    from temperd.config.daemon_config import WatchSettings
-    from temperd.observe.workload_watch import WorkloadWatch
+    from temperd.config.daemon_config import LearnerSettings
+    from temperd.observe.learner import WorkloadLearner
     from temperd.sources import nvml
     from temperd.sources.shape import online_cpus
 
@@ -124,9 +124,9 @@ def run(workers: int, seconds: float, cpu: bool, settle: float) -> dict:
     report = ctx.Queue()
     child = ctx.Process(target=trainer, args=(workers, seconds, cpu, report), name="trainer")
     child.start()
-    settings = WatchSettings(window_s=max(10.0, seconds - settle), sample_interval_s=1.0, keep_threads=32,
+    settings = LearnerSettings(window_s=max(10.0, seconds - settle), sample_interval_s=1.0, keep_threads=32,
                                  history_file=f"/tmp/gpu-input-history-{os.getpid()}.json")
-    watch = WorkloadWatch(settings, len(online_cpus()), lambda: (tracked_workload(child.pid), None, {}))
+    watch = WorkloadLearner(settings, len(online_cpus()), lambda: (tracked_workload(child.pid), None, {}))
     reader, why = nvml.open_reader()
     readings = []
     watch.start()

@@ -25,12 +25,12 @@ dir, state dir and control socket.
   it; and the scheduling-delay source (/observe's latency: bpf, or schedstat and why).
 - --churn RATE: a further scenario with RATE short-lived foreign processes forked per second (a
   busy host's cron jobs, health checks, test runs): temperd's cost per process event.
-- --watch on|off|both: classification and rightsizing ([classify], [rightsizing]; on by
+- --learner on|off|both: classification and rightsizing ([classify], [rightsizing]; on by
   default) kept on, switched off, or both as arms of one run. With --track, the +N threads holder
   runs in a cgroup of its own bound in temperd.toml, so it is a workload temperd tracks (samples
   every second, classifies, keeps a usage history for); the daemon's RSS at the end of the window
-  and the size of the history file it saved are printed, and the watch thread's own CPU over the
-  window (temperctl status' watch): its cost apart from whatever else the host makes temperd do.
+  and the size of the history file it saved are printed, and the learner's thread's own CPU over the
+  window (temperctl status' learner): its cost apart from whatever else the host makes temperd do.
 - --bpf on|off|both: the bcc telemetry (bpf/runqlat.bpf.c) where it loads, kept off
   (TEMPERD_BPF=0), or both as arms of one run. In a TCG-emulated VM only the ratio of the two
   means anything; absolute figures there are not a host's.
@@ -199,7 +199,7 @@ class Result:
     telemetry: str = ""  # the scheduling-delay source (temperctl status' telemetry, or /observe's latency)
     rss_mib: float = 0.0  # the daemon's resident memory at the end of the window
     history_bytes: int = 0  # the rightsizing history file temperd saved when it stopped (0: none)
-    usage_core_pct: float = 0.0  # the watch thread (classification, rightsizing) alone, % of a core
+    usage_core_pct: float = 0.0  # the learner's thread (classification, rightsizing) alone, % of a core
     member_rtps: float = float("nan")  # --switch-load: round trips a second of the member pairs
     other_rtps: float = float("nan")  # and of the pairs that match nothing
 
@@ -247,8 +247,8 @@ def rss_mib(pid: int) -> float:
 
 
 def usage_cpu(status: dict) -> float:
-    """CPU seconds of temperd's watch thread so far (temperctl status' watch)."""
-    return (status.get("watch") or {}).get("sample_cpu_s_total") or 0.0
+    """CPU seconds of temperd's learner's thread so far (temperctl status' learner)."""
+    return (status.get("learner") or {}).get("sample_cpu_s_total") or 0.0
 
 
 def own_cgroup(name: str) -> str:
@@ -262,7 +262,7 @@ def own_cgroup(name: str) -> str:
 def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, command: Optional[Sequence[str]] = None,
             py_spy: Optional[str] = None, py_spy_out: Optional[str] = None,
             reconcile_interval_s: Optional[float] = None, churn: float = 0.0, bpf: str = "on",
-            pairs: int = 0, watch: bool = True, track: bool = False) -> Result:
+            pairs: int = 0, learner: bool = True, track: bool = False) -> Result:
     holder = None
     churner = None
     cgroup_dir = None
@@ -284,7 +284,7 @@ def measure(scenario: str, seconds: float, settle_s: float, extra_threads: int, 
     try:
         settings = f"reconcile_interval_s = {reconcile_interval_s}\n" if reconcile_interval_s else ""
         history = os.path.join(tempfile.mkdtemp(prefix="overhead-history-"), "usage-history.json")
-        settings += (f'[rightsizing]\nhistory_file = "{history}"\n' if watch else
+        settings += (f'[rightsizing]\nhistory_file = "{history}"\n' if learner else
                      "[classify]\nenabled = false\n[rightsizing]\nenabled = false\n")
         bindings = f'[[binding]]\ncgroup = "/{os.path.basename(cgroup_dir)}"\n' if cgroup_dir else ""
         env = {"TEMPERD_BPF": "0" if bpf == "off" else "1"}  # temperd/sources/runqlat.py
@@ -374,7 +374,7 @@ def main() -> int:
                         help="the bcc telemetry: on (where it loads; else the schedstat fallback), off (TEMPERD_BPF=0), "
                              "or both, each an arm of the same run (its relative cost; in a TCG VM only the ratio means "
                              "anything)")
-    parser.add_argument("--watch", choices=("on", "off", "both"), default="on",
+    parser.add_argument("--learner", choices=("on", "off", "both"), default="on",
                         help="classification and rightsizing: on (temperd's default), off, or both as arms of one run")
     parser.add_argument("--track", action="store_true",
                         help="the +N threads holder is a tracked workload (its own cgroup, bound in temperd.toml)")
@@ -411,10 +411,10 @@ def main() -> int:
     if args.track:
         scenarios = [(label.replace(" threads", " threads tracked"), extra, interval, churn, pairs)
                      for label, extra, interval, churn, pairs in scenarios]
-    watch_modes = ("on", "off") if args.watch == "both" else (args.watch,)
-    if len(watch_modes) > 1:
-        scenarios = [(f"{label}, watch {mode}", extra, interval, churn, pairs)
-                     for label, extra, interval, churn, pairs in scenarios for mode in watch_modes]
+    learner_modes = ("on", "off") if args.learner == "both" else (args.learner,)
+    if len(learner_modes) > 1:
+        scenarios = [(f"{label}, learner {mode}", extra, interval, churn, pairs)
+                     for label, extra, interval, churn, pairs in scenarios for mode in learner_modes]
     results: List[Result] = []
     tmp = tempfile.mkdtemp(prefix="overhead-")
     monitors = []
@@ -429,7 +429,7 @@ def main() -> int:
             result = measure(label, args.seconds, args.settle, extra, command,
                              args.py_spy if args.profile == "py-spy" else None, prof + ".spy", interval, churn,
                              "off" if "bpf off" in label or args.bpf == "off" else "on", pairs,
-                             not ("watch off" in label or args.watch == "off"), args.track)
+                             not ("learner off" in label or args.learner == "off"), args.track)
             window = monitor.stop()
             monitors.append(window)
             results.append(result)
@@ -441,7 +441,7 @@ def main() -> int:
                   f"{result.window_reconciles} full scans; telemetry {result.telemetry}"
                   + (f"; round trips/s: members {result.member_rtps:.0f}, others {result.other_rtps:.0f}" if pairs else ""),
                   flush=True)
-            print(f"  {'':<28} watch thread (classification, rightsizing) {result.usage_core_pct:.4f} % of a core; "
+            print(f"  {'':<28} learner's thread (classification, rightsizing) {result.usage_core_pct:.4f} % of a core; "
                   f"daemon RSS {result.rss_mib:.1f} MiB, rightsizing history file {result.history_bytes} bytes",
                   flush=True)
             if args.profile == "cprofile":

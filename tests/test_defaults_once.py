@@ -57,7 +57,7 @@ def contrary(obj: Any, fields: Dict[str, Tuple[TableSpec, str]]) -> List[str]:
 def test_the_daemon_dataclasses_and_a_parsed_empty_file_hold_the_spec_defaults():
     for config in (dc.DaemonConfig(), dc.parse_config("", "temperd.toml")):
         assert contrary(config, DAEMON_FIELDS) == []
-        assert contrary(config.watch, WATCH_FIELDS) == []
+        assert contrary(config.learner, WATCH_FIELDS) == []
         assert contrary(config.scx, {key: (dc.SCX_SPEC, key) for key in dc.SCX_SPEC.fields}) == []
         for key, values in (("weight", config.tier_weights), ("idle_resume_us", config.tier_idle_resume_us)):
             assert values == {tier: dc.TIERS_SPEC.fields[tier].table.default_of(key) for tier in TIERS}

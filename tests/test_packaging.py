@@ -148,7 +148,7 @@ def test_unit_runs_the_packaged_daemon_with_the_default_paths():
     assert os.path.dirname(CONTROL_SPEC.default_of("socket")) == "/run/" + runtime[0] == defaults.state_dir
     assert _unit_values("RuntimeDirectoryPreserve") == ["yes"]
     # The rightsizing history lives in the unit's StateDirectory (writable under ProtectSystem=strict).
-    assert os.path.dirname(defaults.watch.history_file) == "/var/lib/" + _unit_values("StateDirectory")[0]
+    assert os.path.dirname(defaults.learner.history_file) == "/var/lib/" + _unit_values("StateDirectory")[0]
     # HTTP listens on loopback by default, which is all the unit lets through.
     assert defaults.http_listen == "127.0.0.1" and _unit_values("IPAddressAllow") == ["localhost"]
 

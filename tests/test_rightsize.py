@@ -13,13 +13,13 @@ import pytest
 import cgroup_fixtures as F
 from thread_children import read_json_line, wait_for
 
-from temperd.config.daemon_config import WatchSettings
+from temperd.config.daemon_config import LearnerSettings
 from temperd.decide.matcher import Workload
 from temperd.decide.rightsize import Declared, history_confidence, rightsize
 from temperd.observe.histogram import DecayingHistogram
-from temperd.observe import usage_tracker, workload_watch
+from temperd.observe import usage_tracker, learner
 from temperd.observe.usage_history import ThreadSample, UsageHistory
-from temperd.observe.workload_watch import WorkloadWatch
+from temperd.observe.learner import WorkloadLearner
 from temperd.sources import procfs
 from temperd.sources.task_counters import TaskCounters
 
@@ -121,10 +121,10 @@ def test_a_restarted_workloads_thread_inherits_its_namesakes_history(tmp_path):
 def test_the_usage_thread_samples_each_interval_only_while_a_workload_is_tracked(tmp_path):
     import dataclasses
 
-    settings = dataclasses.replace(WatchSettings(), history_file=str(tmp_path / "history.json"))
-    watch = WorkloadWatch(settings, 2, lambda: ((), None, {}))
+    settings = dataclasses.replace(LearnerSettings(), history_file=str(tmp_path / "history.json"))
+    watch = WorkloadLearner(settings, 2, lambda: ((), None, {}))
     watch.sample_once(0.0)
-    assert watch._next_wait_s() == max(settings.sample_interval_s, workload_watch.NOTHING_TRACKED_WAIT_S)
+    assert watch._next_wait_s() == max(settings.sample_interval_s, learner.NOTHING_TRACKED_WAIT_S)
     watch._workloads = {"redis.service": object()}  # what sample_once keeps of current()'s workloads
     assert watch._next_wait_s() == settings.sample_interval_s
 
@@ -139,9 +139,9 @@ def test_a_workload_is_tracked_once_its_oldest_process_has_run_a_while():
     old = NS(key="old", pids=(20,))
     mixed = NS(key="mixed", pids=(30, 31))  # a unit whose old process forks young ones
     unknown = NS(key="unknown", pids=(40,))  # gone from the inventory since the match
-    processes = {10: NS(start_time=now - ticks), 20: NS(start_time=now - int(workload_watch.TRACK_AFTER_S * ticks)),
+    processes = {10: NS(start_time=now - ticks), 20: NS(start_time=now - int(learner.TRACK_AFTER_S * ticks)),
                  30: NS(start_time=now - 60 * ticks), 31: NS(start_time=now)}
-    kept = workload_watch.settled((young, old, mixed, unknown), processes, now)
+    kept = learner.settled((young, old, mixed, unknown), processes, now)
     assert [w.key for w in kept] == ["old", "mixed"]
 
 
@@ -170,16 +170,16 @@ def _workload_in(cgroup, pids):
 
 def test_a_workload_idle_for_30_s_is_looked_at_every_5_s_and_each_look_counts_the_seconds_it_covers(tmp_path):
     """A real sleeping process in a cgroup of its own: after RESTING_AFTER_S of unchanged cgroup CPU
-    time the watch thread waits idle_sample_interval_s, each look weighs the intervals it covers,
+    time the learner's thread waits idle_sample_interval_s, each look weighs the intervals it covers,
     and the first look that finds CPU used brings the 1 s samples back."""
-    settings = WatchSettings(history_file=str(tmp_path / "history.json"))
+    settings = LearnerSettings(history_file=str(tmp_path / "history.json"))
     with F.cgroup_parent("temperd-test-resting") as make:
         cgroup = make("app")
         sleeper = cgroup.spawn([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE)
         read_json_line(sleeper, 10)
         _asleep_for_good(sleeper.pid)  # its start-up CPU is behind it: the cgroup's CPU time stays
         workload = _workload_in(cgroup, [sleeper.pid])
-        watch = WorkloadWatch(settings, 2, lambda: ((workload,), None, {}))
+        watch = WorkloadLearner(settings, 2, lambda: ((workload,), None, {}))
         history = watch.history.of("resting.service")
         now = 1_000.0
         watch.sample_once(now)
@@ -209,13 +209,13 @@ def test_a_workload_idle_for_30_s_is_looked_at_every_5_s_and_each_look_counts_th
 
 def test_a_workload_that_runs_every_few_seconds_never_rests(tmp_path):
     """A thread busy now and then (the bursty duty cycle rightsizing must see at p95) keeps the
-    watch thread sampling every second: its cgroup's CPU time moves more often than RESTING_AFTER_S."""
-    settings = WatchSettings(history_file=str(tmp_path / "history.json"))
+    learner's thread sampling every second: its cgroup's CPU time moves more often than RESTING_AFTER_S."""
+    settings = LearnerSettings(history_file=str(tmp_path / "history.json"))
     with F.cgroup_parent("temperd-test-bursty") as make:
         cgroup = make("app")
         sleeper = cgroup.spawn([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE)
         read_json_line(sleeper, 10)
-        watch = WorkloadWatch(settings, 2, lambda: ((_workload_in(cgroup, [sleeper.pid]),), None, {}))
+        watch = WorkloadLearner(settings, 2, lambda: ((_workload_in(cgroup, [sleeper.pid]),), None, {}))
         now = 1_000.0
         for second in range(int(usage_tracker.RESTING_AFTER_S) * 2):
             if second % 10 == 9:  # a short burst every 10 s
@@ -330,7 +330,7 @@ def test_a_process_is_timed_by_its_own_read_not_by_the_late_samplers_pass(tmp_pa
     monkeypatch.setattr(usage_tracker, "read_process_counters", counters)
     monkeypatch.setattr(usage_tracker.cgroups, "cpu_usage_us", lambda cgroup: None)
     history = UsageHistory(str(tmp_path / "h.json"), DAY, 16)
-    settings = WatchSettings(history_file=str(tmp_path / "h.json"), rightsizing=True)
+    settings = LearnerSettings(history_file=str(tmp_path / "h.json"), rightsizing=True)
     tracker = usage_tracker.UsageTracker(settings, history, energy=False, clock=clock)
     tracked = usage_tracker.Tracked(label="app.service", key="app.service")
     workload = Workload(key="app.service", profile_id=None, tier="standard", budget=None, budget_reason="",

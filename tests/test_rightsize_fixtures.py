@@ -17,7 +17,7 @@ import sys
 import pytest
 
 import cgroup_fixtures as F
-from temperd.observe.workload_watch import TRACK_AFTER_S
+from temperd.observe.learner import TRACK_AFTER_S
 from test_daemon_e2e import Temperd
 from thread_children import wait_for
 

@@ -1,5 +1,5 @@
 """Exclusive groups sized from what their threads use (decide/sizing.py): the hysteresis rule, and a
-pool of four real busy workers measured the way the watch thread measures them, then planned on
+pool of four real busy workers measured the way the learner's thread measures them, then planned on
 a 4-core machine shape (two whole cores) and on a 2-core one (demoted to shared CPUs, explain says why)."""
 
 from __future__ import annotations
@@ -235,20 +235,20 @@ def sample_into(history: WorkloadHistory, tids, samples: int, run_s: float) -> N
 
 
 def test_a_history_loaded_at_start_sizes_the_first_plan(tmp_path):
-    """temperd plans before its watch thread first samples: the group's demand comes from the
+    """temperd plans before the learner's thread first samples: the group's demand comes from the
     history file it loaded, labelled like the matched workload."""
-    from temperd.config.daemon_config import WatchSettings
-    from temperd.observe.workload_watch import WorkloadWatch, workload_labels
+    from temperd.config.daemon_config import LearnerSettings
+    from temperd.observe.learner import WorkloadLearner, workload_labels
 
     w = pool_workload((101, 102, 103, 104))
     label = workload_labels([w], lambda _w: False)[w.key]
-    earlier = WorkloadWatch(WatchSettings(history_file=str(tmp_path / "h.json")), 2, lambda: ((), None, {}))
+    earlier = WorkloadLearner(LearnerSettings(history_file=str(tmp_path / "h.json")), 2, lambda: ((), None, {}))
     history = earlier.history.of(label)
     for i in range(MIN_SAMPLES):
         history.record(float(i), [ThreadSample(100 + n, 0, f"worker{n}", "workers", 0.45) for n in range(4)], 0.0,
                        keep=16)
     earlier.save()
-    watch = WorkloadWatch(WatchSettings(history_file=str(tmp_path / "h.json")), 2, lambda: ((), None, {}))
+    watch = WorkloadLearner(LearnerSettings(history_file=str(tmp_path / "h.json")), 2, lambda: ((), None, {}))
     watch.load()
     demand = watch.group_demands([w])[(w.key, "workers")]
     assert demand.samples >= MIN_SAMPLES and 1.7 <= demand.cpus <= 2.0  # histogram buckets: a few % coarse

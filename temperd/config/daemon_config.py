@@ -193,7 +193,7 @@ class ScxSettings:
 
 
 @dataclass(frozen=True)
-class WatchSettings:
+class LearnerSettings:
     """[classify] and [rightsizing]: what temperd learns of each workload."""
 
     classify: bool = CLASSIFY_SPEC.default_of("enabled")
@@ -232,7 +232,7 @@ class DaemonConfig:
     bindings: Tuple[Binding, ...] = ()
     scx: ScxSettings = field(default_factory=lambda: ScxSettings())
     lint_runqueue_latency_p99_ms: float = LINT_SPEC.default_of("runqueue_latency_p99_ms")
-    watch: WatchSettings = field(default_factory=lambda: WatchSettings())
+    learner: LearnerSettings = field(default_factory=lambda: LearnerSettings())
     telemetry_bpf: bool = TELEMETRY_SPEC.default_of("bpf")
 
     def scan_interval(self, events_active: bool) -> float:
@@ -279,12 +279,12 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
         scx=ScxSettings(**{**scx, "args": tuple(scx["args"])}),
         lint_runqueue_latency_p99_ms=values["lint"]["runqueue_latency_p99_ms"],
         telemetry_bpf=values["telemetry"]["bpf"],
-        watch=_watch_settings(values["classify"], values["rightsizing"]),
+        learner=_learner_settings(values["classify"], values["rightsizing"]),
     )
 
 
-def _watch_settings(classify: dict, rightsizing: dict) -> WatchSettings:
-    return WatchSettings(classify=classify["enabled"], window_s=classify["window_s"],
+def _learner_settings(classify: dict, rightsizing: dict) -> LearnerSettings:
+    return LearnerSettings(classify=classify["enabled"], window_s=classify["window_s"],
                          rightsizing=rightsizing["enabled"], margin=rightsizing["margin"],
                          half_life_h=rightsizing["half_life_h"], sample_interval_s=rightsizing["sample_interval_s"],
                          idle_sample_interval_s=rightsizing["idle_sample_interval_s"],

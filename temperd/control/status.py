@@ -204,8 +204,8 @@ class InventoryView:
 
 
 @dataclass(frozen=True)
-class WatchView:
-    """The workload watch's own cost and state."""
+class LearnerView:
+    """The learner's own cost and state."""
     workloads: int
     samples: int
     sample_cpu_s_total: float
@@ -237,7 +237,7 @@ class Status:
     inventory: InventoryView
     candidates: str  # what a new program is checked by
     replans: int
-    watch: Optional[WatchView]  # classification, rightsizing
+    learner: Optional[LearnerView]  # classification, rightsizing
     http: Optional[str]  # where it really listens
 
     def to_json(self) -> Dict[str, Any]:

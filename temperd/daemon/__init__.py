@@ -10,7 +10,7 @@
 - control: the control socket's server (the protocol and temperctl's client: temperd/control)
 - control_commands: the commands served on it (status, reload, plan, explain) and the table of
   the others: bind_commands (bind, unbind, bindings), trace_commands (trace: a capture into
-  temperd's own directory), training_commands (train), watch_commands (classify, rightsize)
+  temperd's own directory), training_commands (train), learner_commands (classify, rightsize)
 - status_report: the typed Status (temperd/control/status) built from the running state, the
   one-line status, /observe
 - notify: sd_notify

@@ -1,6 +1,6 @@
 """The commands temperd serves on its control socket (control.py), one handler each:
 status, reload, plan, explain, trace (trace_commands.py), train (training_commands.py), bind, unbind and
-bindings (bind_commands.py), classify and rightsize (watch_commands.py). Each runs on the socket's thread
+bindings (bind_commands.py), classify and rightsize (learner_commands.py). Each runs on the socket's thread
 for that client and holds the daemon's lock while it reads or changes its state."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from temperd.decide.explain import NoSuchTask, explain
 from temperd.daemon.bind_commands import BindCommands
 from temperd.daemon.trace_commands import trace_handler
 from temperd.daemon.training_commands import train_handler
-from temperd.daemon.watch_commands import WatchCommands
+from temperd.daemon.learner_commands import LearnerCommands
 
 if TYPE_CHECKING:
     from temperd.daemon.state import DaemonState
@@ -27,7 +27,7 @@ class ControlCommands:
         self.daemon = daemon
 
     def handlers(self) -> Dict[str, Handler]:
-        watch = WatchCommands(self.daemon)
+        watch = LearnerCommands(self.daemon)
         binds = BindCommands(self.daemon)
         return {"bind": binds.bind, "unbind": binds.unbind, "bindings": binds.bindings,
                 "status": self.status, "reload": self.reload, "plan": self.plan, "explain": self.explain,

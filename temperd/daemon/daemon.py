@@ -44,7 +44,7 @@ from temperd.decide.matcher import Matcher, MatchResult, RuntimeBinding
 from temperd.observe.journal import Journal
 from temperd.observe.metrics import Metrics
 from temperd.observe.sampler import Sampler
-from temperd.observe.workload_watch import WorkloadWatch, settled
+from temperd.observe.learner import WorkloadLearner, settled
 from temperd.plan import LayerPlan
 from temperd.sources import procfs
 from temperd.sources.inventory import Inventory
@@ -91,7 +91,7 @@ class Daemon:
         self.replans = 0
         self._sizes: Dict[GroupKey, int] = {}  # exclusive groups' measured sizes the plan was made with
         self.sampler: Optional[Sampler] = None
-        self.watch: Optional[WorkloadWatch] = None  # classification and rightsizing ([classify], [rightsizing])
+        self.learner: Optional[WorkloadLearner] = None  # classification and rightsizing ([classify], [rightsizing])
         self.journal = Journal()  # what temperd did and why, for the operator's log
         self._instance_lock: Optional[InstanceLock] = None
 
@@ -123,7 +123,7 @@ class Daemon:
             except OSError as exc:
                 raise StartupError(f"error: {exc.strerror or exc}") from None
             try:
-                self._load_watch(view)  # the history file is checked before anything changes
+                self._load_learner(view)  # the history file is checked before anything changes
                 self._start_backend(view)
                 self.matcher = self._make_matcher(view)
                 if not self.inventory.start():
@@ -134,8 +134,8 @@ class Daemon:
                                        telemetry=Telemetry(want_bpf=view.config.telemetry_bpf))
                 self.replan("start")
                 self.sampler.telemetry.start()  # after the plan: a bcc compile waits behind the work it orders
-                if self.watch is not None:
-                    self.watch.start()
+                if self.learner is not None:
+                    self.learner.start()
                 self.services.serve(self.config, self.config_dir, self.request)
             except StartupError:
                 raise
@@ -171,11 +171,11 @@ class Daemon:
         self.backend.on_carrier_change = lambda reason: self.request(REPLAN, f"scx: {reason}")
         self.backend.recover()
 
-    def _load_watch(self, view: HostView) -> None:
-        if not view.config.watch.sampling:
+    def _load_learner(self, view: HostView) -> None:
+        if not view.config.learner.sampling:
             return
-        self.watch = WorkloadWatch(view.config.watch, len(view.shape.cpus), lambda: _tracked(self), self.metrics.watch)
-        self.watch.load()
+        self.learner = WorkloadLearner(view.config.learner, len(view.shape.cpus), lambda: _tracked(self), self.metrics.learner)
+        self.learner.load()
 
     def run(self) -> None:
         """The main loop, until a stop request (SIGTERM, SIGINT)."""
@@ -193,8 +193,8 @@ class Daemon:
             self.state = "stopping"
         self.notifier.notify("STOPPING=1")
         self.services.stop()
-        if self.watch is not None:
-            self.watch.stop()  # saves the rightsizing history
+        if self.learner is not None:
+            self.learner.stop()  # saves the rightsizing history
         with self.lock:
             if self.backend is not None:
                 self.journal.stopped(self.backend.stop())
@@ -247,10 +247,10 @@ class Daemon:
 
     def _sizing(self, workloads) -> Sizing:
         """Exclusive groups sized by what their threads were measured to use ([rightsizing])."""
-        if self.watch is None or not self.watch.settings.rightsizing:
+        if self.learner is None or not self.learner.settings.rightsizing:
             return NO_SIZING
         sized = sized_workloads(workloads, all_profiles(self.view, self.matcher))
-        demand = self.watch.group_demands(sized)
+        demand = self.learner.group_demands(sized)
         return Sizing(demand, self._sizes, member_counts(sized, demand))
 
     def replan_if_measured(self) -> None:
@@ -301,8 +301,8 @@ class Daemon:
                 log.info("machine shape changed: %s", view.shape.describe())
                 self.sampler.reshape(view.shape)
             self.sampler.latency_bound_s = view.config.lint_runqueue_latency_p99_ms / 1e3
-            if self.watch is not None:  # window and margin at once; the history's file and shape at the next start
-                self.watch.settings = view.config.watch
+            if self.learner is not None:  # window and margin at once; the history's file and shape at the next start
+                self.learner.settings = view.config.learner
             self.sampler.telemetry.set_bpf(view.config.telemetry_bpf)
             self.replan(f"reload ({trigger})")
             result = ReloadResult(True, self.generation, time.time(), trigger, [], summary_of(view))
@@ -361,7 +361,7 @@ class Daemon:
 
 
 def _tracked(daemon: Daemon):
-    """For the watch thread, read under the lock: the workloads old enough to track, the plan, the profiles."""
+    """For the learner's thread, read under the lock: the workloads old enough to track, the plan, the profiles."""
     with daemon.lock:
         assert daemon.view is not None
         processes = daemon.inventory.snapshot().processes
@@ -397,7 +397,7 @@ def _first_view(loader: ViewLoader) -> HostView:
 
 def _label_key(view: HostView) -> bytes:
     """Kept beside the history: a hand-started workload's label is the same across restarts."""
-    return load_label_key(os.path.dirname(view.config.watch.history_file))
+    return load_label_key(os.path.dirname(view.config.learner.history_file))
 
 
 def _lock_instance(state_dir: str) -> InstanceLock:

@@ -15,7 +15,7 @@ from temperd.daemon.services import Services
 from temperd.decide.hostview import HostView
 from temperd.decide.matcher import Matcher, MatchResult, RuntimeBinding
 from temperd.observe.sampler import Sampler
-from temperd.observe.workload_watch import WorkloadWatch
+from temperd.observe.learner import WorkloadLearner
 from temperd.plan import LayerPlan
 from temperd.sources.inventory import Inventory
 
@@ -40,7 +40,7 @@ class DaemonState(Protocol):
     backend_choice: Optional[BackendChoice]
     sampler: Optional[Sampler]
     services: Services
-    watch: Optional[WorkloadWatch]  # classification and rightsizing
+    learner: Optional[WorkloadLearner]  # classification and rightsizing
 
     def status(self) -> Optional[Status]:
         ...

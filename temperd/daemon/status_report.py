@@ -13,7 +13,7 @@ from temperd import __version__
 from temperd.config import safe_regex
 from temperd.control.status import (ApplyView, BackendView, InventoryView, LayerScxView, LayerView, LintView,
                                     OverheadView, ProblemView, ProfilesView, ReloadView, ScxView, Status,
-                                    WatchView, WorkloadView)
+                                    LearnerView, WorkloadView)
 from temperd.control.typed_json import from_json, to_json
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def build_status(daemon: "DaemonState") -> Optional[Status]:
             inventory=_typed(InventoryView, daemon.inventory.stats),
             candidates=daemon.inventory.gate.describe,
             replans=daemon.replans,
-            watch=_view(WatchView, daemon.watch.describe()) if daemon.watch is not None else None,
+            learner=_view(LearnerView, daemon.learner.describe()) if daemon.learner is not None else None,
             http=f"http://{http.address}" if http else None,  # where it really listens
         )
 
@@ -70,10 +70,10 @@ def observe_json(daemon: "DaemonState") -> Dict[str, Any]:
         layer["scx"] = to_json(row.scx) if row is not None else None
     data["scx_layers_beyond_plan"] = [{"name": row.name, "scx": to_json(row.scx)} for row in rows.values()
                                       if not row.plan]
-    watch = daemon.watch
-    if watch is not None:  # what temperd learned of each workload ([classify], [rightsizing])
-        data["classification"] = [c.as_json() for c in watch.classifications()] if watch.settings.classify else None
-        data["rightsizing"] = [r.as_json() for r in watch.recommendations()] if watch.settings.rightsizing else None
+    learner = daemon.learner
+    if learner is not None:  # what temperd learned of each workload ([classify], [rightsizing])
+        data["classification"] = [c.as_json() for c in learner.classifications()] if learner.settings.classify else None
+        data["rightsizing"] = [r.as_json() for r in learner.recommendations()] if learner.settings.rightsizing else None
     return data
 
 

@@ -8,7 +8,7 @@
   from its fields at each scrape
 - http: GET /metrics and /observe
 - journal: what temperd did and why, for the log
-- workload_watch: the workload watch's thread (classification and rightsizing), with its tracker
+- learner: the learner's thread (classification and rightsizing), with its tracker
   (usage_tracker), a workload's stable name (workload_labels), the classification signals over a
   window (workload_window) and the decaying usage histograms (histogram) of the rightsizing
   history (usage_history)

@@ -5,7 +5,7 @@ inventory, the workloads, the linter's violations, temperd's own cost) are read 
 Status at each scrape (status_metrics). The rest is one group per source, each updated from
 that source's typed value only (the way node_exporter has one collector per source): the
 backend's ApplyResult, the Observation (pressure, per-layer use, scheduling delay) and the
-workload watch.
+learner (classification and rightsizing).
 """
 
 from __future__ import annotations
@@ -136,8 +136,8 @@ def _le(bound: float) -> str:
     return repr(round(bound, 9))
 
 
-class WatchMetrics:
-    """Each workload's classification and rightsizing, from WorkloadWatch: labelled by the workload's
+class LearnerMetrics:
+    """Each workload's classification and rightsizing, from WorkloadLearner: labelled by the workload's
     label (unit, binding cgroup or profile; never a pid), so the series stay bounded."""
 
     def __init__(self, r: CollectorRegistry) -> None:
@@ -194,7 +194,7 @@ class Metrics:
         self.actions = ActionMetrics(r)
         self.observation = ObservationMetrics(r)
         self.latency = LatencyMetrics(r)
-        self.watch = WatchMetrics(r)
+        self.learner = LearnerMetrics(r)
 
     def exposition(self) -> bytes:
         return generate_latest(_WithoutCreated(self.registry))

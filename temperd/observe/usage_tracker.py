@@ -1,4 +1,4 @@
-"""The tracker of the workload watch's thread (observe/workload_watch.py): what it keeps of each tracked
+"""The tracker of the learner's thread (observe/learner.py): what it keeps of each tracked
 workload between samples, and one sample or snapshot of one workload. Time comes from an injected
 clock (the thread's own interval per kept thread), so a test can drive it.
 
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from temperd.config.daemon_config import WatchSettings
+from temperd.config.daemon_config import LearnerSettings
 from temperd.observe import workload_window as W
 from temperd.observe.usage_history import ThreadSample, UsageHistory
 from temperd.sources import cgroups, nvml, procfs, psi, rapl
@@ -134,7 +134,7 @@ def _room(idle_by_cpu: Optional[Sequence[float]], thread: "_Thread", tid: int) -
 class UsageTracker:
     """Samples and snapshots tracked workloads into their Tracked state and the usage history."""
 
-    def __init__(self, settings: WatchSettings, history: UsageHistory, energy: bool,
+    def __init__(self, settings: LearnerSettings, history: UsageHistory, energy: bool,
                  clock: Callable[[], float] = time.monotonic):
         """energy: the host has RAPL energy counters (checked once: hardware does not come and go)."""
         self.settings = settings

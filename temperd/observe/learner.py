@@ -1,4 +1,4 @@
-"""The workload watch and its thread ("watch"): what temperd learns of each tracked workload (matched or bound) for
+"""The learner and its thread ("learner"): what temperd learns of each tracked workload (matched or bound) for
 classification and rightsizing. Every [rightsizing] sample_interval_s (1 s) it has the tracker
 (observe/usage_tracker.py) sample each workload, every SNAPSHOT_S snapshot the classification
 counters, and it answers classify and rightsize from the windows and the usage history. While
@@ -19,12 +19,12 @@ import threading
 import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from temperd.config.daemon_config import WatchSettings
+from temperd.config.daemon_config import LearnerSettings
 from temperd.decide.classify import Classification, Hints, classify
 from temperd.decide.rightsize import Declared, Recommendation, rightsize
 from temperd.decide.sizing import GroupDemand, group_demands
 from temperd.observe import workload_window as W
-from temperd.observe.metrics import WatchMetrics
+from temperd.observe.metrics import LearnerMetrics
 from temperd.observe.usage_history import UsageHistory
 from temperd.observe.usage_tracker import Tracked, UsageTracker
 from temperd.observe.workload_labels import workload_labels
@@ -34,7 +34,7 @@ from temperd.sources.delayacct import delayacct_state
 from temperd.sources.procfs import CLOCK_TICKS
 from temperd.sources.shape import parse_cpulist
 
-log = logging.getLogger("temperd.watch")
+log = logging.getLogger("temperd.learner")
 
 SNAPSHOT_S = 5.0
 METRICS_EVERY_S = 30.0  # /metrics' classes and recommendations (temperctl and /observe compute theirs when asked)
@@ -58,10 +58,10 @@ def settled(workloads: Sequence, processes: Mapping[int, object], now_ticks: int
                  if any(pid in processes and processes[pid].start_time <= latest for pid in w.pids))
 
 
-class WorkloadWatch:
-    def __init__(self, settings: WatchSettings, host_cpus: int,
+class WorkloadLearner:
+    def __init__(self, settings: LearnerSettings, host_cpus: int,
                  current: Callable[[], Tuple[Sequence, object, Mapping[str, object]]],
-                 metrics: Optional[WatchMetrics] = None):
+                 metrics: Optional[LearnerMetrics] = None):
         """current(): the tracked workloads, the plan in force and the profiles by id, read under the
         daemon's lock by the caller's function. metrics: updated after each snapshot."""
         self.settings = settings
@@ -122,7 +122,7 @@ class WorkloadWatch:
             if self._gpu is None:
                 self.static_missing["nvml"] = why
                 log.warning("GPU use not measured: %s", why)
-        self._thread = threading.Thread(target=self._run, name="watch", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="learner", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

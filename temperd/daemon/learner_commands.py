@@ -1,5 +1,5 @@
 """The control-socket commands `classify` and `rightsize`: what temperd has learned of each tracked
-workload (observe/workload_watch.py), for `temperctl classify` and `temperctl rightsize`."""
+workload (observe/learner.py), for `temperctl classify` and `temperctl rightsize`."""
 
 from __future__ import annotations
 
@@ -16,30 +16,30 @@ def _filters(request: Dict[str, Any]):
     return _optional_pid(request), _optional_unit(request)
 
 
-class WatchCommands:
+class LearnerCommands:
     def __init__(self, daemon: "DaemonState"):
         self.daemon = daemon
 
-    def _watch(self, enabled: str):
-        watch = self.daemon.watch
-        if watch is None or not getattr(watch.settings, enabled):
+    def _learner(self, enabled: str):
+        learner = self.daemon.learner
+        if learner is None or not getattr(learner.settings, enabled):
             table = "[classify]" if enabled == "classify" else "[rightsizing]"
             raise ControlError(f"{enabled} is off in temperd.toml ({table} enabled = false)")
-        return watch
+        return learner
 
     def classify(self, request: Dict[str, Any], progress: Progress) -> Dict[str, Any]:
         """{"cmd": "classify", "pid"?, "unit"?} -> {"classify": [workload-profile status, ...]}."""
         pid, unit = _filters(request)
-        watch = self._watch("classify")
-        return {"classify": [c.as_json() for c in watch.classifications(pid, unit)],
-                "window_goal_s": watch.settings.window_s}
+        learner = self._learner("classify")
+        return {"classify": [c.as_json() for c in learner.classifications(pid, unit)],
+                "window_goal_s": learner.settings.window_s}
 
     def rightsize(self, request: Dict[str, Any], progress: Progress) -> Dict[str, Any]:
         """{"cmd": "rightsize", "pid"?, "unit"?} -> {"rightsize": [recommendation, ...], "host": totals}."""
         pid, unit = _filters(request)
-        watch = self._watch("rightsizing")
-        recommendations = [r.as_json() for r in watch.recommendations(pid, unit)]
+        learner = self._learner("rightsizing")
+        recommendations = [r.as_json() for r in learner.recommendations(pid, unit)]
         savings = sum(max(0.0, r["savings_cpus"] or 0.0) for r in recommendations)
         return {"rightsize": recommendations,
-                "host": {"cpus": watch.host_cpus, "savings_cpus": round(savings, 2), "margin": watch.settings.margin,
-                         "half_life_h": watch.settings.half_life_h, "history_file": watch.history.path}}
+                "host": {"cpus": learner.host_cpus, "savings_cpus": round(savings, 2), "margin": learner.settings.margin,
+                         "half_life_h": learner.settings.half_life_h, "history_file": learner.history.path}}

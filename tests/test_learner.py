@@ -1,4 +1,4 @@
-"""The watch thread (observe/workload_watch.py) outlives a pass that fails, and says so briefly."""
+"""The learner's thread (observe/learner.py) outlives a pass that fails, and says so briefly."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import errno
 import logging
 import time
 
-from temperd.config.daemon_config import WatchSettings
-from temperd.observe.workload_watch import WorkloadWatch
+from temperd.config.daemon_config import LearnerSettings
+from temperd.observe.learner import WorkloadLearner
 
 
-def _watch(tmp_path, current):
-    settings = WatchSettings(sample_interval_s=0.05, history_file=str(tmp_path / "history.json"))
-    return WorkloadWatch(settings, host_cpus=2, current=current)
+def _learner(tmp_path, current):
+    settings = LearnerSettings(sample_interval_s=0.05, history_file=str(tmp_path / "history.json"))
+    return WorkloadLearner(settings, host_cpus=2, current=current)
 
 
 def _wait_for(predicate, timeout_s=10.0):
@@ -31,14 +31,14 @@ def test_running_out_of_descriptors_is_one_warning_without_a_traceback_and_sampl
             raise OSError(errno.EMFILE, "Too many open files")
         return [], None, {}
 
-    watch = _watch(tmp_path, current)
-    with caplog.at_level(logging.WARNING, logger="temperd.watch"):
+    watch = _learner(tmp_path, current)
+    with caplog.at_level(logging.WARNING, logger="temperd.learner"):
         watch.start()
         try:
             assert _wait_for(lambda: watch.samples >= 1), "a sample once descriptors are back"
         finally:
             watch.stop()
-    records = [r for r in caplog.records if r.name == "temperd.watch"]
+    records = [r for r in caplog.records if r.name == "temperd.learner"]
     assert [r.getMessage() for r in records] == [
         "usage samples skipped while descriptors run short: Too many open files (logged at most once a minute)"]
     assert all(r.exc_info is None for r in records)
@@ -53,8 +53,8 @@ def test_an_unexpected_failure_is_logged_with_its_traceback_and_sampling_goes_on
             raise OSError(errno.EIO, "Input/output error")
         return [], None, {}
 
-    watch = _watch(tmp_path, current)
-    with caplog.at_level(logging.WARNING, logger="temperd.watch"):
+    watch = _learner(tmp_path, current)
+    with caplog.at_level(logging.WARNING, logger="temperd.learner"):
         watch.start()
         try:
             assert _wait_for(lambda: watch.samples >= 1)
