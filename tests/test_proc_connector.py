@@ -51,6 +51,24 @@ def test_decode_ignores_what_is_not_a_proc_event():
     assert decode_event(message(pc.PROC_EVENT_EXEC, struct.pack("=ii", 1, 1))[:30]) is None
 
 
+def test_a_lone_event_is_decoded_in_one_unpack_as_decode_event_would():
+    """The kernel's datagrams hold one event each (ONE_EVENT_SIZE): decode_single reads the four
+    kinds temperd wants the same as decode_event, and leaves the rest to decode_datagram."""
+    wanted = [message(pc.PROC_EVENT_FORK, struct.pack("=iiii", 10, 10, 11, 10)),
+              message(pc.PROC_EVENT_EXEC, struct.pack("=ii", 20, 21)),
+              message(pc.PROC_EVENT_COMM, struct.pack("=ii16s", 31, 30, b"fifteen-chars-x")),
+              message(pc.PROC_EVENT_COMM, struct.pack("=ii16s", 31, 30, b"ab\0stale")),
+              message(pc.PROC_EVENT_EXIT, struct.pack("=iiII", 41, 40, 256, 17))]
+    for data in wanted:
+        assert len(data) == pc.ONE_EVENT_SIZE
+        assert pc.decode_single(data) == decode_event(data)
+    assert pc.decode_single(wanted[2]).comm == "fifteen-chars-x" and pc.decode_single(wanted[3]).comm == "ab"
+    assert pc.decode_single(message(pc.PROC_EVENT_NONE, struct.pack("=I", 1))) is None  # an ack
+    assert pc.decode_single(message(0x4, struct.pack("=iiII", 50, 50, 0, 0))) is None  # another kind
+    assert pc.decode_single(message(pc.PROC_EVENT_EXEC, struct.pack("=ii", 1, 1), idx=2)) is None
+    assert pc.decode_single(message(pc.PROC_EVENT_EXEC, struct.pack("=ii", 1, 1), nl_type=pc.NLMSG_ERROR)) is None
+
+
 def test_decode_datagram_with_several_messages():
     one = message(pc.PROC_EVENT_FORK, struct.pack("=iiii", 1, 1, 2, 2))
     two = message(pc.PROC_EVENT_EXIT, struct.pack("=iiII", 2, 2, 0, 17))

@@ -21,9 +21,9 @@ from typing import List, Optional
 
 from temperd.sources.proc_wire import (  # noqa: F401  (names this module has always offered)
     _CN_MSG, _DATA_OFFSET, _NLMSGHDR, _WANTED_NAMES, CN_IDX_PROC, CN_VAL_PROC, FILTER_SINCE, NETLINK_CONNECTOR,
-    NLMSG_DONE, NLMSG_ERROR, NLMSG_NOOP, NLMSG_OVERRUN, PROC_CN_MCAST_IGNORE, PROC_CN_MCAST_LISTEN, PROC_EVENT_COMM,
-    PROC_EVENT_EXEC, PROC_EVENT_EXIT, PROC_EVENT_FORK, PROC_EVENT_NONE, WANTED_EVENTS, Batch, ProcEvent,
-    _control_message, decode_datagram, decode_event, kernel_release)
+    NLMSG_DONE, NLMSG_ERROR, NLMSG_NOOP, NLMSG_OVERRUN, ONE_EVENT_SIZE, PROC_CN_MCAST_IGNORE, PROC_CN_MCAST_LISTEN,
+    PROC_EVENT_COMM, PROC_EVENT_EXEC, PROC_EVENT_EXIT, PROC_EVENT_FORK, PROC_EVENT_NONE, WANTED_EVENTS, Batch,
+    ProcEvent, _control_message, decode_datagram, decode_event, decode_single, kernel_release)
 
 # Default receive buffer: the kernel's default (~200 KiB) holds only a few hundred events, which a
 # burst of short-lived processes fills in milliseconds.
@@ -46,6 +46,7 @@ class ProcConnector:
         self._sock: Optional[socket.socket] = None
         self._pending: List[ProcEvent] = []
         self._overflow_pending = False
+        self._buffer = bytearray(RECV_SIZE)  # each datagram is read into it: no allocation per event
 
     @property
     def is_open(self) -> bool:
@@ -173,9 +174,10 @@ class ProcConnector:
         if sock is None:
             return batch
         events = batch.events
+        append, recv_into, data = events.append, sock.recv_into, self._buffer
         while len(events) < max_events:
             try:
-                data = sock.recv(RECV_SIZE)
+                size = recv_into(data)
             except BlockingIOError:
                 break
             except InterruptedError:
@@ -185,9 +187,14 @@ class ProcConnector:
                     batch.overflowed = True
                     continue
                 raise
-            if not data:
+            if size == ONE_EVENT_SIZE:  # what the kernel sends: one wanted event alone
+                event = decode_single(data)
+                if event is not None:
+                    append(event)
+                    continue
+            elif not size:
                 break
-            for event in decode_datagram(data):
+            for event in decode_datagram(bytes(data[:size])):
                 if event.kind != "ack":
                     events.append(event)
                     if self._filtered and not event.what & WANTED_EVENTS:

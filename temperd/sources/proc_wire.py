@@ -52,6 +52,14 @@ _WANTED_NAMES = "fork, exec, comm, exit"
 _EVENT_OFFSET = _NLMSGHDR.size + _CN_MSG.size
 _DATA_OFFSET = _EVENT_OFFSET + _EVENT_HEAD.size
 _HEAD = struct.Struct("=" + "".join(part.format.lstrip("=") for part in (_NLMSGHDR, _CN_MSG, _EVENT_HEAD)))  # all three at once
+# The kernel sends each event alone in a datagram of this size (struct proc_event is the size of
+# its largest union member). Such a datagram is read with one unpack (decode_single): nlmsg_type,
+# cn_msg idx and val, what, cpu, timestamp and the union's first four words (fork: parent tid and
+# tgid, child tid and tgid; exec, comm, exit: tid and tgid, then exit's code and signal).
+ONE_EVENT_SIZE = _DATA_OFFSET + 24
+_SINGLE = struct.Struct("=4xH10xII12xIIQiiIi")
+_COMM_NAME = struct.Struct("=16s")
+_new = tuple.__new__
 
 
 
@@ -109,6 +117,24 @@ def decode_event(data: bytes, offset: int = 0) -> Optional[ProcEvent]:
         return ProcEvent("ack", 0, 0, timestamp, cpu, exit_code=err, what=what)
     tid, pid = _PID_TGID.unpack_from(data, at)
     return ProcEvent("other", tid, pid, timestamp, cpu, what=what)
+
+
+def decode_single(data: bytes) -> Optional[ProcEvent]:
+    """A datagram of ONE_EVENT_SIZE bytes holding a fork, exec, comm or exit event, decoded as
+    decode_event would; None for anything else (decode_datagram then reads it)."""
+    nl_type, idx, val, what, cpu, timestamp, a, b, c, d = _SINGLE.unpack_from(data)
+    if idx != CN_IDX_PROC or val != CN_VAL_PROC or nl_type in (NLMSG_NOOP, NLMSG_ERROR, NLMSG_OVERRUN):
+        return None
+    if what == PROC_EVENT_FORK:
+        return _new(ProcEvent, ("fork", c, d, timestamp, cpu, a, b, None, 0, what))
+    if what == PROC_EVENT_EXEC:
+        return _new(ProcEvent, ("exec", a, b, timestamp, cpu, 0, 0, None, 0, what))
+    if what == PROC_EVENT_EXIT:
+        return _new(ProcEvent, ("exit", a, b, timestamp, cpu, 0, 0, None, c, what))
+    if what == PROC_EVENT_COMM:
+        comm = _COMM_NAME.unpack_from(data, _DATA_OFFSET + 8)[0].split(b"\0", 1)[0].decode("utf-8", "replace")
+        return _new(ProcEvent, ("comm", a, b, timestamp, cpu, 0, 0, comm, 0, what))
+    return None
 
 
 def decode_datagram(data: bytes) -> List[ProcEvent]:
