@@ -95,6 +95,30 @@ def test_the_wait_leaves_room_for_two_passes_within_the_treatment_bound():
     assert main_loop.batch_wait(within) == 0.0
 
 
+def test_after_a_pass_whose_events_changed_nothing_the_wait_is_the_whole_treatment_bound_less_two_passes():
+    """An unmatched exec loop's events: fewer wakeups (each costs the poll and a cold pass), and
+    a matched program among them still treated within TREAT_WITHIN_S."""
+    within = main_loop.TREAT_WITHIN_S
+    assert main_loop.batch_wait(0.001, quiet=True) == pytest.approx(within - 0.002)
+    assert main_loop.batch_wait(0.001, quiet=True) > main_loop.batch_wait(0.001) == main_loop.EVENT_BATCH_S
+    assert main_loop.batch_wait(0.03, quiet=True) == main_loop.batch_wait(0.03)
+
+
+def test_a_pass_whose_events_changed_nothing_sets_the_quiet_wait(loop, monkeypatch):
+    loop_, side = loop
+    inventory = side.inventory
+
+    def nothing_changed():
+        inventory._events_received += 3  # an unmatched program's fork, exec and exit
+        return []
+
+    monkeypatch.setattr(inventory, "handle_events", nothing_changed)
+    started = time.monotonic()
+    loop_._pass()
+    assert side.replans == []
+    assert main_loop.EVENT_BATCH_S < loop_.events_not_before - started <= main_loop.TREAT_WITHIN_S + 0.002
+
+
 def test_the_wall_time_that_cuts_the_wait_is_smoothed_so_one_slow_pass_does_not_cut_the_batch():
     assert main_loop.smoothed(None, 0.02) == 0.02
     wall = main_loop.smoothed(0.002, 0.04)
