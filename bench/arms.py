@@ -51,7 +51,7 @@ from temperd.backends.scx.process import terminate  # noqa: E402
 from temperd.backends.scx.stats import StatsClient, StatsError, SysStats  # noqa: E402
 from temperd.config.profile import parse_profile  # noqa: E402
 from temperd.plan import CONFINED, EXCLUSIVE, FENCED  # noqa: E402
-from temperd.training.trials import Arm, ScratchCgroup  # noqa: E402
+from temperd.training.harness import Arm, ScratchCgroup  # noqa: E402
 
 STOCK, BY_HAND, TEMPERD, TEMPERD_BG = "stock", "by-hand", "temperd", "temperd+bg"
 TEMPERD_BG_FENCED = "temperd+bg-fenced"

@@ -1,6 +1,6 @@
 """Shared helpers for the benchmarks: running temperd from a throwaway config directory and a
 host description. The trial machinery (host noise, spinners, runqueue wait, interleaved arms,
-medians and comparisons) is temperd.training.trials, re-exported here for the scripts.
+medians and comparisons) is temperd.training.harness, re-exported here for the scripts.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from temperd.control import client  # noqa: E402
 from temperd.control.protocol import DaemonUnavailable  # noqa: E402
 from temperd.sources import procfs  # noqa: E402
 from temperd.sources.shape import format_cpulist, read_shape  # noqa: E402
-from temperd.training.trials import (  # noqa: E402,F401  (re-exported for the bench scripts)
+from temperd.training.harness import (  # noqa: E402,F401  (re-exported for the bench scripts)
     CGROUP2_ROOT, TICK_HZ, HostMonitor, HostWindow, NoiseLimits, median, wait_for_quiet, wait_until,
 )
-from temperd.training.trials import thread_schedstats  # noqa: E402
+from temperd.training.harness import thread_schedstats  # noqa: E402
 
 BINDIR = os.path.dirname(sys.executable)
 

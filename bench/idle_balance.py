@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import HostMonitor, host_description  # noqa: E402
 
 from temperd.sources import procfs  # noqa: E402
-from temperd.training import trials as T  # noqa: E402
+from temperd.training import harness as T  # noqa: E402
 
 Block = Tuple[float, float, float, int]  # wait % of a CPU, lateness p50 us, p99 us, cycles
 

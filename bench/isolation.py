@@ -43,7 +43,7 @@ What runs (bench/workloads.py has each server and its load; bench/arms.py each a
   Interleaved within every step, the order reversed every other repetition; an arm is left (temperd
   stopped, the server unpinned) before the next enters, and stock runs check that the host was
   put back.
-- Per run (temperd.training.trials): the host's idle and steal share and the CPU of processes
+- Per run (temperd.training.harness): the host's idle and steal share and the CPU of processes
   outside this benchmark (foreign, % of one core); a run with foreign > --noisy-foreign or steal >
   --noisy-steal is repeated once (at most --max-retries in all) and the quieter kept. The load
   generator's and the server's runqueue wait (schedstat) over the run: `cwait%` and `swait%`
@@ -86,7 +86,7 @@ import servers as S  # noqa: E402  (tests/servers.py)
 from temperd.backends.native.autogroup import read_autogroup  # noqa: E402
 from temperd.backends.native.sched import POLICY_NAMES  # noqa: E402
 from temperd.sources import procfs  # noqa: E402
-from temperd.training import trials as T  # noqa: E402
+from temperd.training import harness as T  # noqa: E402
 
 
 # ---- one run ---------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import arms as A  # bench/arms.py
 import workloads as W  # bench/workloads.py
 
-from temperd.training import trials as T
+from temperd.training import harness as T
 
 
 # ---- steps ----------------------------------------------------------------------------------------------

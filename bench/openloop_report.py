@@ -16,7 +16,7 @@ import arms as A  # bench/arms.py
 import openloop as O  # bench/openloop.py
 from isolation_report import Goal, groups_of, parse_step, step_name, verdict, wait_pct, window_median
 
-from temperd.training import trials as T
+from temperd.training import harness as T
 
 FULL = T.Spread(1.0, 1.0, 1.0, 2)  # achieved / offered = 1, as the baseline of "sustains the rate"
 BASELINES = (A.STOCK, A.BY_HAND)

@@ -30,7 +30,7 @@ import arms as A  # bench/arms.py
 import common as C  # bench/common.py; also puts the checkout and tests/ on sys.path
 import workloads as W  # bench/workloads.py
 
-from temperd.training import trials as T  # noqa: E402
+from temperd.training import harness as T  # noqa: E402
 
 # The p99 column of each workload's load generator output, as `--metric` takes it.
 P99_METRIC = {

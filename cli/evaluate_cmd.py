@@ -18,7 +18,7 @@ from temperd.trace.capture import unit_pids
 from temperd.training.evaluate import (MIN_EFFECT, MIN_REPS, EvaluationError, Request, evaluate, log_comment,
                                        measure_arms)
 from temperd.training.refine import refine, trial_log
-from temperd.training.trials import compare
+from temperd.training.harness import compare
 
 from .daemon_cmd import fail, json_option, socket_option
 from .output import print_json

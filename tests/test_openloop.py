@@ -18,7 +18,7 @@ import openloop as O  # noqa: E402
 import openloop_report as R  # noqa: E402
 import workloads as W  # noqa: E402
 
-from temperd.training import trials as T  # noqa: E402
+from temperd.training import harness as T  # noqa: E402
 
 FIXTURES = os.path.join(HERE, "fixtures", "loadgen")
 

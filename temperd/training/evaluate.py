@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
-from temperd.training.trials import Arm, HostMonitor, NoiseLimits, Run, TrialPlan, read_proc_cpu, run_trials, spinners
+from temperd.training.harness import Arm, HostMonitor, NoiseLimits, Run, TrialPlan, read_proc_cpu, run_trials, spinners
 from temperd.training.verdicts import Spread, compare, spread
 
 MIN_REPS = 5

@@ -1,6 +1,6 @@
 """Medians, ranges and verdicts over interleaved runs: whether a difference stands out of the
 host's noise (compare), and whether the runs settle a goal's limit (bound, settled). The
-measuring core (trials.py) shows these as part of its public face."""
+measuring core (harness.py) shows these as part of its public face."""
 
 from __future__ import annotations
 

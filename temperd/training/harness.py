@@ -1,4 +1,4 @@
-"""Trials: one workload measured under several arms (ways of scheduling the host), beside CPU
+"""The trial harness: one workload measured under several arms (ways of scheduling the host), beside CPU
 spinners, on a host that others share.
 
 What makes such a measurement trustworthy lives here, for the benchmarks and for evaluating a

@@ -1,4 +1,4 @@
-"""temperd.training.trials: the measurement core of the benchmarks and of profile evaluation, on
+"""temperd.training.harness: the measurement core of the benchmarks and of profile evaluation, on
 real spinners, real cgroups and this host's /proc."""
 
 import os
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from temperd.training import trials as T
+from temperd.training import harness as T
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="cgroup directories and SCHED_IDLE checks need root")
 
