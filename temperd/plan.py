@@ -110,7 +110,7 @@ class LayerPlan:
     @functools.cached_property
     def members(self) -> "TidLayers":
         """tid -> the first layer that names it (as the backends read it). Kept: the native
-        backend reads it for every thread, and the next plan is derived from it (moved_members)."""
+        backend reads it for every thread, and the next plan's is derived from it (carry_members)."""
         return TidLayers.build(self)
 
     @functools.cached_property
@@ -182,14 +182,22 @@ def treatment(layer: Optional[Layer]) -> Optional[tuple]:
             layer.policy, layer.ownership)
 
 
-def moved_members(old: LayerPlan, new: LayerPlan) -> Optional[FrozenSet[int]]:
-    """The thread ids whose treatment differs between two plans (a member of another layer, or
-    of a layer that treats it differently, or of a layer in one plan only); None when the plans
-    differ beyond their members (host_wide), so that every thread may be affected. Only the
-    members of layers in one plan only can differ; `new`'s members are derived from `old`'s."""
+def carry_members(old: LayerPlan, new: LayerPlan) -> Tuple[List[Layer], List[Layer]]:
+    """Gives `new` the member index derived from `old`'s (only the members of layers in one plan
+    only can differ), in the slot functools.cached_property would fill, instead of one built from
+    every layer; returns those layers (old's removed, new's added) for moved_members."""
     removed, added = layer_changes(old, new)
     if "members" in old.__dict__ and "members" not in new.__dict__:
-        new.__dict__["members"] = old.members.after(new, removed, added)  # functools.cached_property's slot
+        new.__dict__["members"] = old.members.after(new, removed, added)
+    return removed, added
+
+
+def moved_members(old: LayerPlan, new: LayerPlan, removed: Sequence[Layer],
+                  added: Sequence[Layer]) -> Optional[FrozenSet[int]]:
+    """The thread ids whose treatment differs between two plans (a member of another layer, or
+    of a layer that treats it differently, or of a layer in one plan only), given the layers in
+    one plan only (carry_members); None when the plans differ beyond their members (host_wide),
+    so that every thread may be affected."""
     if old.host_wide != new.host_wide:
         return None
     before, after = old.members, new.members

@@ -11,7 +11,7 @@ from temperd.decide.matcher import ENV_PROFILE, Matcher
 from temperd.decide.planner import PlanMemo, PlannerSettings, plan
 from temperd.decide.trust import TrustPolicy
 from temperd.backends.native.membership import Membership, ThreadRef
-from temperd.plan import CONFINED, OPEN, TidLayers, moved_members, treatment
+from temperd.plan import CONFINED, OPEN, TidLayers, carry_members, moved_members, treatment
 
 DB = profile("db", 'executables = ["/usr/sbin/dbd"]',
               'name = "conn"\nthread_names = ["conn-*"]\ntreatment = "exclusive"',
@@ -183,10 +183,10 @@ def test_a_new_member_moves_only_itself_and_a_new_confined_layer_moves_everyone(
     other = host.process("cc1", exe="/usr/lib/gcc/cc1")
     after = plan(SHAPE, m.match(host.processes).workloads, PROFILES)
     assert before.host_wide == after.host_wide
-    assert moved_members(before, after) == frozenset({max(grown.threads), other.pid})
+    assert moved_members(before, after, *carry_members(before, after)) == frozenset({max(grown.threads), other.pid})
     host.process("dbd", exe="/usr/sbin/dbd", threads=["dbd", "conn-1"])
     with_db = plan(SHAPE, m.match(host.processes).workloads, PROFILES)
-    assert moved_members(after, with_db) is None  # Confined CPUs: every other thread is kept off them
+    assert moved_members(after, with_db, *carry_members(after, with_db)) is None  # Confined CPUs: every other thread is kept off them
 
 
 @pytest.mark.parametrize("rename", ["conn-9", "flusher"])
@@ -285,9 +285,9 @@ def _check_membership(derived, fresh, host, where):
 
 
 def _check_moved_members(old, new, where):
-    """moved_members derives the new plan's members from the old one's layers that changed:
-    the same tids, and the same result, as comparing every member of both plans."""
-    moved = moved_members(old, new)
+    """carry_members derives the new plan's members from the old one's layers that changed, and
+    moved_members then finds the same tids as comparing every member of both plans."""
+    moved = moved_members(old, new, *carry_members(old, new))
     assert "members" in new.__dict__ and new.members.by_tid == TidLayers.build(new).by_tid, where
     if old.host_wide != new.host_wide:
         assert moved is None, where

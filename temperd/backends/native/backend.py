@@ -37,7 +37,7 @@ from temperd.backends.native.treatment import ThreadTreatment
 from temperd.backends.native.universe import Universe
 from temperd.backends.status import NATIVE, BackendStatus
 from temperd.config.daemon_config import CONFIG_SPEC
-from temperd.plan import YIELD, LayerPlan, layer_changes, moved_members
+from temperd.plan import YIELD, LayerPlan, carry_members, layer_changes, moved_members
 
 __all__ = ["AUTOGROUP", "CPU_WEIGHT", "IDLE_CGROUP", "PMQOS", "ApplyResult", "DEFAULT_STATE_DIR", "NativeBackend", "ThreadRef",
            "scan_threads"]
@@ -99,7 +99,7 @@ class NativeBackend:
             if plan is self.plan and self.treatment.membership is not None:
                 self.treatment.membership.forget_processes()  # their pids may name other processes now
                 return self._treat_some(list(changed), ApplyResult())
-            moved = moved_members(self.plan, plan)
+            moved = moved_members(self.plan, plan, *carry_members(self.plan, plan))
             if moved is not None:
                 return self._apply_members(plan, threads, changed, moved)
         result = ApplyResult()
