@@ -1,6 +1,7 @@
 """What the scheduler does with the plan, and how it is shown.
 
 - observer: a sample of per-thread schedstat, per-layer use, PSI and temperd's own cost
+- process_cpu: each process's CPU ticks for a sample, a many-threaded one read only when its cgroup ran
 - linter: the placement invariants checked against a sample (LintReport)
 - sampler: one observation sample: observer, linter, then the metrics
 - metrics: Prometheus metrics, one group per source, each fed that source's typed status

@@ -5,7 +5,8 @@ by the schedstat read here), and the observation's own cost.
 Budget: temperd's always-on cost should stay near 0.13 % of one core, so a sample reads the
 plan's member threads (schedstat + stat) and each process's utime+stime — not every thread on
 the host; per-thread detail outside the plan only for the few busiest processes. The threads of a
-process that did not run are not read again until its utime+stime moves (_idle_processes).
+process that did not run are not read again until its utime+stime moves (_idle_processes), and a
+many-threaded process's utime+stime only when its cgroup's CPU time moved (process_cpu).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
 
+from temperd.observe.process_cpu import ProcessTicks
 from temperd.sources import procfs, psi
 from temperd.sources.runqlat import LatencyReport, Telemetry
 from temperd.plan import LayerPlan
@@ -101,6 +103,7 @@ class Observer:
         self._quiet: Set[int] = set()  # processes none of whose threads ran before the previous sample
         self._plan: Optional[LayerPlan] = None  # the plan of the previous sample
         self._proc_ticks: Dict[int, int] = {}
+        self.process_ticks = ProcessTicks()
         self._last_at: Optional[float] = None
         self._last_self_cpu = self._self_cpu()
         self._observe_cpu = 0.0
@@ -145,15 +148,10 @@ class Observer:
         added to `watched`) and the processes idle since the previous sample (_idle_processes)."""
         busy_procs = []
         ticks_now = {}
-        for pid, proc in processes.items():
-            if getattr(proc, "is_kernel_thread", False):
-                continue
-            ticks = procfs.read_process_cpu_ticks(pid)
-            if ticks is None:
-                continue
+        for pid, (ticks, used) in self.process_ticks.read(processes, {pid for pid, _tid in watched}).items():
             ticks_now[pid] = ticks
-            if pid in self._proc_ticks and window > 0:
-                busy_procs.append(((ticks - self._proc_ticks[pid]) / procfs.CLOCK_TICKS / window, pid))
+            if used is not None and pid in self._proc_ticks and window > 0:
+                busy_procs.append((used, pid))
         idle = self._idle_processes(ticks_now, plan)
         self._proc_ticks = ticks_now
         busy_procs.sort(reverse=True)

@@ -81,6 +81,7 @@ class TaskStat(NamedTuple):
     cpu_ticks: int = 0  # utime + stime (for /proc/PID/stat: every thread of the process, dead ones included)
     major_faults: int = 0
     blkio_ticks: int = 0  # delayacct_blkio_ticks: block I/O delay; 0 unless kernel.task_delayacct is on
+    num_threads: int = 0  # the process's threads (a per-thread file says its process's too)
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ def parse_stat(data: bytes) -> TaskStat:
     """ValueError or IndexError for a line that is not a stat line."""
     comm, fields = split_stat(data)
     # proc(5) field N is fields[N - 3]: state 3, ppid 4, flags 9, majflt 12, utime 14, stime 15,
-    # nice 19, starttime 22, processor 39, policy 41, delayacct_blkio_ticks 42
+    # nice 19, num_threads 20, starttime 22, processor 39, policy 41, delayacct_blkio_ticks 42
     return TaskStat(
         comm=comm,
         state=fields[0].decode("ascii", "replace"),
@@ -193,6 +194,7 @@ def parse_stat(data: bytes) -> TaskStat:
         cpu_ticks=int(fields[11]) + int(fields[12]),
         major_faults=int(fields[9]),
         blkio_ticks=int(fields[39]) if len(fields) > 39 else 0,
+        num_threads=int(fields[17]),
     )
 
 
