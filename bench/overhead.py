@@ -5,6 +5,7 @@ Usage (root, from the checkout):
   .venv/bin/python bench/overhead.py --seconds 20 --reps 3
   .venv/bin/python bench/overhead.py --profile cprofile   # where the main loop's time goes
   .venv/bin/python bench/overhead.py --reconcile-intervals 30,120   # both scan intervals, one run
+  .venv/bin/python bench/overhead.py --tree DIR      # another checkout's temperd, side by side
 
 temperd runs in the foreground with the native backend, the builtin profiles and the default
 intervals (reconcile scan every 120 s while process events arrive, unless
@@ -382,6 +383,7 @@ def main() -> int:
     parser.add_argument("--switch-load", type=int, default=0, metavar="PAIRS",
                         help="also measure under a context-switch load: PAIRS ping-pong pairs that are layer members "
                              "and PAIRS that are not; their round trips a second are shown (default: off)")
+    parser.add_argument("--tree", help="run the temperd package of this checkout (side by side with another)")
     parser.add_argument("--profile", choices=("cprofile", "py-spy"), help="profile temperd while measuring")
     parser.add_argument("--py-spy", dest="py_spy", default=None,
                         help="py-spy binary for --profile py-spy (default: beside this Python, else on PATH)")
@@ -420,9 +422,11 @@ def main() -> int:
     monitors = []
     for rep in range(args.reps):
         for label, extra, interval, churn, pairs in scenarios:
-            command: Optional[List[str]] = None
+            command: Optional[List[str]] = C.tree_command(args.tree)
             prof = os.path.join(tmp, f"{rep}-{len(results)}.prof")
             if args.profile == "cprofile":
+                if args.tree:
+                    raise SystemExit("--tree and --profile cprofile: one at a time")
                 command = [sys.executable, "-c", CPROFILE_WRAPPER, prof]
             monitor = C.HostMonitor()
             monitor.start()
@@ -449,7 +453,7 @@ def main() -> int:
             elif args.profile == "py-spy" and os.path.exists(prof + ".spy"):
                 C.print_py_spy(prof + ".spy")
     print()
-    print(f"temperd CPU, native backend, builtin profiles, HTTP on; {args.seconds:g} s windows, "
+    print(f"temperd CPU ({args.tree or 'this checkout'}), native backend, builtin profiles, HTTP on; {args.seconds:g} s windows, "
           f"{args.reps} repetition(s), medians")
     head = (f"{'scenario':<30} {'threads':>7} {'start-up CPU s':>14} {'1st reconcile ms':>16} "
             f"{'steady % core':>13} {'(schedstat)':>11} {'reconciles':>10} {'observe ms':>10}")
