@@ -15,10 +15,10 @@ ROOT = os.path.dirname(HERE)
 
 
 class _SourceLayout(importlib.abc.MetaPathFinder):
-    """Imports the packages pyproject.toml maps from other directories (temperctl from cli/, the
-    builtin profiles from profiles/) straight from a checkout, where the project is not installed."""
+    """Imports the package pyproject.toml maps from another directory (the builtin profiles from
+    profiles/) straight from a checkout, where the project is not installed."""
 
-    PACKAGES = {"temperctl": "cli", "temperd.builtin_profiles": "profiles"}
+    PACKAGES = {"temperd.builtin_profiles": "profiles"}
 
     def find_spec(self, fullname, path=None, target=None):
         for package, directory in self.PACKAGES.items():
@@ -35,7 +35,7 @@ class _SourceLayout(importlib.abc.MetaPathFinder):
 
 if importlib.util.find_spec("temperd") is None:
     sys.path.insert(0, ROOT)
-if importlib.util.find_spec("temperctl") is None:
+if importlib.util.find_spec("temperd.builtin_profiles") is None:
     sys.meta_path.append(_SourceLayout())
 
 import tiers  # noqa: E402  (after the layout above: the helpers import temperd)

@@ -17,8 +17,8 @@ import types
 import pytest
 from click.testing import CliRunner
 
-from cli import daemon_cmd
-from cli.main import main as temperctl
+from temperctl import daemon_cmd
+from temperctl.main import main as temperctl
 from temperd.control import client as control_client
 from temperd.daemon import control as control_server
 from temperd.daemon.control import ControlServer

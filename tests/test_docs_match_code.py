@@ -11,13 +11,13 @@ from typing import Iterator, List, Optional, Tuple
 
 import click
 
-from cli.main import main as temperctl
+from temperctl.main import main as temperctl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = sorted([os.path.join(ROOT, "README.md")] + glob.glob(os.path.join(ROOT, "docs", "*.md"))
               + glob.glob(os.path.join(ROOT, "docs", "man", "*")))
 # Installed packages whose source lives elsewhere in the tree (pyproject.toml's package-dir).
-PACKAGE_DIRS = {"temperd.builtin_profiles": "profiles", "temperctl": "cli"}
+PACKAGE_DIRS = {"temperd.builtin_profiles": "profiles"}
 # Files named after the daemon, not modules: temperd.toml, temperd.sock, temperd.service(.d), temperd.lock.
 FILE_SUFFIXES = ("toml", "sock", "service", "lock")
 # Not preceded by a word, a path or a dot: /usr/share/temperd/... is an installed path, not the tree's.

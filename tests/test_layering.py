@@ -105,14 +105,14 @@ def test_cli_computes_locally_only_through_decide():
     allowed_backends = {"temperd.backends.scx.render", "temperd.backends.scx.validate", "temperd.backends.scx.detect"}
     allowed_daemon: set = set()  # the control client and protocol are a package of their own (temperd/control)
     found = []
-    for path in sorted((ROOT / "cli").glob("*.py")):
+    for path in sorted((ROOT / "temperctl").glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for line, target in imported_modules(tree, "temperctl." + path.stem, False):
             stage = stage_of(target)
             if stage == "backends" and not any(target.startswith(a) for a in allowed_backends):
-                found.append(f"cli/{path.name}:{line}: {target}")
+                found.append(f"temperctl/{path.name}:{line}: {target}")
             if stage in ("daemon", "observe") and not any(target.startswith(a) for a in allowed_daemon):
-                found.append(f"cli/{path.name}:{line}: {target}")
+                found.append(f"temperctl/{path.name}:{line}: {target}")
     assert found == []
 
 
@@ -219,7 +219,7 @@ def test_only_sources_backends_and_trace_name_proc_or_sys_paths():
         if stage_of(module_name(path)) in KERNEL_READERS:
             continue
         found.extend(kernel_path_literals(path))
-    for path in sorted((ROOT / "cli").glob("*.py")):
+    for path in sorted((ROOT / "temperctl").glob("*.py")):
         found.extend(kernel_path_literals(path))
     assert found == [], "read the kernel's facts through temperd/sources"
 

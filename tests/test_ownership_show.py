@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fixture_shapes import fixture_root
 
-from cli.plan_cmd import treatment_text
+from temperctl.plan_cmd import treatment_text
 from temperd.config.errors import ConfigError
 from temperd.config.profile import parse_profile
 from temperd.observe.journal import describe_layer

@@ -12,7 +12,7 @@ from typing import List
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SOURCES = sorted(p for d in ("temperd", "cli", "bench", "profiles") for p in (ROOT / d).rglob("*.py"))
+SOURCES = sorted(p for d in ("temperd", "temperctl", "bench", "profiles") for p in (ROOT / d).rglob("*.py"))
 
 _BUILTIN_TYPES = {"int", "float", "str", "bytes", "bool", "list", "dict", "tuple", "set", "frozenset", "type", "object"}
 _TYPING_GENERICS = {"Optional", "Union", "List", "Dict", "Tuple", "Set", "FrozenSet", "Iterable", "Iterator",

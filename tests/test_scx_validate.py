@@ -8,7 +8,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from cli.scx_cmd import scx
+from temperctl.scx_cmd import scx
 from temperd.backends.scx.validate import ERROR, RULES, WARNING, validate_config, validate_file
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")

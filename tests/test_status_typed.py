@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import status_sample
-from cli import daemon_cmd
+from temperctl import daemon_cmd
 from temperd.backends.result import ApplyResult
 from temperd.control.status import (ApplyView, InventoryView, OverheadView, ReloadView, Status, SupervisorView,
                                     WorkloadView)

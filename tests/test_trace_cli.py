@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from cli.main import main
+from temperctl.main import main
 from temperd.daemon import trace_commands as trace_service
 from temperd.daemon.control import ControlServer
 from temperd.trace.capture import CaptureLock
