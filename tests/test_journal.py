@@ -151,7 +151,7 @@ EVERY_GROUP = (r" (treated|treatment changed): workers: \d+ threads? exclusive.*
 def test_daemon_log_tells_a_memcached_cycle(tmp_path):
     """memcached started -> matched -> treated -> stopped -> left; then temperd stops and restores."""
     if not _daemon_journals():
-        pytest.skip("the daemon does not call temperd.observe.journal yet (issue 15: the daemon's edit)")
+        pytest.skip("the daemon does not call temperd.observe.journal yet")
     from test_daemon_e2e import PROFILE, Temperd, memcached, task_stat, threads_by_name
     from thread_children import wait_for
 
