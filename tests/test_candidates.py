@@ -135,8 +135,15 @@ def test_the_event_filter_is_asked_for_after_the_plain_subscription_and_a_kernel
     assert connector.filter == "kernel filter: fork, exec, comm, exit only"
     # a kernel that took the 8-byte request for nothing sends a uid change (0x4) all the same
     queued = [_datagram(proc_connector.PROC_EVENT_EXEC, 10), _datagram(0x4, 11)]
-    connector._sock = SimpleNamespace(recv=lambda size: queued.pop(0) if queued else (_ for _ in ()).throw(
-        BlockingIOError()))
+
+    def recv_into(buffer):
+        if not queued:
+            raise BlockingIOError()
+        data = queued.pop(0)
+        buffer[:len(data)] = data
+        return len(data)
+
+    connector._sock = SimpleNamespace(recv_into=recv_into)
     assert [e.kind for e in connector.drain().events] == ["exec", "other"]
     assert connector.filter.startswith("none: the kernel ignored the event-type filter")
 
