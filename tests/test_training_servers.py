@@ -83,7 +83,7 @@ def threads_by_treatment(trained: Trained) -> Dict[str, Set[str]]:
     return out
 
 
-HOT_BAND = 0.1  # CPUs either side of HOT_CPU that one window's load can move a thread across
+HOT_BAND = 0.1  # CPUs over HOT_CPU that one window's load can move a thread across
 
 
 def membership(trained: Trained, other: Trained) -> Set[Tuple]:
@@ -94,9 +94,9 @@ def membership(trained: Trained, other: Trained) -> Set[Tuple]:
     evidence of membership either way and is left out. A thread idle in both, yielded in one and
     left untreated in the other (the path waited on it there: "yielding it would free nothing",
     as a JVM's GC threads in one of sixteen CI runs) counts as one placement: at under BUSY_CPU
-    neither frees CPU for anyone or takes it. A request-path thread within HOT_BAND of HOT_CPU
-    (exclusive at or above it, latency below) counts as one placement, on the request path: on a
-    crowded host a PostgreSQL backend read 0.3 CPUs in one window and less in the next."""
+    neither frees CPU for anyone or takes it. A request-path thread made exclusive at less than
+    HOT_BAND over HOT_CPU counts as latency, what it gets just under the threshold: on a crowded
+    host a PostgreSQL backend read 0.25 CPUs in one window and over 0.3 in the next."""
     both = set(trained.analysis.features.threads) & set(other.analysis.features.threads)
     out: Set[Tuple] = set()
     for t in trained.summary("x")["threads"]:
@@ -107,8 +107,8 @@ def membership(trained: Trained, other: Trained) -> Set[Tuple]:
         idle_in_both = t["tid"] in both and max(f.cpu_share, other.analysis.features.threads[t["tid"]].cpu_share) < BUSY_CPU
         if idle_in_both and treatment in (YIELD, UNTREATED):
             treatment = "idle, yielded or untreated"
-        if treatment in (EXCLUSIVE, LATENCY) and abs(f.cpu_share - HOT_CPU) <= HOT_BAND:
-            treatment = "request path, at the exclusive threshold"
+        if treatment == EXCLUSIVE and f.cpu_share < HOT_CPU + HOT_BAND:
+            treatment = LATENCY  # just over the threshold: what the same thread just under it gets
         out.add((t["tid"], treatment) if t["tid"] in both else (f.key, title_key([" ".join(f.title.split()[:5])]), treatment))
     return out
 
