@@ -28,28 +28,22 @@ WATCHDOG_DEFAULT_S = 10.0  # where the unit sets no WatchdogSec (systemd then ig
 STARVED_RETRY_S = 1.0
 OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 STARVED_LOG_EVERY_S = 600.0  # a spell that comes and goes is logged once in this long
-# After a pass that brought process events, the next events wait EVENT_BATCH_S: a busy host's
-# events are then handled in batches, at most 1 / EVENT_BATCH_S passes a second however fast the
-# host forks, so what a pass costs whatever its events (the match, the plan, the state file, the
-# idle cgroup's tasks file) is paid at most that often, and the rest is what the events themselves
-# cost. A process that forks, execs and exits within one batch costs a failed open instead of
-# reads of /proc, and an unmatched program's fork, exec and exit come in one batch, where its exec
-# is not read at all (sources/events.py's passing_execs). A light stream of events is treated
-# within milliseconds: the first event after a quiet spell is handled at once.
+# After a pass that brought process events, the next events wait: a busy host's events are then
+# handled in batches, so what a pass costs whatever its events (the match, the plan, the state
+# file, the idle cgroup's tasks file, the poll's wakeup and a pass's cold Python) is paid at most
+# about 1 / TREAT_WITHIN_S times a second however fast the host forks, and the rest is what the
+# events themselves cost. A process that forks, execs and exits within one batch costs a failed
+# open instead of reads of /proc, and an unmatched program's fork, exec and exit come in one batch,
+# where its exec is not read at all (sources/events.py's passing_execs). A light stream of events
+# is treated within milliseconds: the first event after a quiet spell is handled at once.
 # The wait is cut so that an event that came just after a batch was taken is treated within
-# TREAT_WITHIN_S: it waits out that pass, the wait and its own pass, so the wait is at most
-# TREAT_WITHIN_S less two passes' wall time (smoothed). On a slow host under a fork storm (passes of
-# 30-40 ms) the 50 ms batch left 1-9 % of new threads untreated after 100 ms.
-# A wait set by what passes cost (4 times a pass's CPU: at most a fifth of a core) made a cheaper
-# pass come more often, not cost less: at 20 threads, renames and processes a second
-# (bench/churn.py), 35 passes a second and 13.7 % of a core; with the whole batch 17 and 7.6 %.
-EVENT_BATCH_S = 0.05
+# TREAT_WITHIN_S: it waits out that pass, the wait and its own pass, so the wait is TREAT_WITHIN_S
+# less two passes' wall time (smoothed). On a slow host under a fork storm (passes of 30-40 ms) a
+# fixed 50 ms batch left 1-9 % of new threads untreated after 100 ms.
+# A wait set by what passes cost (4 times a pass's CPU) made a cheaper pass come more often, not
+# cost less: at 20 threads, renames and processes a second (bench/churn.py), 35 passes a second and
+# 13.7 % of a core; with a fixed 50 ms batch 18 passes and 6.8 %; with the whole bound about 13.
 TREAT_WITHIN_S = 0.08
-# After a pass whose events changed nothing (forks, execs and exits of processes no profile can
-# match) the wait is the whole TREAT_WITHIN_S, under the same cut: each wakeup costs the poll ~0.08
-# ms of CPU and a pass's Python runs cold, so an unmatched /bin/true loop at 50/s cost ~0.3 ms a
-# pass, 20 passes a second at 50 ms; 12.5 at 80.
-QUIET_BATCH_S = TREAT_WITHIN_S
 PASS_COST_SMOOTHING = 0.3  # the weight of the latest pass (smoothed())
 # The cyclic garbage collector: what the daemon holds is mostly acyclic (facts, records, layers:
 # reference counting frees them), but at the default threshold (700) a fork storm's allocations
@@ -146,7 +140,7 @@ class MainLoop:
         self._carried: Dict[str, str] = {}  # requests of a skipped pass
         self._starved_logged_at: Optional[float] = None
         self._recovered_logged_at: Optional[float] = None
-        self.events_not_before = 0.0  # monotonic time; see EVENT_BATCH_S
+        self.events_not_before = 0.0  # monotonic time; see TREAT_WITHIN_S
         self.pass_wall_s: Optional[float] = None  # how long a pass with events takes, smoothed
 
     def run(self) -> None:
@@ -238,7 +232,7 @@ class MainLoop:
             if handled:
                 ended = time.monotonic()
                 self.pass_wall_s = smoothed(self.pass_wall_s, ended - wall_before)
-                self.events_not_before = ended + batch_wait(self.pass_wall_s, quiet=not changes)
+                self.events_not_before = ended + batch_wait(self.pass_wall_s)
         except OSError:
             self._carried = pending  # asked again on the next pass
             raise
@@ -267,10 +261,9 @@ def smoothed(before: Optional[float], now: float) -> float:
     return now if before is None else PASS_COST_SMOOTHING * now + (1 - PASS_COST_SMOOTHING) * before
 
 
-def batch_wait(pass_wall_s: float = 0.0, quiet: bool = False) -> float:
-    """How long the next process events wait after a pass with events that took this long
-    (smoothed); quiet: its events changed nothing (QUIET_BATCH_S)."""
-    return max(0.0, min(QUIET_BATCH_S if quiet else EVENT_BATCH_S, TREAT_WITHIN_S - 2 * pass_wall_s))
+def batch_wait(pass_wall_s: float = 0.0) -> float:
+    """How long the next process events wait after a pass with events that took this long (smoothed)."""
+    return max(0.0, TREAT_WITHIN_S - 2 * pass_wall_s)
 
 
 def _due(last: Optional[float], now: float) -> bool:
