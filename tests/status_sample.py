@@ -8,10 +8,11 @@ import contextlib
 from types import SimpleNamespace
 
 from temperd.backends.result import ApplyResult
-from temperd.backends.scx.status import ExitRecord, ScxStatus, SupervisorStatus
+from temperd.backends.scx.status import ScxStatus
 from temperd.backends.select import BackendChoice
 from temperd.backends.status import BackendStatus
 from temperd.config.errors import ConfigProblem
+from temperd.control.status import ExitView, GapView, SupervisorView
 from temperd.daemon import status_report
 from temperd.daemon.reload import ReloadResult
 from temperd.observe.linter import LintReport, Violation
@@ -20,13 +21,13 @@ from temperd.plan import CONFINED, EXCLUSIVE, OPEN, OWNED, YIELD, Layer, LayerPl
 from temperd.sources.changes import InventoryStats
 
 
-def supervisor() -> SupervisorStatus:
-    return SupervisorStatus(
-        state="running", pid=4242, binary="/usr/bin/scx_layered", args=("--stats", "1"), config_path="cfg.json",
+def supervisor() -> SupervisorView:
+    return SupervisorView(
+        state="running", pid=4242, binary="/usr/bin/scx_layered", args=["--stats", "1"], config_path="cfg.json",
         log_path="scx.log", stats_socket="stats.sock", uptime_s=12.5, pending_change=False, next_restart_in_s=None,
         safe_mode=False, safe_mode_reason=None, crashes_in_window=1,
-        last_exit=ExitRecord(code=-9, requested=False, reason="killed by SIGKILL", wall_time=1700000000.0),
-        default_scheduler_gap_last_s=0.25, default_scheduler_gap_total_s=0.75, stats_age_s=0.5, stats_error=None,
+        last_exit=ExitView(code=-9, requested=False, reason="killed by SIGKILL", wall_time=1700000000.0),
+        default_scheduler_gap_s=GapView(0.25, 0.75), stats_age_s=0.5, stats_error=None,
         starts=3, restarts=2, crash_restarts=1, crashes=1, outside_stops=0, coalesced_changes=4, refusals=0,
         stats_reads=17, stats_errors=0, safe_mode_entries=0)
 

@@ -37,6 +37,7 @@ from temperd.backends.scx.supervisor import ScxSupervisor
 from temperd.backends.select import make_backend
 from temperd.backends.status import BackendStatus
 from temperd.config.daemon_config import DaemonConfig, ScxSettings
+from temperd.control.status import GapView
 from temperd.daemon import status_report
 from temperd.daemon.daemon import Daemon
 from temperd.observe.linter import lint
@@ -258,7 +259,7 @@ def test_linter_lets_an_owned_layer_spill_under_scx_layered_only_while_its_cpus_
 def test_scx_metrics_count_restarts_and_expose_layer_stats(tmp_path):
     idle = ScxSupervisor(STANDIN, str(tmp_path)).status()
     supervisor = dataclasses.replace(idle, state="running", restarts=2, starts=3, crashes=1, refusals=0,
-                                     default_scheduler_gap_last_s=0.2, default_scheduler_gap_total_s=0.5)
+                                     default_scheduler_gap_s=GapView(0.2, 0.5))
     status = ScxStatus(fallback_reason=None, safe_mode=False, safe_mode_reason=None, render_notes=(),
                        render_problems=(), supervisor=supervisor, system_stats={},
                        layer_stats={"app.hot": {"util": 150.0, "tasks": 4, "cur_nr_cpus": 2}})

@@ -1,7 +1,8 @@
 """scx_layered's stats reply as temperd reads it (typed after its stats.rs) and shows it."""
 
 from temperd.backends.scx.stats import LayerStats, SysStats, describe, layer_cpus, summarize_stats
-from temperd.backends.scx.status import ScxStatus, SupervisorStatus
+from temperd.backends.scx.status import ScxStatus
+from temperd.control.status import GapView, SupervisorView
 
 # A reply shaped like scx_layered 1.1.2's (fields trimmed; one it does not have yet).
 REPLY = {
@@ -51,10 +52,10 @@ def test_layer_view_puts_the_stats_beside_a_plan_layer():
     assert status.as_dict()["scx_stats"]["layers"]["redis.event-loop"]["cpus"] == [0, 1]
 
 
-def _idle_supervisor() -> SupervisorStatus:
-    return SupervisorStatus(
-        state="running", pid=1, binary="scx_layered", args=(), config_path="c", log_path="l", stats_socket="s",
+def _idle_supervisor() -> SupervisorView:
+    return SupervisorView(
+        state="running", pid=1, binary="scx_layered", args=[], config_path="c", log_path="l", stats_socket="s",
         uptime_s=1.0, pending_change=False, next_restart_in_s=None, safe_mode=False, safe_mode_reason=None,
-        crashes_in_window=0, last_exit=None, default_scheduler_gap_last_s=None, default_scheduler_gap_total_s=0.0,
+        crashes_in_window=0, last_exit=None, default_scheduler_gap_s=GapView(None, 0.0),
         stats_age_s=0.5, stats_error=None, starts=1, restarts=0, crash_restarts=0, crashes=0, outside_stops=0,
         coalesced_changes=0, refusals=0, stats_reads=3, stats_errors=0, safe_mode_entries=0)

@@ -27,6 +27,7 @@ from temperd.backends.scx.stats import StatsClient, StatsError, SysStats, summar
 from temperd.backends.scx.status import BACKOFF, IDLE, REFUSED, RUNNING, SAFE_MODE, STOPPED
 from temperd.backends.scx.supervisor import ScxConfigError, ScxSupervisor
 from temperd.config.daemon_config import ScxSettings
+from temperd.control.typed_json import to_json
 
 STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standins", "fake_scx_layered.py")
 WAIT_S = 10.0  # upper bound for anything these tests wait for
@@ -200,7 +201,7 @@ def test_stats_reply_tolerates_missing_and_unknown_fields():
 
 def test_status_as_json_keeps_the_keys_temperctl_shows(env):
     """`temperctl status --json` and /observe show it as backend.scx_layered; scripts read these keys."""
-    data = env.supervisor().status().as_dict()
+    data = to_json(env.supervisor().status())
     assert list(data) == ["state", "pid", "binary", "args", "config_path", "log_path", "stats_socket", "uptime_s",
                           "pending_change", "next_restart_in_s", "safe_mode", "safe_mode_reason", "crashes_in_window",
                           "last_exit", "default_scheduler_gap_s", "stats_age_s", "stats_error", "starts", "restarts",
@@ -256,7 +257,7 @@ def test_restart_on_plan_change_is_batched_and_rate_limited(env):
     assert [e["specs"] for e in attaches] == [config("a"), config("c")]
     status = sup.status()
     assert (status.starts, status.restarts, status.crashes) == (2, 1, 0)
-    assert status.last_exit.requested and status.default_scheduler_gap_last_s is not None
+    assert status.last_exit.requested and status.default_scheduler_gap_s.last is not None
     assert not status.pending_change
 
     assert not sup.apply(config("c"))  # unchanged: nothing to do

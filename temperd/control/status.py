@@ -40,7 +40,7 @@ class GapView:
 
 @dataclass(frozen=True)
 class SupervisorView:
-    """scx_layered's process, as its supervisor keeps it (backends/scx/status.py's SupervisorStatus)."""
+    """scx_layered's process, as its supervisor (backends/scx/lifecycle.py) reports it."""
     state: str
     pid: Optional[int]
     binary: str

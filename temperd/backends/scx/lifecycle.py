@@ -19,8 +19,8 @@ from temperd.backends.scx.detect import SchedExtGate, binary_trust_problem
 from temperd.backends.scx.process import STOPPED_BY_SIGNAL, exit_reason, keep_crash_log, spawn, terminate
 from temperd.backends.scx.restarts import CrashHistory, DefaultSchedulerGap, PlanChanges, RestartPolicy, ScxRun
 from temperd.backends.scx.stats import StatsReader
-from temperd.backends.scx.status import (BACKOFF, COUNTERS, IDLE, REFUSED, RUNNING, SAFE_MODE, STARTING, STOPPED,
-                                         ExitRecord, SupervisorStatus)
+from temperd.backends.scx.status import BACKOFF, COUNTERS, IDLE, REFUSED, RUNNING, SAFE_MODE, STARTING, STOPPED
+from temperd.control.status import ExitView, GapView, SupervisorView
 from temperd.files import write_atomically
 
 # One logger for scx_layered's starts, exits and safe mode, whichever part of the supervisor writes.
@@ -63,7 +63,7 @@ class ScxLifecycle:
         self._crashes = CrashHistory(policy)
         self._after_crash = False
         self.safe_reason: Optional[str] = None
-        self._last_exit: Optional[ExitRecord] = None
+        self._last_exit: Optional[ExitView] = None
         self.stats = StatsReader(stats_socket_path, policy.stats_timeout_s, policy.stats_interval_s, clock)
         self.counters: Dict[str, int] = dict.fromkeys(_OWN_COUNTERS, 0)
 
@@ -81,7 +81,7 @@ class ScxLifecycle:
         """Stop scx_layered as asked (SIGTERM, SIGKILL after stop_timeout_s); a later tick may start it."""
         self._terminate(requested=True)
 
-    def stop(self) -> Optional[ExitRecord]:
+    def stop(self) -> Optional[ExitView]:
         """Stop scx_layered and start it no more; its last exit."""
         self._terminate(requested=True)
         with self._lock:
@@ -96,12 +96,12 @@ class ScxLifecycle:
             if self.state in (SAFE_MODE, REFUSED, STOPPED):
                 self.state = IDLE
 
-    def status(self) -> SupervisorStatus:
+    def status(self) -> SupervisorView:
         with self._lock:
             now = self.clock()
             pending = self._changes.pending
             due = self._changes.restart_due(self._started_at) if pending else 0.0
-            return SupervisorStatus(
+            return SupervisorView(
                 state=self.state,
                 pid=self.pid,
                 binary=self.binary,
@@ -116,8 +116,7 @@ class ScxLifecycle:
                 safe_mode_reason=self.safe_reason,
                 crashes_in_window=len(self._crashes),
                 last_exit=self._last_exit,
-                default_scheduler_gap_last_s=self._gap.last_s,
-                default_scheduler_gap_total_s=round(self._gap.total_s, 3),
+                default_scheduler_gap_s=GapView(self._gap.last_s, round(self._gap.total_s, 3)),
                 coalesced_changes=self._changes.coalesced,
                 **self.stats.report(),
                 **self.counters,
@@ -217,7 +216,7 @@ class ScxLifecycle:
         now = self.clock()
         signalled_by_us = reason is not None  # _terminate with a reason: we stopped one that failed to attach
         reason = reason or exit_reason(self.log_path, code)
-        record = ExitRecord(code, requested, reason, time.time())
+        record = ExitView(code, requested, reason, time.time())
         with self._lock:
             self._proc = None
             self._gate.exited(now)

@@ -253,6 +253,6 @@ class StatsReader:
         return round(time.time() - self._wall, 3) if self._wall else None
 
     def report(self) -> Dict[str, Any]:
-        """Its part of the supervisor's status: SupervisorStatus's stats_* fields."""
+        """Its part of the supervisor's status: SupervisorView's stats_* fields."""
         return {"stats_age_s": self.age_s, "stats_error": self.error, "stats_reads": self.reads,
                 "stats_errors": self.errors}

@@ -35,7 +35,7 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence
 from temperd.backends.scx.lifecycle import ScxLifecycle
 from temperd.backends.scx.restarts import RestartPolicy, ScxRun
 from temperd.backends.scx.stats import SysStats
-from temperd.backends.scx.status import SupervisorStatus
+from temperd.control.status import SupervisorView
 from temperd.backends.scx.validate import errors_of, validate_config
 from temperd.config.daemon_config import ScxSettings
 
@@ -136,7 +136,7 @@ class ScxSupervisor:
         """The latest stats reply (scx_layered's `top` stats); None while it does not run."""
         return self._life.stats.latest
 
-    def status(self) -> SupervisorStatus:
+    def status(self) -> SupervisorView:
         """Everything `temperctl status`, /observe and /metrics need, at this moment."""
         return self._life.status()
 
