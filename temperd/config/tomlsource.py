@@ -164,8 +164,6 @@ def read_config_bytes(path: str, require_trusted: bool = False, limit: int = MAX
             try:
                 chunk = os.read(fd, limit + 1 - total)
             except OSError as exc:
-                if exc.errno == errno.EINTR:
-                    continue
                 raise ConfigError([ConfigProblem(path, (), f"cannot be read: {exc.strerror}")]) from None
             if not chunk:
                 break

@@ -12,6 +12,7 @@ cleanup_stale_instances() (temperd calls it at start).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import itertools
@@ -249,10 +250,8 @@ class Instance:
         _write(self._file("tracing_on"), "1")
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(TraceError):
             _write(self._file("tracing_on"), "0")
-        except TraceError:
-            pass
 
     def lost_events(self) -> int:
         """Events the ring buffer had to drop (overrun) per the per-CPU stats."""
@@ -266,10 +265,8 @@ class Instance:
             for line in kernel_lines(text):
                 key, _, value = line.partition(":")
                 if key.strip() in ("overrun", "dropped events"):
-                    try:
+                    with contextlib.suppress(ValueError):
                         total += int(value)
-                    except ValueError:
-                        pass
         return total
 
     def remove(self) -> None:
@@ -427,10 +424,8 @@ def capture(request: CaptureRequest, progress: Optional[Progress] = None,
                 writer.abort()
                 raise
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(raw_path)
-            except OSError:
-                pass
     stats = writer.stats
     return CaptureResult(output=path, compressed=compressed, file_bytes=os.path.getsize(path),
                          text_bytes=stats.bytes_text, events=stats.events, by_event=dict(sorted(stats.by_event.items())),
@@ -508,8 +503,6 @@ def _read_available(fd: int) -> bytes:
     try:
         return os.read(fd, READ_CHUNK)
     except BlockingIOError:
-        return b""
-    except InterruptedError:
         return b""
 
 

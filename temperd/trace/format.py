@@ -23,6 +23,7 @@ so the order is fixed. `event_lines` gives back the ftrace text of either form.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import itertools
@@ -271,15 +272,11 @@ class TraceWriter:
         os.unlink(self._body_path)
 
     def abort(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._text.close()
-        except OSError:
-            pass
         for leftover in (self._body_path, self._tmp):
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(leftover)
-            except OSError:
-                pass
 
 
 def output_path(requested: str, text_bytes: int) -> Tuple[str, bool]:

@@ -34,10 +34,14 @@ def _pyplot():
     return plt
 
 
-def _png(fig) -> str:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+def _png(plt, fig) -> str:
+    """The figure as base64 PNG; the figure is closed."""
+    try:
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+        return base64.b64encode(buffer.getvalue()).decode("ascii")
+    finally:
+        plt.close(fig)
 
 
 def _cpu_over_time(plt, trained) -> str:
@@ -52,10 +56,7 @@ def _cpu_over_time(plt, trained) -> str:
     ax.set_ylabel("CPUs")
     ax.set_title(f"CPU per thread (the {len(threads)} busiest)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    try:
-        return _png(fig)
-    finally:
-        plt.close(fig)
+    return _png(plt, fig)
 
 
 def _bursts(plt, trained) -> str:
@@ -76,10 +77,7 @@ def _bursts(plt, trained) -> str:
     ax.set_ylabel("share of bursts")
     ax.set_title("Burst lengths per cluster")
     ax.legend(fontsize=8)
-    try:
-        return _png(fig)
-    finally:
-        plt.close(fig)
+    return _png(plt, fig)
 
 
 def cluster_edges(trained) -> Dict[Tuple[str, str], float]:
@@ -124,10 +122,7 @@ def _graph(plt, trained) -> str:
     ax.set_ylim(-1.5, 1.5)
     ax.axis("off")
     ax.set_title("Who wakes whom (wakeups per second, between clusters)")
-    try:
-        return _png(fig)
-    finally:
-        plt.close(fig)
+    return _png(plt, fig)
 
 
 def render(trained) -> str:
