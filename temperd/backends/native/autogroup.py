@@ -48,14 +48,11 @@ def read_autogroup(pid: int) -> Optional[Tuple[str, int]]:
     None if the process is gone, the kernel lacks autogroup, or the process is in the root
     autogroup (init's session, e.g. a container's PID 1 session): the kernel prints nothing for it.
     """
-    try:
-        with open(f"/proc/{pid}/autogroup") as handle:
-            text = handle.read().split()
-    except OSError:
+    data = procfs.read_bytes(f"{procfs.PROC}/{pid}/autogroup", single=True)  # a batch reads one per process
+    text = data.split() if data else ()
+    if len(text) < 3 or text[1] != b"nice":
         return None
-    if len(text) < 3 or text[1] != "nice":
-        return None
-    return text[0], int(text[2])
+    return text[0].decode("utf-8", "replace"), int(text[2])
 
 
 def set_autogroup_nice(pid: int, nice: int) -> None:
