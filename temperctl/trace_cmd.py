@@ -6,6 +6,7 @@ to -o); directly in this process, as root, when it does not (or with --direct).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -18,7 +19,7 @@ from temperd.control.client import request
 from temperd.control.protocol import DaemonNotRunning, DaemonUnavailable
 from temperd.trace.capture import CaptureRequest, TraceError, capture, parse_duration, parse_size
 
-from .daemon_cmd import json_option, rendered, socket_option
+from .daemon_cmd import fail, json_option, rendered, socket_option
 from .output import print_json
 
 # Beyond the capture itself: time temperd may need to write a large trace before it replies.
@@ -49,11 +50,6 @@ class ProgressLine:
             click.echo("", err=True)
 
 
-def _fail(message: str) -> None:
-    click.echo(f"temperctl: {message}", err=True)
-    sys.exit(1)
-
-
 def _through_daemon(socket_path: str, args: Dict[str, Any], output: str, show: ProgressLine) -> Optional[dict]:
     """The result, or None when temperd is not running."""
     try:
@@ -63,35 +59,39 @@ def _through_daemon(socket_path: str, args: Dict[str, Any], output: str, show: P
         return None
     except DaemonUnavailable as exc:  # there but not answering: capturing beside it would only collide
         show.done()
-        _fail(str(exc))
+        fail(str(exc))
     show.done()
     if not reply["ok"]:
-        _fail(reply["error"])
+        fail(reply["error"])
     result = reply.get("trace")
     source = rendered(lambda: str(result["output"]), "trace")
     target = output + ".gz" if source.endswith(".gz") and not output.endswith(".gz") else output
-    try:
-        shutil.copyfile(source, target)
-    except OSError as exc:
-        _fail(f"temperd wrote {source} but it cannot be copied to {target}: {exc.strerror}")
-    try:
-        os.unlink(source)  # root may; temperd prunes old ones otherwise
-    except OSError:
-        pass
+    take_file(source, target)
     result.update(output=target, file_bytes=os.path.getsize(target), via="temperd")
     return result
 
 
+def take_file(source: str, target: str) -> None:
+    """A file temperd wrote, copied to target; temperd's copy removed where we may (temperd prunes
+    old ones otherwise)."""
+    try:
+        shutil.copyfile(source, target)
+    except OSError as exc:
+        fail(f"temperd wrote {source} but it cannot be copied to {target}: {exc.strerror}")
+    with contextlib.suppress(OSError):
+        os.unlink(source)
+
+
 def _direct(args: Dict[str, Any], output: str, show: ProgressLine) -> dict:
     if os.geteuid() != 0:
-        _fail("temperd is not running and capturing directly needs root")
+        fail("temperd is not running and capturing directly needs root")
     try:
         result = capture(CaptureRequest(output=output, duration_s=args["duration"], max_bytes=args["max_size"],
                                         pid=args.get("pid"), unit=args.get("unit"), requester=args["requester"]),
                          progress=show)
     except TraceError as exc:
         show.done()
-        _fail(str(exc))
+        fail(str(exc))
     show.done()
     out = result.as_dict()
     out["via"] = "direct"
@@ -136,7 +136,7 @@ def trace_command(duration: str, unit: Optional[str], pid: Optional[int], max_si
         raise click.UsageError("give either --unit or --pid, not both")
     output = os.path.abspath(output)
     if not os.path.isdir(os.path.dirname(output)):
-        _fail(f"output: directory {os.path.dirname(output)} does not exist")
+        fail(f"output: directory {os.path.dirname(output)} does not exist")
     args: Dict[str, Any] = {"duration": seconds, "max_size": size, "gzip": output.endswith(".gz"),
                             "requester": f"temperctl pid {os.getpid()} uid {os.getuid()} for {output}"}
     if pid is not None:

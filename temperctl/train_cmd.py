@@ -9,7 +9,6 @@ beside them (FILE.trace, opens in the Perfetto UI).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from temperd.training.train import shape_facts, train
 
 from .daemon_cmd import fail, json_option, rendered, socket_option
 from .output import print_json, print_table
-from .trace_cmd import REPLY_GRACE_S
+from .trace_cmd import REPLY_GRACE_S, take_file
 
 DEFAULT_DURATION = "20s"
 
@@ -109,14 +108,7 @@ def _keep_trace(observation: Observation, trace_path: str) -> str:
     source = str(observation.trace["output"])
     target = trace_path + (".gz" if source.endswith(".gz") else "")
     if os.path.abspath(source) != os.path.abspath(target):
-        try:
-            shutil.copyfile(source, target)
-        except OSError as exc:
-            fail(f"cannot copy the trace {source} to {target}: {exc.strerror}")
-        try:
-            os.unlink(source)
-        except OSError:
-            pass
+        take_file(source, target)
     return target
 
 
