@@ -260,13 +260,8 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
     http, control, scx, trust = values["http"], values["control"], values["scx"], values["trust"]
     return DaemonConfig(
         source=doc.file,
-        backend=values["backend"],
-        profile_dir=values["profile_dir"],
-        state_dir=values["state_dir"],
-        default_tier=values["default_tier"],
-        reserve_cpus=values["reserve_cpus"],
-        reconcile_interval_s=values["reconcile_interval_s"],
-        scan_interval_without_events_s=values["scan_interval_without_events_s"],
+        **{key: values[key] for key in ("backend", "profile_dir", "state_dir", "default_tier", "reserve_cpus",
+                                        "reconcile_interval_s", "scan_interval_without_events_s")},
         http_listen=http["listen"],
         http_port=http["port"],
         control_socket=control["socket"],
@@ -279,16 +274,10 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
         scx=ScxSettings(**{**scx, "args": tuple(scx["args"])}),
         lint_runqueue_latency_p99_ms=values["lint"]["runqueue_latency_p99_ms"],
         telemetry_bpf=values["telemetry"]["bpf"],
-        learner=_learner_settings(values["classify"], values["rightsizing"]),
+        learner=LearnerSettings(classify=values["classify"]["enabled"], window_s=values["classify"]["window_s"],
+                                rightsizing=values["rightsizing"]["enabled"],
+                                **{k: v for k, v in values["rightsizing"].items() if k != "enabled"}),
     )
-
-
-def _learner_settings(classify: dict, rightsizing: dict) -> LearnerSettings:
-    return LearnerSettings(classify=classify["enabled"], window_s=classify["window_s"],
-                         rightsizing=rightsizing["enabled"], margin=rightsizing["margin"],
-                         half_life_h=rightsizing["half_life_h"], sample_interval_s=rightsizing["sample_interval_s"],
-                         idle_sample_interval_s=rightsizing["idle_sample_interval_s"],
-                         keep_threads=rightsizing["keep_threads"], history_file=rightsizing["history_file"])
 
 
 def parse_config(text: str, file: str) -> DaemonConfig:

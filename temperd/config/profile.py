@@ -8,7 +8,8 @@ from typing import Dict, List, Optional, Tuple
 from temperd.config.defaults import by_value
 from temperd.config.errors import ConfigError, ConfigProblem, describe_value
 from temperd.plan import EXCLUSIVE, LATENCY, OWNED, OWNERSHIPS, TREATMENTS, YIELD
-from temperd.config.schema import (Spec, TableSpec, Validator, check_cgroup_path, check_comm_glob, check_glob, check_regex, glob_match, json_schema)
+from temperd.config.safe_regex import regex_problem
+from temperd.config.schema import (Spec, TableSpec, Validator, check_cgroup_path, check_comm_glob, check_glob, glob_match, json_schema)
 from temperd.config.tomlsource import TomlDocument, parse_toml, read_toml
 
 SCHEMA_VERSION = 1
@@ -36,7 +37,7 @@ FINGERPRINT_SPEC = TableSpec(
         "process_names": Spec("strlist", "Globs on the process name (the leader's comm).", default=(), item_check=check_comm_glob, item_format="glob"),
         "units": Spec("strlist", "Globs on the systemd unit name, e.g. 'postgresql@*.service'.", default=(), item_check=check_glob, item_format="glob"),
         "cgroups": Spec("strlist", "cgroup path prefixes, e.g. '/system.slice/memcached.service'.", default=(), item_check=check_cgroup_path),
-        "cmdline": Spec("strlist", "Regular expressions searched in the command line (arguments joined by spaces).", default=(), item_check=check_regex, item_format="regex"),
+        "cmdline": Spec("strlist", "Regular expressions searched in the command line (arguments joined by spaces).", default=(), item_check=regex_problem, item_format="regex"),
         "images": Spec("strlist", "Container image globs, accepted for profiles shared with the Kubernetes agent.", default=(), item_check=check_glob, item_format="glob"),
     },
 )
@@ -75,7 +76,7 @@ GROUP_SPEC = TableSpec(
                      pattern_doc="a name of lowercase letters, digits, '_' or '-' (at most 32)"),
         "description": Spec("str", "What these threads do.", default=""),
         "thread_names": Spec("strlist", "Globs on the thread name (comm, at most 15 bytes).", default=(), item_check=check_comm_glob, item_format="glob", min_items=1),
-        "process_titles": Spec("strlist", "Regular expressions searched in the process title (/proc/PID/cmdline), for process-per-connection servers.", default=(), item_check=check_regex, item_format="regex", min_items=1),
+        "process_titles": Spec("strlist", "Regular expressions searched in the process title (/proc/PID/cmdline), for process-per-connection servers.", default=(), item_check=regex_problem, item_format="regex", min_items=1),
         "busiest": Spec("int", "The N busiest threads of the process by recent CPU time, for runtimes that leave threads unnamed.", minimum=1, maximum=1024),
         "catch_all": Spec("bool", "This group takes the workload's threads no other group claims (at most one group).", default=False),
         "treatment": Spec("str", "exclusive: whole cores of its own; latency: fast wakeups; yield: runs when nothing else wants the CPU.", required=True, choices=TREATMENTS),

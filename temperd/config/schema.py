@@ -11,7 +11,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from temperd.config.defaults import ByValue, default_text, resolve, shown
 from temperd.config.errors import ConfigProblem, KeyPath, describe_value
-from temperd.config.safe_regex import regex_problem
 from temperd.config.tomlsource import TomlDocument
 
 # A value checker returns None when fine, else what was expected (used as "expected <...>").
@@ -55,33 +54,16 @@ class TableSpec:
         return resolve(self.fields[key].default, values)
 
 
-_TYPE_NAMES = {
-    "int": "an integer",
-    "float": "a number",
-    "str": "a string",
-    "bool": "true or false",
-    "strlist": "an array of strings",
-    "table": "a table",
-    "tables": "an array of tables",
+# Each TOML type a key may take: its check, and how it is named to people.
+_TYPES: Dict[str, Tuple[Callable[[Any], bool], str]] = {
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "strlist": (lambda v: isinstance(v, list), "an array of strings"),
+    "table": (lambda v: isinstance(v, dict), "a table"),
+    "tables": (lambda v: isinstance(v, list) and all(isinstance(item, dict) for item in v), "an array of tables"),
 }
-
-
-def _type_ok(kind: str, value: Any) -> bool:
-    if kind == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "float":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind == "str":
-        return isinstance(value, str)
-    if kind == "bool":
-        return isinstance(value, bool)
-    if kind == "strlist":
-        return isinstance(value, list)
-    if kind == "table":
-        return isinstance(value, dict)
-    if kind == "tables":
-        return isinstance(value, list) and all(isinstance(v, dict) for v in value)
-    raise ValueError(kind)
 
 
 def _range_text(spec: Spec) -> str:
@@ -123,8 +105,9 @@ class Validator:
         return {key: resolve(value, out) if isinstance(value, ByValue) else value for key, value in out.items()}
 
     def value(self, value: Any, spec: Spec, path: KeyPath) -> Any:
-        if not _type_ok(spec.type, value):
-            self.fail(path, f"expected {_TYPE_NAMES[spec.type]}, found {describe_value(value)}")
+        type_ok, type_name = _TYPES[spec.type]
+        if not type_ok(value):
+            self.fail(path, f"expected {type_name}, found {describe_value(value)}")
             return spec.default
         if spec.type == "table":
             assert spec.table is not None
@@ -180,7 +163,7 @@ class Validator:
     def _expect(spec: Spec) -> str:
         if spec.choices:
             return "one of " + ", ".join(describe_value(c) for c in spec.choices)
-        return _TYPE_NAMES[spec.type]
+        return _TYPES[spec.type][1]
 
 
 # ---- pattern checks shared by profiles and the daemon configuration ----------------------------
@@ -209,10 +192,6 @@ def check_comm_glob(pattern: str) -> Optional[str]:
     if len(literal.encode()) > COMM_MAX_BYTES:
         return f"a thread-name glob that can match a name of at most {COMM_MAX_BYTES} bytes (the kernel truncates thread names)"
     return None
-
-
-def check_regex(pattern: str) -> Optional[str]:
-    return regex_problem(pattern)
 
 
 def check_cgroup_path(path: str) -> Optional[str]:
