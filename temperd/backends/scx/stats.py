@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional
 
+from temperd.sources.shape import format_cpulist
+
 STATS_REQUEST = {"req": "stats", "args": {"target": "top"}}
 
 
@@ -112,21 +114,8 @@ def describe(layer: Optional[LayerStats]) -> str:
     if layer is None or layer.util is None:
         return "-"
     if layer.cpus:
-        return f"{layer.util:.0f}% of a CPU on {_cpu_list(layer.cpus)}"
+        return f"{layer.util:.0f}% of a CPU on {format_cpulist(layer.cpus)}"
     return f"{layer.util:.0f}% of a CPU" + (", no CPUs of its own" if layer.cur_nr_cpus == 0 else "")
-
-
-def _cpu_list(cpus: FrozenSet[int]) -> str:
-    ranges, run = [], []
-    for cpu in sorted(cpus):
-        if run and cpu == run[-1] + 1:
-            run.append(cpu)
-            continue
-        if run:
-            ranges.append(run)
-        run = [cpu]
-    ranges.append(run)
-    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in ranges)
 
 
 def _number(value: Any) -> Optional[float]:
