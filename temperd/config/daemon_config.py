@@ -303,12 +303,9 @@ def load_config(config_dir: str = DEFAULT_CONFIG_DIR, require_trusted: bool = Fa
 
 def check_binding_profiles(config: DaemonConfig, known_ids) -> List[ConfigProblem]:
     """Bindings that name a profile no loaded profile has."""
-    out = []
-    for b in config.bindings:
-        if b.profile is not None and b.profile not in known_ids:
-            out.append(ConfigProblem(config.source, ("binding", b.index, "profile"),
-                                     f"expected the id of a loaded profile ({', '.join(sorted(known_ids))}), found {b.profile!r}"))
-    return out
+    return [ConfigProblem(config.source, ("binding", b.index, "profile"),
+                          f"expected the id of a loaded profile ({', '.join(sorted(known_ids))}), found {b.profile!r}")
+            for b in config.bindings if b.profile is not None and b.profile not in known_ids]
 
 
 def config_json_schema() -> dict:

@@ -57,12 +57,9 @@ class ProfileSet:
 
 def load_builtin_profiles() -> List[Profile]:
     """The profiles shipped in the package (profiles/*.toml)."""
-    out = []
     root = resource_files("temperd.builtin_profiles")
-    for entry in sorted(root.iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".toml"):
-            out.append(parse_profile(entry.read_text(encoding="utf-8"), f"builtin:{entry.name}", builtin=True))
-    return out
+    return [parse_profile(entry.read_text(encoding="utf-8"), f"builtin:{entry.name}", builtin=True)
+            for entry in sorted(root.iterdir(), key=lambda e: e.name) if entry.name.endswith(".toml")]
 
 
 def profile_files(paths: Sequence[str]) -> List[str]:

@@ -259,14 +259,12 @@ class WorkloadLearner:
         granted = 0
         if self._plan is not None:
             granted = sum(len(l.cpus) for l in self._plan.layers if l.workload == w.key and l.treatment == EXCLUSIVE)
+        capacity = self._capacity(w)
         if w.budget is not None:
-            return Declared(w.budget, w.budget_reason, self._capacity(w), throttled, granted)
-        cpuset = cgroups.cpuset_cpus(w.cgroup) if w.cgroup else None
-        if cpuset:
-            count = len(parse_cpulist(cpuset))
-            if 0 < count < self.host_cpus:
-                return Declared(float(count), f"cpuset {cpuset} of cgroup {w.cgroup} (AllowedCPUs=)", count,
-                                throttled, granted)
+            return Declared(w.budget, w.budget_reason, capacity, throttled, granted)
+        if capacity < self.host_cpus:
+            return Declared(float(capacity), f"cpuset {cgroups.cpuset_cpus(w.cgroup)} of cgroup {w.cgroup} "
+                            "(AllowedCPUs=)", capacity, throttled, granted)
         return Declared(None, "no quota, cpuset or binding cpus", self.host_cpus, throttled, granted)
 
     def _hints(self, w) -> Hints:
@@ -274,14 +272,8 @@ class WorkloadLearner:
         return Hints(f"profile {profile.id} [traits]", profile.traits) if profile is not None else Hints()
 
     def _select(self, pid: Optional[int], unit: Optional[str]) -> List[Tuple[str, object]]:
-        out = []
-        for key, w in sorted(self._workloads.items()):
-            if pid is not None and pid not in w.pids:
-                continue
-            if unit is not None and w.unit != unit and self._labels.get(key) != unit:
-                continue
-            out.append((self._labels[key], w))
-        return out
+        return [(self._labels[key], w) for key, w in sorted(self._workloads.items())
+                if (pid is None or pid in w.pids) and (unit is None or unit in (w.unit, self._labels.get(key)))]
 
     def _classify(self, label: str, w) -> Optional[Classification]:
         t = self.tracked.get(label)

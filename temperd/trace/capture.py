@@ -340,12 +340,7 @@ def unit_pids(unit: str) -> List[int]:
     """Processes whose cgroup belongs to the systemd unit (a bare name means NAME.service)."""
     if not unit.endswith(UNIT_SUFFIXES):
         unit += ".service"
-    pids = []
-    for pid in procfs.list_pids():
-        cgroup = procfs.read_cgroup(pid)
-        if cgroup is not None and cgroup.unit == unit:
-            pids.append(pid)
-    return pids
+    return [pid for pid in procfs.list_pids() if getattr(procfs.read_cgroup(pid), "unit", None) == unit]
 
 
 def filter_tids(pid: Optional[int], unit: Optional[str]) -> List[int]:
