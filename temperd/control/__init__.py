@@ -8,10 +8,6 @@ expected. A line that is not JSON, not an object, too long, or names no command 
 reply like any other refusal; before its reply a long command (trace) may send progress lines
 {"progress": true, ...}. A client may send several requests on one connection.
 
-Privileged actions (reload, trace capture) only ever go over this socket, never over TCP.
-
-The protocol (`protocol`: limits, errors, the reply line), the client (`client`: what
-temperctl calls) and the typed status the `status` command carries (`status`, written and read
-by `typed_json`) live here, below both the daemon, whose server (daemon/control.py) speaks it,
-and temperctl, which asks.
+Privileged actions (reload, trace capture) only ever go over this socket, never over TCP. This
+package sits below both the daemon, whose server (daemon/control.py) speaks it, and temperctl.
 """
