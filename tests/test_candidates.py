@@ -5,6 +5,7 @@ candidate, or descends from a tracked one, is tracked."""
 
 from __future__ import annotations
 
+import os
 import select
 import struct
 import subprocess
@@ -287,3 +288,31 @@ def test_an_exec_and_end_in_one_batch_cost_no_read_and_count_as_gone(monkeypatch
                                   _event("exit", 424242)]), changes)
     assert changes == [] and reads == [] and 424242 not in inventory._store.light
     assert inventory.stats.vanished == 1 and inventory.stats.events_received == 3
+
+
+def test_a_new_candidate_is_read_once_the_gate_read_its_owner_and_cgroup(spawn, monkeypatch):
+    """The gate reads a candidate's cgroup and owner (trust, the untrusted bounds); the record
+    made of it takes them, not a second read of each (the status file is the costliest read)."""
+    inventory = Inventory()
+    inventory.set_gate(index(profile(process_names=("tmpd-cand",))))
+    job = spawn("tmpd-cand")
+    job.wait_ready()
+    reads = {"uid": 0, "cgroup": 0}
+    real_uid, real_cgroup = procfs.read_uid, procfs.read_cgroup
+
+    def uid(*args, **kwargs):
+        reads["uid"] += 1
+        return real_uid(*args, **kwargs)
+
+    def cgroup(*args, **kwargs):
+        reads["cgroup"] += 1
+        return real_cgroup(*args, **kwargs)
+
+    monkeypatch.setattr(procfs, "read_uid", uid)
+    monkeypatch.setattr(procfs, "read_cgroup", cgroup)
+    changes = []
+    inventory._apply_batch(Batch([_event("exec", job.pid)]), changes)
+    assert changes[-1].kind == NEW_PROCESS and changes[-1].pid == job.pid
+    facts = inventory.snapshot().process(job.pid)
+    assert facts.uid == os.getuid() and facts.cgroup == procfs.read_cgroup(job.pid).unified
+    assert reads == {"uid": 1, "cgroup": 2}  # the second: the assertion's own

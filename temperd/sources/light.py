@@ -73,6 +73,12 @@ class Probe:
         self.reads += 1
         return procfs.read_environ_var(self.pid, name)
 
+    def found(self, fact: str):
+        """A fact ("exe", "cgroup", "cmdline", "uid") the gate read and found; None where it read
+        none (or found none: then it is read again, strictly, by whoever needs to tell why)."""
+        value = getattr(self, "_" + fact)
+        return None if value is _UNREAD or value == () else value
+
     def record(self) -> "LightRecord":
         known = lambda value: None if value is _UNREAD else value  # noqa: E731
         return LightRecord(self.pid, self.stat, self.ppid, self.comm, known(self._exe),

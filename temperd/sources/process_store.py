@@ -12,7 +12,7 @@ from typing import Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Set, 
 
 from temperd.sources import cgroups, procfs
 from temperd.sources.facts import OnDemand, ProcessFacts, ThreadFacts
-from temperd.sources.light import LightRecord
+from temperd.sources.light import LightRecord, Probe
 
 ZOMBIE_STATES = ("Z", "X", "x")
 
@@ -165,9 +165,9 @@ class ProcessStore:
         self.generation += 1
 
     def read_process(self, pid: int, stats: Optional[Dict[int, procfs.TaskStat]] = None,
-                     limit: Optional[int] = None) -> Optional[ProcessRecord]:
+                     limit: Optional[int] = None, probe: Optional[Probe] = None) -> Optional[ProcessRecord]:
         """A whole process from /proc (at most `limit` of its threads, leader first); None if it
-        is gone or only a zombie is left."""
+        is gone or only a zombie is left. probe: what the candidate gate read of it just now, not read again."""
         if stats is None:
             stats = procfs.read_thread_stats(pid) if limit is None else read_some_stats(pid, limit)
             if stats is None:
@@ -182,7 +182,7 @@ class ProcessStore:
                 proc.threads[tid] = info
         if not proc.threads:
             return None
-        proc.read_static()
+        proc.read_static(probe)
         return proc
 
 
@@ -224,19 +224,22 @@ class ProcessRecord:
             return None
         return next(iter(self.threads))
 
-    def read_static(self) -> None:
+    def read_static(self, probe: Optional[Probe] = None) -> None:
         """exe, cmdline and owner: read when the process appears, execs or a scan rechecks. A fact
         the kernel denies is named in `unreadable` (the process is there; its fact is not ours to
-        read), one of a process that is gone is left unknown."""
+        read), one of a process that is gone is left unknown. probe: the facts the candidate gate
+        found of this process within this pass (a new process's status file is the costliest read)."""
         pid = self.pid
         via = self.live_tid()
-        denied = set()
+        denied: Set[str] = set()
+        found = probe.found if probe is not None else _none
         if not self.is_kernel_thread:
-            self.exe = _fact(procfs.read_exe, "exe", denied, pid, via)
-            self.cmdline = _fact(procfs.read_cmdline, "cmdline", denied, pid, via) or ()
-        self.uid = _fact(procfs.read_uid, "uid", denied, pid, via)
+            self.exe = found("exe") or _fact(procfs.read_exe, "exe", denied, pid, via)
+            self.cmdline = found("cmdline") or _fact(procfs.read_cmdline, "cmdline", denied, pid, via) or ()
+        uid = found("uid")
+        self.uid = uid if uid is not None else _fact(procfs.read_uid, "uid", denied, pid, via)
         self.unreadable = tuple(sorted(denied))
-        self.set_cgroup(procfs.read_cgroup(pid))
+        self.set_cgroup(found("cgroup") or procfs.read_cgroup(pid))
 
     def set_cgroup(self, paths: Optional[procfs.CgroupPaths]) -> None:
         if paths is None:
@@ -279,6 +282,10 @@ def read_some_stats(pid: int, limit: int) -> Optional[Dict[int, procfs.TaskStat]
         if stat is not None:
             stats[tid] = stat
     return stats
+
+
+def _none(_fact: str) -> None:
+    return None
 
 
 def _fact(read, name: str, denied: set, pid: int, via: Optional[int]):

@@ -98,27 +98,27 @@ class Tracker:
     def selective(self) -> bool:
         return self.gate is not EVERYTHING
 
-    def admit(self, pid: int, stat: procfs.TaskStat, wanted: bool = False) -> Tuple[bool, Optional[int]]:
+    def admit(self, pid: int, stat: procfs.TaskStat, wanted: bool = False) -> Tuple[bool, Optional[int], Optional[Probe]]:
         """Whether to track pid, whose leader's stat was read, and at most how many of its threads
-        (None: all). One not tracked is kept as a light record. wanted: the gate said so already
-        (a rename event's new name)."""
+        (None: all), and the probe of what the gate read of it. One not tracked is kept as a light
+        record. wanted: the gate said so already (a rename event's new name)."""
         store = self.store
         if not self.selective:
-            return True, None
+            return True, None, None
         # Nothing taken from the parent's record: an exec is where a process changes cgroup
         # (systemd moves its child into the unit's cgroup between fork and exec).
         probe = Probe(pid, stat)
         if procfs.is_kernel_thread(pid, stat) or not (wanted or stat.ppid in store.procs or self.gate.wants(probe)):
             self._keep_light(probe)
-            return False, None
+            return False, None, probe
         paths = probe.cgroup()
         uid = probe.uid
         if self.gate.trusted(uid, systemd_cgroup(paths.unified, paths.systemd) if paths else None):
-            return True, None
+            return True, None, probe
         if not self.bounds.admit_process(-1 if uid is None else uid, pid):
             self._keep_light(probe)
-            return False, None
-        return True, self.bounds.thread_room(pid, store.procs)
+            return False, None, probe
+        return True, self.bounds.thread_room(pid, store.procs), probe
 
     def _keep_light(self, probe: Probe) -> None:
         self.kept_light += 1
@@ -134,10 +134,10 @@ class Tracker:
             stat = procfs.read_task_stat(pid, pid)
             if stat is None:
                 return None
-        track, limit = self.admit(pid, stat, wanted)
+        track, limit, probe = self.admit(pid, stat, wanted)
         if not track:
             return LIGHT
-        proc = self.store.read_process(pid) if limit is None else self.store.read_process(pid, None, limit)
+        proc = self.store.read_process(pid, None, limit, probe)
         if proc is None:
             self.bounds.process_gone(pid)
         return proc
