@@ -106,7 +106,6 @@ class Observer:
         self.process_ticks = ProcessTicks()
         self._last_at: Optional[float] = None
         self._last_self_cpu = self._self_cpu()
-        self._observe_cpu = 0.0
 
     @staticmethod
     def _self_cpu() -> float:
@@ -125,10 +124,7 @@ class Observer:
             self.telemetry.start()  # once: bpf where it loads, else the schedstat read below feeds it
         window = (wall - self._last_at) if self._last_at is not None else 0.0
         members = {tid: layer.name for layer in plan.layers for tid in layer.selector.tids}
-        tid_pid = {}
-        for pid, proc in processes.items():
-            for tid in proc.threads:
-                tid_pid[tid] = pid
+        tid_pid = {tid: pid for pid, proc in processes.items() for tid in proc.threads}
         watched: Set[Tuple[int, int]] = {(tid_pid[tid], tid) for tid in members if tid in tid_pid}
         unmanaged, idle = self._busiest_unmanaged(plan, processes, window, watched)
         groups = {t.tid: (w.key, t.group) for w in match.workloads for t in w.threads}
@@ -214,7 +210,6 @@ class Observer:
     def _overhead(self, cpu_start: float, window: float) -> Overhead:
         """What this sample cost (CPU from cpu_start on this thread) and the daemon's CPU over the window."""
         sample_cpu = time.thread_time() - cpu_start
-        self._observe_cpu += sample_cpu
         self_cpu = self._self_cpu()
         overhead = Overhead(
             sample_cpu_s=round(sample_cpu, 6),

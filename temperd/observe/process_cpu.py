@@ -59,7 +59,6 @@ class ProcessTicks:
         self._usage_us = usage_us
         self._cgroup_of = cgroup_of
         self._last: Dict[int, _Read] = {}
-        self.stat_reads = 0  # /proc/PID/stat reads so far
         self.skipped = 0  # reads saved: the process's cgroup had not run
 
     def read(self, processes: Mapping[int, object], planned: Container[int] = (),
@@ -93,7 +92,6 @@ class ProcessTicks:
                     self.skipped += 1
                     continue
             stat = procfs.read_process_stat(pid)  # after the cgroup's usage: a run between the two shows next time
-            self.stat_reads += 1
             if stat is None:
                 continue
             if stat.num_threads < MANY_THREADS:

@@ -198,7 +198,6 @@ class FormatStats:
     events: int = 0
     by_event: Dict[str, int] = field(default_factory=dict)
     lost_events: int = 0  # reported in-line by trace_pipe
-    skipped_lines: int = 0  # neither an event nor a loss report
     bytes_text: int = 0
 
 
@@ -230,8 +229,6 @@ class TraceWriter:
             lost = LOST_LINE.match(line)
             if lost:
                 self.stats.lost_events += int(lost.group(2))
-            elif line.strip() and not line.startswith("#"):
-                self.stats.skipped_lines += 1
             return
         comm, tid_s, tgid_s, cpu_s, flags, ts, event, fields = m.groups()
         tid = int(tid_s)
