@@ -27,7 +27,7 @@ def thread(tid, comm, cpu=0.0, *, pid=100, network=0, timer=0, wakers=None, wake
     return ThreadFeatures(tid=tid, pid=pid, comm=comm, key=name_key(comm), process_name=process_name, title=title,
                           cpu_share=cpu, demand=cpu, burst_p50_us=p50, burst_p99_us=p50 * 4, bursts=100,
                           wakeups_per_s=sum(woken.values()) / 10.0, woken_by=woken, wakers=wakers,
-                          wakees=wakees or {}, d_share=d, wait_us_per_switch=0.0, cpu_per_second=[cpu] * 10)
+                          wakees=wakees or {}, d_share=d, cpu_per_second=[cpu] * 10)
 
 
 def workload(*threads, titles=None):

@@ -41,7 +41,6 @@ class ThreadFeatures:
     wakers: Dict[int, int]  # waker tid (in the workload) -> wakeups
     wakees: Dict[int, int]  # wakee tid (in the workload) -> wakeups it caused
     d_share: float  # of its sleeps, the share in D (uninterruptible, usually I/O)
-    wait_us_per_switch: float  # runqueue wait per switch-in
     cpu_per_second: List[float] = field(default_factory=list)  # CPUs in each second of the trace
     burst_histogram: List[int] = field(default_factory=list)  # trace.parse.ThreadStats.bursts
 
@@ -147,7 +146,6 @@ def workload_features(summary: TraceSummary, samples: Samples) -> WorkloadFeatur
                       WORKLOAD: other.get(tid, 0), OUTSIDE: outside.get(tid, 0)},
             wakers=wakers.get(tid, {}), wakees=wakees.get(tid, {}),
             d_share=round(d_share, 3),
-            wait_us_per_switch=round(stats.wait_ns / stats.waits / 1e3, 1) if stats is not None and stats.waits else 0.0,
             cpu_per_second=per_second, burst_histogram=list(histogram))
     return WorkloadFeatures(round(duration_s, 3), threads, names, titles)
 
