@@ -21,14 +21,13 @@ from temperd.decide.matcher import MatchResult
 from temperd.plan import CONFINED, EXCLUSIVE, LayerPlan
 from temperd.sources.shape import SYSFS_ROOT, ShapeError, format_cpulist
 
-from .daemon_cmd import ask, rendered, socket_option
+from .daemon_cmd import ask, json_option, rendered, socket_option
 from .output import print_json, print_table
 
 config_option = click.option("--config", "config_dir", default=DEFAULT_CONFIG_DIR, show_default=True,
                              help="Configuration directory (temperd.toml, profiles.d/).")
 sysfs_option = click.option("--sysfs", "--shape", "sysfs_root", default=SYSFS_ROOT, show_default=True,
                             help="sysfs root for the machine shape (a fixture tree plans for another host shape).")
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
 def _view(config_dir: str, sysfs_root: str) -> HostView:

@@ -9,17 +9,17 @@ from typing import List
 
 import click
 
-from temperd.config.profile import Profile, profile_json_schema
+from temperd.config.profile import profile_json_schema
 from temperd.config.profileset import (DEFAULT_PROFILE_DIR, HostShape, load_profile_files, load_profile_set, resolve)
 from temperd.sources.shape import SYSFS_ROOT, ShapeError, read_shape
 
+from .daemon_cmd import json_option
 from .output import print_json, print_table
 
 dir_option = click.option("--dir", "profile_dir", default=DEFAULT_PROFILE_DIR, show_default=True,
                           help="Directory of file profiles (*.toml).")
 sysfs_option = click.option("--sysfs", "sysfs_root", default=SYSFS_ROOT, show_default=True,
                             help="sysfs root to read the machine shape from (a fixture tree for another host shape).")
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
 def _host(sysfs_root: str) -> HostShape:
@@ -27,10 +27,6 @@ def _host(sysfs_root: str) -> HostShape:
         return HostShape.of(read_shape(sysfs_root))
     except ShapeError as exc:
         raise click.ClickException(f"cannot read the machine shape: {exc}")
-
-
-def profile_dict(profile: Profile) -> dict:
-    return dataclasses.asdict(profile)
 
 
 @click.group()
@@ -80,7 +76,7 @@ def show_profile(profile_id: str, profile_dir: str, sysfs_root: str, as_json: bo
         why = known[0].reason if known else "no builtin or file profile has this id"
         raise click.ClickException(f"profile {profile_id!r} does not apply on this host: {why}")
     if as_json:
-        print_json({**profile_dict(profile), "reason": pset.reason_for(profile_id)})
+        print_json({**dataclasses.asdict(profile), "reason": pset.reason_for(profile_id)})
         return
     click.echo(f"id:           {profile.id}")
     click.echo(f"description:  {profile.description}")
