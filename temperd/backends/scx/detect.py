@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 from temperd.config.tomlsource import trust_problem
 from temperd.files import read_stripped
@@ -72,28 +72,18 @@ def topology_problem(sysfs_root: str = "/sys") -> Optional[str]:
 SCX_CAPABILITIES = (("CAP_SYS_ADMIN", 21), ("CAP_PERFMON", 38), ("CAP_BPF", 39))
 
 
-def missing_capabilities(status_path: str = "/proc/self/status") -> List[str]:
-    """The capabilities scx_layered needs that this process's effective set (CapEff) lacks."""
-    return procfs.missing_capabilities(SCX_CAPABILITIES, status_path)
-
-
 def privilege_problem(status_path: str = "/proc/self/status") -> Optional[str]:
-    missing = missing_capabilities(status_path)
+    """What scx_layered would lack of the capabilities it needs (those this process's CapEff lacks)."""
+    missing = procfs.missing_capabilities(SCX_CAPABILITIES, status_path)
     if not missing:
         return None
     return (f"temperd lacks {', '.join(missing)}, which scx_layered needs (under systemd, the scx-privileges.conf "
             "drop-in adds them: see temperd(8))")
 
 
-def find_binary(path_env: Optional[str] = None) -> Optional[str]:
-    found = shutil.which(SCX_BINARY, path=path_env)
-    if found:
-        return found
-    for directory in BINARY_DIRS:
-        candidate = os.path.join(directory, SCX_BINARY)
-        if os.access(candidate, os.X_OK):
-            return candidate
-    return None
+def find_binary() -> Optional[str]:
+    """scx_layered on PATH, else in BINARY_DIRS."""
+    return shutil.which(SCX_BINARY) or shutil.which(SCX_BINARY, path=os.pathsep.join(BINARY_DIRS))
 
 
 def binary_trust_problem(binary: str) -> Optional[str]:
