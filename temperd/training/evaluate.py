@@ -1,9 +1,9 @@
 """Judge a profile by measuring it: the user's benchmark command run repeatedly with the workload
-bound to the profile and without, arms interleaved (trials.run_trials: the order reversed every
+bound to the profile and without, arms interleaved (harness.run_trials: the order reversed every
 other repetition), optionally beside N bounded CPU spinners that are bound to the background
 tier (a density step), the metric read from the benchmark's output.
 
-The verdict rule (trials.compare): the profile is better or worse only when each arm has at least
+The verdict rule (verdicts.compare): the profile is better or worse only when each arm has at least
 MIN_REPS runs, the ranges (lowest to highest run) of the two arms do not overlap, and the medians
 differ by at least MIN_EFFECT; anything else is within the noise.
 
@@ -71,8 +71,7 @@ class Verdict:
     runs: List[Dict[str, object]] = field(default_factory=list)
 
     def describe(self) -> str:
-        return (f"with the profile {self.with_profile.median:g} (runs {self.with_profile.low:g}..{self.with_profile.high:g}), "
-                f"without {self.without.median:g} (runs {self.without.low:g}..{self.without.high:g}): "
+        return (f"with the profile {self.with_profile.describe()}, without {self.without.describe()}: "
                 f"{self.ratio:.3f}x, {self.verdict}")
 
 

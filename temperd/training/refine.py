@@ -61,10 +61,8 @@ class Trial:
     kept: bool
 
     def describe(self) -> str:
-        return (f"trial {self.number}: {self.change.describe()}: {self.candidate.median:g} "
-                f"(runs {self.candidate.low:g}..{self.candidate.high:g}) against {self.best.median:g} "
-                f"(runs {self.best.low:g}..{self.best.high:g}), {self.ratio:.3f}x, {self.verdict}: "
-                + ("kept" if self.kept else "dropped"))
+        return (f"trial {self.number}: {self.change.describe()}: {self.candidate.describe()} against "
+                f"{self.best.describe()}, {self.ratio:.3f}x, {self.verdict}: " + ("kept" if self.kept else "dropped"))
 
 
 @dataclass

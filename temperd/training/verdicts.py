@@ -23,6 +23,9 @@ class Spread:
         """(high - low) / median: 0.1 = the runs spread over 10 % of the median."""
         return (self.high - self.low) / self.median if self.n and self.median else float("nan")
 
+    def describe(self) -> str:
+        return f"{self.median:g} (runs {self.low:g}..{self.high:g})"
+
 
 def spread(values: Iterable[float]) -> Spread:
     found = [v for v in values if v == v]  # NaN is a missing value
