@@ -12,7 +12,7 @@ scx_layered is tied to; scx/lifecycle.py moves the process through its states on
   from a thread that lives as long as it (start() runs its own).
 - Stats: one connection to the stats socket, kept open (scx_layered reports deltas since the
   previous request on the same connection), read every stats_interval_s (scx/stats.py).
-- What it reports: scx/status.py.
+- What it reports: its states (scx/status.py) in the typed status's SupervisorView.
 - Plan changes: scx_layered has no reload, so a new config means stop + start, and every
   restart leaves the host on the kernel's default scheduler for a moment. Changes are batched
   (batch_s after the first one) and restarts rate-limited (min_interval_s apart); restarts,
