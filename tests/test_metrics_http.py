@@ -35,7 +35,8 @@ def api():
     metrics = Metrics(status=lambda: status)
     metrics.actions.update(Result())
     server = HttpApi("127.0.0.1", 0, metrics.exposition, lambda: {"layers": [], "ok": True})
-    server.start()
+    server.bind()
+    server.serve()
     yield server, metrics
     server.stop()
 
@@ -227,7 +228,8 @@ def test_idle_and_slow_clients_are_dropped_at_the_request_deadline(monkeypatch):
 
     monkeypatch.setattr(http, "REQUEST_TIMEOUT_S", 0.5)
     server = HttpApi("127.0.0.1", 0, lambda: b"", lambda: {})
-    server.start()
+    server.bind()
+    server.serve()
     try:
         idle = socket.create_connection(("127.0.0.1", server.port), timeout=5)
         slow = socket.create_connection(("127.0.0.1", server.port), timeout=5)
@@ -260,7 +262,8 @@ def test_connections_beyond_the_cap_wait_in_the_backlog(monkeypatch):
 
     monkeypatch.setattr(http, "REQUEST_TIMEOUT_S", 0.5)
     server = HttpApi("127.0.0.1", 0, lambda: b"ok\n", lambda: {}, max_connections=4)
-    server.start()
+    server.bind()
+    server.serve()
     held = hold_idle(server.port, 20)
     try:
         assert len(held) == 20
@@ -284,7 +287,8 @@ def test_a_client_that_goes_away_early_is_no_error(caplog):
 
     big = {"x": "y" * (4 << 20)}
     server = HttpApi("127.0.0.1", 0, lambda: b"", lambda: big)
-    server.start()
+    server.bind()
+    server.serve()
     try:
         with caplog.at_level("DEBUG", logger="temperd.http"):
             for _ in range(5):

@@ -118,10 +118,6 @@ class HttpApi:
         self._thread = threading.Thread(target=self._accept_loop, args=(self._listener,), name="http", daemon=True)
         self._thread.start()
 
-    def start(self) -> None:
-        self.bind()
-        self.serve()
-
     def stop(self) -> None:
         """Stop accepting and close the listener; requests under way finish on their threads."""
         self._stopping.set()
