@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from temperd.config.daemon_config import (HTTP_SPEC, check_binding_profiles, config_json_schema, load_config, parse_config)
+from temperd.config.daemon_config import CONFIG_SPEC, HTTP_SPEC, check_binding_profiles, load_config, parse_config
 from temperd.config.errors import ConfigError
+from temperd.config.schema import json_schema
 
 GOOD = """\
 backend = "native"
@@ -81,7 +82,7 @@ def test_binding_to_an_unknown_profile_is_reported():
 
 
 def test_config_json_schema():
-    schema = config_json_schema()
+    schema = json_schema(CONFIG_SPEC)
     json.dumps(schema)
     assert schema["properties"]["backend"]["enum"] == ["auto", "scx", "native"]
     assert schema["properties"]["binding"]["items"]["additionalProperties"] is False

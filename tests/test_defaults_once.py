@@ -15,7 +15,7 @@ from temperd.config import daemon_config as dc
 from temperd.config.defaults import ByValue, default_text, in_man_page, shown, toml_text
 from temperd.config.profile import (FINGERPRINT_SPEC, GROUP_SPEC, PROFILE_SPEC, Fingerprint, ThreadGroup, parse_profile,
                                     profile_json_schema)
-from temperd.config.schema import TableSpec
+from temperd.config.schema import TableSpec, json_schema
 from temperd.config.tomlsource import tomllib
 from temperd.decide.classify import WorkloadSignals
 from temperd.decide.hostview import planner_settings
@@ -107,7 +107,7 @@ def walk(table: TableSpec, schema: Any = None) -> Iterator[Tuple[TableSpec, str,
 
 
 def test_the_json_schemas_give_the_spec_default_and_say_it_in_the_help_text():
-    for table, schema in ((dc.CONFIG_SPEC, dc.config_json_schema()), (PROFILE_SPEC, profile_json_schema())):
+    for table, schema in ((dc.CONFIG_SPEC, json_schema(dc.CONFIG_SPEC)), (PROFILE_SPEC, profile_json_schema())):
         for spec, key, sub in walk(table, schema):
             default = spec.default_of(key)
             assert sub["description"].endswith(f" Default: {default_text(default)}."), (spec.title, key)

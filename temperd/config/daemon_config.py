@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Tuple
 from temperd import paths
 from temperd.config.errors import ConfigError, ConfigProblem
 from temperd.plan import TIERS
-from temperd.config.schema import (Spec, TableSpec, Validator, check_cgroup_path, check_glob, json_schema)
+from temperd.config.schema import Spec, TableSpec, Validator, check_cgroup_path, check_glob
 from temperd.config.tomlsource import TomlDocument, parse_toml, read_toml
 
 DEFAULT_CONFIG_DIR = paths.CONFIG_DIR
@@ -306,7 +306,3 @@ def check_binding_profiles(config: DaemonConfig, known_ids) -> List[ConfigProble
     return [ConfigProblem(config.source, ("binding", b.index, "profile"),
                           f"expected the id of a loaded profile ({', '.join(sorted(known_ids))}), found {b.profile!r}")
             for b in config.bindings if b.profile is not None and b.profile not in known_ids]
-
-
-def config_json_schema() -> dict:
-    return json_schema(CONFIG_SPEC, root_id="urn:temperd:config:v1")
