@@ -31,18 +31,36 @@ FUZZ = settings(max_examples=300, deadline=None,
 json_scalar = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**80, max_value=2**80),
                         st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=30),
                         st.sampled_from([1e400, -1e400, 2**63, -1, 0, 4194304, 4194305, "", "10s", "64M", "1e400"]))
-json_value = st.recursive(json_scalar, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)), max_leaves=12)
+# Named functions, not lambdas, in the strategies: hypothesis describes a lambda by finding and
+# parsing its source, at every draw of a strategy built inside st.recursive.
+
+
+def json_containers(inner):
+    return st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4))
+
+
+def with_command(cmd, args):
+    return {**args, "cmd": cmd}
+
+
+def json_line(value) -> bytes:
+    return json.dumps(value).encode()
+
+
+def reply_line(value) -> bytes:
+    return json.dumps(value).encode() + b"\n"
+
+
+json_value = st.recursive(json_scalar, json_containers, max_leaves=12)
 commands = st.sampled_from(["status", "reload", "plan", "explain", "trace", "", "STATUS", "nope", "__class__"])
 keys = st.sampled_from(["id", "duration", "max_size", "pid", "unit", "gzip", "requester", "cmd", "x"])
 requests_ = st.one_of(
-    st.builds(lambda cmd, args: {**args, "cmd": cmd}, st.one_of(commands, json_value),
-              st.dictionaries(keys, json_value, max_size=5)),
+    st.builds(with_command, st.one_of(commands, json_value), st.dictionaries(keys, json_value, max_size=5)),
     json_value,
 )
 request_lines = st.one_of(
     st.binary(max_size=2000),
-    requests_.map(lambda r: json.dumps(r).encode()),
+    requests_.map(json_line),
     st.text(max_size=200).map(str.encode),
     st.sampled_from([b"[" * 5000, b"{" * 5000, b'{"cmd": "status"', b"\xff\xfe{}", b"NaN", b'{"cmd": "explain", "id": 1e400}']),
 )
@@ -126,7 +144,7 @@ def test_the_socket_answers_any_line_and_keeps_serving(live, errors, line):
 
 
 @FUZZ
-@given(data=st.one_of(st.binary(max_size=500), json_value.map(lambda v: json.dumps(v).encode() + b"\n")))
+@given(data=st.one_of(st.binary(max_size=500), json_value.map(reply_line)))
 def test_parse_reply_gives_a_reply_or_bad_reply(data):
     try:
         reply = parse_reply(data)
@@ -145,7 +163,7 @@ def sock_dir(tmp_path_factory):
 
 
 @FUZZ
-@given(answer=st.one_of(st.binary(max_size=300), json_value.map(lambda v: json.dumps(v).encode() + b"\n")))
+@given(answer=st.one_of(st.binary(max_size=300), json_value.map(reply_line)))
 def test_request_raises_only_daemon_unavailable(sock_dir, answer):
     path = str(sock_dir / f"fake-{threading.get_ident()}.sock")
     if os.path.exists(path):

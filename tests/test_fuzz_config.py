@@ -25,19 +25,46 @@ CONFIG_TEXT = "\n".join(re.sub(r"^#(?=[\[a-z])", "", line) for line in
                         (ROOT / "etc" / "temperd.toml").read_text().splitlines()) + "\n"
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
+# Named functions, not lambdas, in the strategies: hypothesis describes a lambda by finding and
+# parsing its source, at every draw of a strategy built inside st.recursive — most of a run's time.
+
+
+def toml_float(f: float) -> str:
+    return repr(f)
+
+
+def toml_string(s: str) -> str:
+    return '"' + (s.replace("\\", "\\\\").replace('"', '\\"').encode("unicode_escape").decode("ascii")
+                  .replace("\\\\x", "\\\\u00")) + '"'
+
+
+def toml_literal_string(s: str) -> str:
+    return "'" + s + "'"
+
+
+def containers(keys, separator: str):
+    """st.recursive's extension: arrays of the values drawn so far, and tables of them under one
+    of `keys` (TOML's `{k = v}`, JSON's `{k: v}`: `separator`)."""
+    def array(items) -> str:
+        return "[" + ", ".join(items) + "]"
+
+    def table(members) -> str:
+        return "{" + ", ".join(f"{k}{separator}{v}" for k, v in members.items()) + "}"
+
+    def extend(inner):
+        return st.one_of(st.lists(inner, max_size=4).map(array),
+                         st.dictionaries(st.sampled_from(keys), inner, max_size=3).map(table))
+    return extend
+
+
 scalar = st.one_of(
     st.integers(min_value=-2**70, max_value=2**70).map(str),
     st.sampled_from(["nan", "inf", "-inf", "0.0", "1e400", "-0", "true", "false", "1979-05-27", "07:32:00"]),
-    st.floats(allow_nan=True, allow_infinity=True).map(lambda f: repr(f).replace("inf", "inf")),
-    st.text(max_size=40).map(lambda s: '"' + s.replace("\\", "\\\\").replace('"', '\\"')
-                             .encode("unicode_escape").decode("ascii").replace("\\\\x", "\\\\u00") + '"'),
-    st.text(alphabet="()[]{}*+?|^$.\\abc", max_size=20).map(lambda s: "'" + s + "'"),
+    st.floats(allow_nan=True, allow_infinity=True).map(toml_float),
+    st.text(max_size=40).map(toml_string),
+    st.text(alphabet="()[]{}*+?|^$.\\abc", max_size=20).map(toml_literal_string),
 )
-toml_value = st.recursive(scalar, lambda inner: st.one_of(
-    st.lists(inner, max_size=4).map(lambda xs: "[" + ", ".join(xs) + "]"),
-    st.dictionaries(st.sampled_from(["a", "b", "name", "weight"]), inner, max_size=3).map(
-        lambda d: "{" + ", ".join(f"{k} = {v}" for k, v in d.items()) + "}"),
-), max_leaves=8)
+toml_value = st.recursive(scalar, containers(["a", "b", "name", "weight"], " = "), max_leaves=8)
 
 
 def test_the_uncommented_example_is_a_valid_config():
@@ -95,11 +122,15 @@ HISTORY_TEXT = json.dumps({"version": 1, "half_life_s": 86400.0, "workloads": {"
 json_scalar = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
                         st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20),
                         st.sampled_from(["1e999", "-1e999", "NaN", "Infinity", "9" * 400, '"\\ud800"']))
-json_value = st.recursive(json_scalar.map(lambda v: v if isinstance(v, str) and v[:1] in "19-NI\"" else json.dumps(v)),
-                          lambda inner: st.one_of(
-                              st.lists(inner, max_size=4).map(lambda xs: "[" + ", ".join(xs) + "]"),
-                              st.dictionaries(st.sampled_from(['"0"', '"80"', '"a"', '"buckets"', '"hist"']), inner,
-                                              max_size=3).map(lambda d: "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}")),
+
+
+def json_text(value) -> str:
+    """A scalar as JSON text; the strings that stand for out-of-range or invalid JSON numbers
+    (1e999, NaN, a 400-digit integer, a lone surrogate) as they are."""
+    return value if isinstance(value, str) and value[:1] in "19-NI\"" else json.dumps(value)
+
+
+json_value = st.recursive(json_scalar.map(json_text), containers(['"0"', '"80"', '"a"', '"buckets"', '"hist"'], ": "),
                           max_leaves=8)
 
 
