@@ -1,7 +1,11 @@
-"""temperd killed with SIGKILL at random moments of start-up and apply, a dozen times over, while
-the workload keeps forking children (which inherit whatever treatment their creator had) — then
-one clean start and stop. Afterwards every thread on the host has its original affinity, policy
-and nice again, and temperd's state directory holds no leftover file."""
+"""temperd killed with SIGKILL at moments of start-up and apply, a dozen times over, while the
+workload keeps forking children (which inherit whatever treatment their creator had) — then one
+clean start and stop. Afterwards every thread on the host has its original affinity, policy and
+nice again, and temperd's state directory holds no leftover file.
+
+Each kill comes at a stage of the run that the test sees happen (STAGES), in an order shuffled by
+the seed: while the interpreter starts, as the backend starts (the last run's record restored and
+the first plan applied next), once it runs, and while it handles the workload's next fork."""
 
 from __future__ import annotations
 
@@ -119,6 +123,56 @@ def applied(pid: int) -> bool:
             and all(task_stat(pid, tid)["nice"] == 10 for tid in names["bg-0"]))
 
 
+def children_of(pid: int) -> set:
+    """The pids of the processes that pid's threads forked and that still run."""
+    found = set()
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as handle:
+                found.update(int(child) for child in handle.read().split())
+        except OSError:
+            continue
+    return found
+
+
+class Run:
+    """One temperd run: its process, and the lines it logged (those after its start)."""
+
+    def __init__(self, proc: subprocess.Popen, log_path, workload_pid: int):
+        self.proc, self.log_path, self.workload_pid = proc, log_path, workload_pid
+        self.offset = os.path.getsize(log_path)
+        self.started = time.monotonic()
+        self.children_at_run: set = set()
+
+    def logged(self, text: str) -> bool:
+        with open(self.log_path, "rb") as handle:
+            handle.seek(self.offset)
+            return text.encode() in handle.read()
+
+    def handling_a_fork(self) -> bool:
+        """Running, and the workload forked a child since: the kill comes as temperd takes it in."""
+        if not self.logged("running: "):
+            return False
+        now = children_of(self.workload_pid)
+        if not self.children_at_run:
+            self.children_at_run = now or {0}
+            return False
+        return bool(now - self.children_at_run)
+
+
+# Where a kill comes, each seen happen: (name, reached(run)).
+STAGES = (
+    ("interpreter start", lambda run: True),
+    ("backend start", lambda run: run.logged("backend native: ")),  # recovery and the first apply follow
+    ("running", lambda run: run.logged("running: ")),
+    ("a fork after the start", Run.handling_a_fork),
+)
+
+
 def test_kill_9_during_start_and_apply_then_a_clean_run_leaves_every_thread_as_it_was(tmp_path):
     rng = random.Random(SEED)
     online = frozenset(os.sched_getaffinity(0))
@@ -129,16 +183,25 @@ def test_kill_9_during_start_and_apply_then_a_clean_run_leaves_every_thread_as_i
     daemon.profiles.joinpath("kill9.toml").write_text(PROFILE)
     try:
         assert workload.stdout.readline().strip() == "ready"
+        stages = [STAGES[i % len(STAGES)] for i in range(KILLS)]
+        rng.shuffle(stages)
+        log_path = tmp_path / "temperd.log"
         kill_times = []
-        for _ in range(KILLS):
-            daemon.proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "temperd"), "--config",
-                                            str(daemon.config_dir)], stdout=daemon.log, stderr=subprocess.STDOUT)
-            at = rng.uniform(0.05, 1.5)
-            kill_times.append(round(at, 2))
-            time.sleep(at)
-            daemon.proc.send_signal(signal.SIGKILL)
-            daemon.proc.wait()
-            time.sleep(rng.uniform(0.1, 0.5))  # children fork while no temperd runs
+        for stage, reached in stages:
+            daemon.log.flush()
+            run = Run(subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "temperd"), "--config",
+                                        str(daemon.config_dir)], stdout=daemon.log, stderr=subprocess.STDOUT),
+                      log_path, workload.pid)
+            daemon.proc = run.proc
+            wait_for(lambda: reached(run) or run.proc.poll() is not None, 30,
+                     f"temperd's run to reach the stage {stage!r} (kills so far: {kill_times})")
+            assert run.proc.poll() is None, f"temperd ended before {stage!r}: " + daemon.logtext()[-3000:]
+            kill_times.append(f"{stage} at {time.monotonic() - run.started:.2f} s")
+            run.proc.send_signal(signal.SIGKILL)
+            run.proc.wait()
+            forked = children_of(workload.pid)
+            wait_for(lambda: children_of(workload.pid) - forked, 10,
+                     "the workload to fork a child while no temperd runs")
         daemon.start()  # a killed run's socket file may still be there: wait for an answer
         wait_for(lambda: matched(daemon), 20, "the workload matched after the kills")
         wait_for(lambda: applied(workload.pid), 20, "the clean run's treatment on the workload's threads")
@@ -155,7 +218,7 @@ def test_kill_9_during_start_and_apply_then_a_clean_run_leaves_every_thread_as_i
             now = after.get(key)
             if now is not None and now[:3] != value[:3]:
                 wrong.append(f"{value[4]} {key[0]}: was {value[:3]}, now {now[:3]}")
-        assert not wrong, f"kills at {kill_times} s (seed {SEED}):\n" + "\n".join(wrong[:20])
+        assert not wrong, f"kills {kill_times} (seed {SEED}):\n" + "\n".join(wrong[:20])
         left = sorted(name for name in os.listdir(daemon.state_dir) if name != "temperd.lock")
         assert left == [], f"files left in the state directory: {left}"
         assert len(ours) > 6  # the workload's threads and some children were there to check

@@ -217,10 +217,23 @@ BPF_CHILD = r"""
 import json, subprocess, sys, time
 from temperd.sources import runqlat as R
 from temperd.plan import Layer, LayerPlan, MemberSelector, OPEN, LATENCY, YIELD
+def schedstat(pid):  # (ns on a CPU, times run on a CPU) of a process's main thread
+    with open("/proc/%d/schedstat" % pid) as f:
+        fields = f.read().split()
+    return int(fields[0]), int(fields[2])
+def wait(condition, what, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            sys.exit("timed out waiting for " + what)
+        time.sleep(0.05)
+def spun():
+    return sum(schedstat(s.pid)[1] for s in spinners)
 waker = subprocess.Popen([sys.executable, "-c", "import time\nwhile True:\n    time.sleep(0.001)\n"])
 spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
 try:
-    time.sleep(0.3)
+    wait(lambda: schedstat(waker.pid)[1] > 50 and all(schedstat(s.pid)[0] > 50e6 for s in spinners),
+         "the waker waking and the spinners spinning")
     t = R.Telemetry()
     t.start()
     plan = LayerPlan(layers=(
@@ -230,7 +243,10 @@ try:
               selector=MemberSelector(tids=tuple(s.pid for s in spinners)))), reserve_cpus=(0,))
     t.update_membership(plan)
     t.end_window(plan)
-    time.sleep(2.0)
+    woken, preempted = schedstat(waker.pid)[1], spun()
+    # the window: until the waker ran 450 times more and the spinners 30 (the test asks for 300 and 10)
+    wait(lambda: schedstat(waker.pid)[1] - woken > 450 and spun() - preempted > 30,
+         "450 runs of the waker and 30 of the spinners in the window")
     report = t.end_window(plan)
     smaller = LayerPlan(layers=plan.layers[:1], reserve_cpus=(0,))
     t.update_membership(smaller)
@@ -283,7 +299,7 @@ def test_bcc_program_loads_and_measures_members_only():
     wakers = next(l for name, l in layers.items() if name.endswith(".wakers"))
     spin = layers["t.spin"]
     assert wakers["source"] == spin["source"] == "bpf"
-    assert wakers["window_count"] > 300 and spin["window_count"] > 10, data  # 1 ms sleeps for 2 s
+    assert wakers["window_count"] > 300 and spin["window_count"] > 10, data  # the window: 450 and 30 runs
     assert wakers["offcpu"].get("voluntary", 0) > 300 and spin["offcpu"].get("preempted", 0) > 10, data
     assert wakers["p50_s"] <= wakers["p99_s"] <= wakers["max_s"], wakers
     assert data["left"] == [wakers["layer"]] and data["members"] == 1, data

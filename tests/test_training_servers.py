@@ -13,12 +13,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from typing import Dict, Iterator, Set, Tuple
 
 import pytest
 
 import servers as S
+from thread_children import busy_until
 from temperd.config.daemon_config import DaemonConfig
 from temperd.config.profile import parse_profile
 from temperd.decide.matcher import Matcher
@@ -34,6 +34,8 @@ pytestmark = [pytest.mark.servers,
               pytest.mark.skipif(os.geteuid() != 0, reason="training traces through tracefs: root only")]
 
 SECONDS = 3.0
+LEAD_S = 2.0  # the load runs this much longer than the window
+LOAD_BUSY_TICKS = 10  # a tenth of a second of CPU on the server (and its children): its load connected and served
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -47,9 +49,10 @@ def started(factory, **kwargs) -> Iterator[S.RunningServer]:
 
 
 def trained_under_load(server: S.RunningServer, tmp_path, name: str) -> Trained:
-    load = server.start_load(SECONDS + 2)
+    load = server.start_load(SECONDS + LEAD_S)
     try:
-        time.sleep(0.7)  # connections up before the window opens
+        # connections up and served before the window opens; soon enough that it closes before the load ends
+        busy_until(server.pid, LOAD_BUSY_TICKS, timeout=LEAD_S - 0.5)
         observation = observe(CaptureRequest(output=str(tmp_path / f"{name}.trace"), duration_s=SECONDS, pid=server.pid))
     finally:
         load.wait()
