@@ -57,12 +57,7 @@ def read_proc_cpu(pid: int) -> Optional[ProcCpu]:
 
 
 def all_proc_cpu() -> Dict[int, ProcCpu]:
-    out: Dict[int, ProcCpu] = {}
-    for pid in procfs.list_pids():
-        found = read_proc_cpu(pid)
-        if found is not None:
-            out[pid] = found
-    return out
+    return {pid: found for pid in procfs.list_pids() if (found := read_proc_cpu(pid)) is not None}
 
 
 def descendants(root: int, procs: Mapping[int, ProcCpu]) -> Set[int]:
@@ -249,12 +244,8 @@ class WaitMeter:
 
 def thread_schedstats(pid: int) -> Dict[int, Tuple[int, int]]:
     """tid -> (ns on a CPU, ns waiting on a runqueue) of the process's live threads."""
-    out = {}
-    for tid in procfs.list_tids(pid) or ():
-        found = procfs.read_schedstat(pid, tid)
-        if found is not None:
-            out[tid] = (found.run_ns, found.wait_ns)
-    return out
+    return {tid: (found.run_ns, found.wait_ns) for tid in procfs.list_tids(pid) or ()
+            if (found := procfs.read_schedstat(pid, tid)) is not None}
 
 
 # ---- cgroups and spinners -----------------------------------------------------------------------------
