@@ -13,8 +13,8 @@ import time
 import pytest
 
 from temperd.backends.native import autogroup
-from temperd.backends.native.autogroup import (YIELD_NICE, Autogroups, Session, autogroup_enabled, read_autogroup,
-                                               wanted_nices)
+from temperd.backends.native.autogroup import (AUTOGROUP, YIELD_NICE, Autogroups, Session, autogroup_enabled,
+                                               read_autogroup, wanted_nices)
 from temperd.plan import LATENCY, OPEN, YIELD, Layer, MemberSelector
 from temperd.sources import procfs
 
@@ -66,23 +66,23 @@ def test_a_session_is_weighed_restored_and_recovered_from_the_state_file(childre
 
     crashed = Autogroups()
     result = crashed.apply(threads, lambda t: layer, lambda t: False)
-    assert result.applied == 1 and read_autogroup(job.pid) == (name, YIELD_NICE)
+    assert result.applied == {AUTOGROUP: 1} and read_autogroup(job.pid) == (name, YIELD_NICE)
     section = json.loads(json.dumps(crashed.state()))  # what the state file keeps
     assert section["written"] == {name: YIELD_NICE} and section["members"][name][0] == job.pid
 
     fresh = Autogroups()  # the next start, after a kill
     fresh.adopt_state(section)
-    assert fresh.restore_all().restored == 1
+    assert fresh.restore_all().restored == {AUTOGROUP: 1}
     assert read_autogroup(job.pid) == (name, before)
 
     latency = _layer("lat", LATENCY, job.tids(), nice=-4)
     held = Autogroups()
-    assert held.apply(threads, lambda t: latency, lambda t: False).applied == 1
+    assert held.apply(threads, lambda t: latency, lambda t: False).applied == {AUTOGROUP: 1}
     assert read_autogroup(job.pid) == (name, -4)
     with open(f"/proc/{job.pid}/autogroup", "w") as handle:
         handle.write("3")  # someone else
-    assert held.apply(threads, lambda t: latency, lambda t: False).drift == 1
-    assert held.restore_all().restored == 0
+    assert held.apply(threads, lambda t: latency, lambda t: False).drift == {AUTOGROUP: 1}
+    assert not held.restore_all().restored
     assert read_autogroup(job.pid) == (name, 3)  # theirs
 
 
@@ -296,7 +296,7 @@ def test_a_sessions_nice_goes_back_through_another_member_once_the_one_that_reac
         assert read_autogroup(member)[0] == name
         held = Autogroups()
         held.groups.locate(name, leader.pid)
-        assert held.hold({name: -10}).applied == 1
+        assert held.hold({name: -10}).applied == {AUTOGROUP: 1}
         assert read_autogroup(member)[1] == -10
         leader.kill()
         leader.wait(10)

@@ -86,7 +86,7 @@ def test_detect_hybrid_without_cpu_controller_says_why(tmp_path):
     assert "cpu is bound to the cgroup v1 hierarchy at /sys/fs/cgroup/cpu" in support.reason
     assert "PID 1 is 'init', not systemd" in support.reason
     result = CgroupWeights(support).apply([CgroupWeight("db", "critical", 1000, cgroup="/db")])
-    assert result.applied == 0 and "unsupported" in result.unsupported[0]
+    assert result.applied == {} and "unsupported" in result.unsupported[0]
 
 
 def test_detect_systemd(tmp_path):
@@ -106,14 +106,14 @@ def test_cgroupfs_write_restore_and_drift(tmp_path):
     plan = [CgroupWeight("db", "critical", 1000, cgroup="/db"), CgroupWeight("batch", "background", 10, cgroup="/batch"),
             CgroupWeight("nocg", "standard", 100, cgroup="/missing")]
     result = weights.apply(plan)
-    assert result.applied == 2 and not result.failed
+    assert result.applied == {CPU_WEIGHT: 2} and not result.failed
     assert (cg / "db" / "cpu.weight").read_text() == "1000"
     assert any("does not exist" in u and "subtree_control" in u for u in result.unsupported)
     (cg / "batch" / "cpu.weight").write_text("50")  # someone else
     again = weights.apply(plan)
-    assert again.drift == 1 and again.applied == 0
+    assert again.drift == {CPU_WEIGHT: 1} and again.applied == {}
     done = weights.restore_all()
-    assert done.restored == 1
+    assert done.restored == {CPU_WEIGHT: 1}
     assert (cg / "db" / "cpu.weight").read_text() == "100"
     assert (cg / "batch" / "cpu.weight").read_text() == "50"
 
@@ -133,9 +133,9 @@ def test_systemd_path_asks_systemctl_and_restores_default():
 
     weights = CgroupWeights(WeightSupport(SYSTEMD, "/sys/fs/cgroup", "systemd is PID 1"), run=run)
     result = weights.apply([CgroupWeight("db", "critical", 1000, cgroup="/system.slice/postgresql.service")])
-    assert result.applied == 1
+    assert result.applied == {CPU_WEIGHT: 1}
     assert ["systemctl", "set-property", "--runtime", "postgresql.service", "CPUWeight=1000"] in calls
-    assert weights.restore_all().restored == 1
+    assert weights.restore_all().restored == {CPU_WEIGHT: 1}
     assert calls[-1] == ["systemctl", "set-property", "--runtime", "postgresql.service", "CPUWeight="]
     assert state["CPUWeight"] == "[not set]"
 
@@ -182,7 +182,7 @@ def test_cgroupfs_weight_changed_after_a_crash_is_left_as_found(tmp_path):
     fresh = CgroupWeights(support)
     fresh.adopt_state(crashed.state())
     done = fresh.restore_all()
-    assert (done.restored, done.drift) == (0, 1)
+    assert (done.restored, done.drift) == ({}, {CPU_WEIGHT: 1})
     assert db.read_text() == "300"
 
 
@@ -191,9 +191,9 @@ def test_a_new_weight_keeps_the_first_original(tmp_path):
     weights = CgroupWeights(detect(proc, run))
     db = _weight_file(cg, "db", "80")
     weights.apply([CgroupWeight("db", "critical", 1000, cgroup="/db")])
-    assert weights.apply([CgroupWeight("db", "standard", 500, cgroup="/db")]).applied == 1  # a new plan
+    assert weights.apply([CgroupWeight("db", "standard", 500, cgroup="/db")]).applied == {CPU_WEIGHT: 1}  # a new plan
     assert db.read_text() == "500"
-    assert weights.restore_all().restored == 1
+    assert weights.restore_all().restored == {CPU_WEIGHT: 1}
     assert db.read_text() == "80"  # the weight before temperd, not temperd's earlier one
 
 
@@ -202,10 +202,10 @@ def test_cgroup_removed_while_held_is_forgotten_without_error(tmp_path):
     support = detect(proc, run)
     db = _weight_file(cg, "db")
     weights = CgroupWeights(support)
-    assert weights.apply([CgroupWeight("db", "critical", 1000, cgroup="/db")]).applied == 1
+    assert weights.apply([CgroupWeight("db", "critical", 1000, cgroup="/db")]).applied == {CPU_WEIGHT: 1}
     db.unlink()  # the workload's cgroup went away with it
     done = weights.restore_all()
-    assert (done.restored, done.failed, done.errors) == (0, 0, [])
+    assert (done.restored, done.failed, done.errors) == ({}, {}, [])
     assert not weights.written and not db.exists()
 
 
@@ -231,16 +231,16 @@ def test_systemd_weight_drift_and_recovery_through_systemctl():
     support = WeightSupport(SYSTEMD, "/sys/fs/cgroup", "systemd is PID 1")
     plan = [CgroupWeight("db", "critical", 1000, unit="db.service"), CgroupWeight("web", "standard", 500, unit="web.service")]
     crashed = CgroupWeights(support, run=run)
-    assert crashed.apply(plan).applied == 2
+    assert crashed.apply(plan).applied == {CPU_WEIGHT: 2}
     assert units == {"db.service": "1000", "web.service": "500"}
     units["web.service"] = "50"  # someone else: systemctl set-property by hand
     again = crashed.apply(plan)
-    assert (again.drift, again.applied) == (1, 0)
+    assert (again.drift, again.applied) == ({CPU_WEIGHT: 1}, {})
     assert units["web.service"] == "50"
     fresh = CgroupWeights(support, run=run)
     fresh.adopt_state(crashed.state())  # a kill, then the next start
     done = fresh.restore_all()
-    assert (done.restored, done.drift) == (1, 1)
+    assert (done.restored, done.drift) == ({CPU_WEIGHT: 1}, {CPU_WEIGHT: 1})
     assert units == {"db.service": "[not set]", "web.service": "50"}
     assert ["systemctl", "set-property", "--runtime", "db.service", "CPUWeight="] in calls
 
@@ -253,9 +253,9 @@ def test_systemctl_failure_is_reported_and_nothing_is_held():
 
     weights = CgroupWeights(WeightSupport(SYSTEMD, "/sys/fs/cgroup", "systemd is PID 1"), run=run)
     result = weights.apply([CgroupWeight("db", "critical", 1000, unit="db.service")])
-    assert (result.applied, result.failed) == (0, 1)
+    assert (result.applied, result.failed) == ({}, {CPU_WEIGHT: 1})
     assert result.errors == ["systemd:db.service: setting CPUWeight=1000: Unit db.service not found."]
-    assert not weights.written and weights.restore_all().restored == 0
+    assert not weights.written and weights.restore_all().restored == {}
 
 
 # ---- on this host's own cgroups ----------------------------------------------------------------
@@ -303,9 +303,9 @@ def test_real_cgroup_weight_set_drift_restore_and_recovery(scratch_cgroup, tmp_p
     weights.apply(plan.cgroup_weights)
     with open(path, "w") as handle:
         handle.write("33")  # another writer
-    assert weights.apply(plan.cgroup_weights).drift == 1
+    assert weights.apply(plan.cgroup_weights).drift == {CPU_WEIGHT: 1}
     assert _read(path) == "33"
-    assert weights.restore_all().restored == 0
+    assert weights.restore_all().restored == {}
     assert _read(path) == "33"  # theirs
 
 
@@ -352,8 +352,8 @@ def test_real_systemd_weight_set_drift_restore_and_recovery(transient_unit, tmp_
     weights = CgroupWeights(support)
     weights.apply(plan.cgroup_weights)
     subprocess.run(["systemctl", "set-property", "--runtime", unit, "CPUWeight=33"], check=True, timeout=30)
-    assert weights.apply(plan.cgroup_weights).drift == 1
-    assert weights.restore_all().restored == 0
+    assert weights.apply(plan.cgroup_weights).drift == {CPU_WEIGHT: 1}
+    assert weights.restore_all().restored == {}
     assert _unit_weight(unit) == "33"  # theirs
 
 
@@ -373,14 +373,14 @@ def test_between_whole_applies_only_a_new_weight_is_looked_up_and_read():
     weights = CgroupWeights(WeightSupport(SYSTEMD, "/sys/fs/cgroup", "systemd is PID 1"), run=run)
     db = CgroupWeight("db", "critical", 1000, unit="db.service")
     web = CgroupWeight("web", "batch", 50, unit="web.service")
-    assert weights.apply([db]).applied == 1
+    assert weights.apply([db]).applied == {CPU_WEIGHT: 1}
     calls.clear()
-    assert weights.apply([db, web], verify=False).applied == 1
+    assert weights.apply([db, web], verify=False).applied == {CPU_WEIGHT: 1}
     assert [c[-1] for c in calls if c[1] == "show"] == ["web.service"]
     calls.clear()
-    assert weights.apply([web], verify=False).restored == 1  # db's workload left: its original back
+    assert weights.apply([web], verify=False).restored == {CPU_WEIGHT: 1}  # db's workload left: its original back
     assert [c[-1] for c in calls if c[1] == "show"] == ["db.service"]
     calls.clear()
     state["web.service"] = "77"  # someone else's
-    assert weights.apply([web]).drift == 1
+    assert weights.apply([web]).drift == {CPU_WEIGHT: 1}
     assert [c[-1] for c in calls if c[1] == "show"] == ["web.service"]

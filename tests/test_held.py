@@ -39,17 +39,17 @@ def test_original_is_recorded_once_before_the_first_write():
     seen_at_save = []
     result = held.hold({"a": 10, "b": 20}, before_write=lambda: seen_at_save.append(
         (dict(held.originals), dict(held.written), dict(knobs.values))))
-    assert (result.applied, result.failed) == (2, 0)
+    assert (result.applied, result.failed) == ({"knob": 2}, {})
     # When the caller saves its state, the originals and the intended values are recorded and
     # nothing is written yet: a kill after the save can be undone.
     assert seen_at_save == [({"a": 1, "b": 2}, {"a": 10, "b": 20}, {"a": 1, "b": 2})]
     assert knobs.values == {"a": 10, "b": 20}
     # A new value later: the original stays the first one, not temperd's own earlier value.
-    assert held.hold({"a": 11, "b": 20}).applied == 1
+    assert held.hold({"a": 11, "b": 20}).applied == {"knob": 1}
     assert held.originals == {"a": 1, "b": 2} and knobs.values["a"] == 11
     # Nothing to change: no write, and no save asked for.
     knobs.log.clear()
-    assert held.hold({"a": 11, "b": 20}, before_write=lambda: seen_at_save.append("again")).applied == 0
+    assert held.hold({"a": 11, "b": 20}, before_write=lambda: seen_at_save.append("again")).applied == {}
     assert not [entry for entry in knobs.log if entry[0] == "write"] and len(seen_at_save) == 1
 
 
@@ -58,12 +58,12 @@ def test_restore_puts_the_original_back_and_forgets():
     held = HeldSettings(knobs)
     held.hold({"a": 10, "b": 20})
     shrink = held.hold({"b": 20})  # a no longer wanted: restored at once
-    assert shrink.restored == 1 and knobs.values == {"a": 1, "b": 20}
+    assert shrink.restored == {"knob": 1} and knobs.values == {"a": 1, "b": 20}
     done = held.restore_all()
-    assert (done.restored, done.failed, done.drift) == (1, 0, 0)
+    assert (done.restored, done.failed, done.drift) == ({"knob": 1}, {}, {})
     assert knobs.values == {"a": 1, "b": 2}
     assert not held.originals and not held.written and not held.drifted
-    assert held.restore_all().restored == 0  # nothing held: nothing written
+    assert held.restore_all().restored == {}  # nothing held: nothing written
     assert knobs.log[-1][0] == "write" and knobs.log[-1][1] == "b"
 
 
@@ -73,12 +73,12 @@ def test_drift_is_counted_once_never_fought_and_left_as_found():
     held.hold({"a": 10})
     knobs.values["a"] = 7  # someone else
     found = held.hold({"a": 10})
-    assert (found.drift, found.applied) == (1, 0)
+    assert (found.drift, found.applied) == ({"knob": 1}, {})
     assert knobs.values["a"] == 7 and held.drifted == {"a": 7}
-    assert held.hold({"a": 10}).drift == 0  # counted once
-    assert held.hold({"a": 12}).applied == 0  # theirs: not written, even for a new value
+    assert held.hold({"a": 10}).drift == {}  # counted once
+    assert held.hold({"a": 12}).applied == {}  # theirs: not written, even for a new value
     done = held.restore_all()
-    assert (done.restored, done.drift) == (0, 0)
+    assert (done.restored, done.drift) == ({}, {})
     assert knobs.values["a"] == 7
 
 
@@ -88,7 +88,7 @@ def test_a_change_found_at_restore_is_drift_and_left():
     held.hold({"a": 10})
     knobs.values["a"] = 5  # changed after temperd's last look
     done = held.restore_all()
-    assert (done.restored, done.drift) == (0, 1)
+    assert (done.restored, done.drift) == ({}, {"knob": 1})
     assert knobs.values["a"] == 5
 
 
@@ -98,15 +98,15 @@ def test_a_vanished_setting_is_forgotten_without_error():
     held.hold({"a": 10, "b": 20})
     del knobs.values["a"]  # the CPU, cgroup or process went away
     again = held.hold({"a": 10, "b": 20})
-    assert (again.applied, again.failed, again.errors) == (0, 0, [])
+    assert (again.applied, again.failed, again.errors) == ({}, {}, [])
     assert "a" not in held.originals and "a" not in held.written
     del knobs.values["b"]
     done = held.restore_all()
-    assert (done.restored, done.failed, done.errors) == (0, 0, [])
+    assert (done.restored, done.failed, done.errors) == ({}, {}, [])
     # Gone between the read and the write (ENOENT): not a failure either, and nothing held.
     knobs.values["c"] = 3
     knobs.refuse["c"] = OSError(errno.ENOENT, "No such file or directory")
-    assert held.hold({"c": 30}).failed == 0 and not held.written
+    assert held.hold({"c": 30}).failed == {} and not held.written
 
 
 def test_a_refused_first_write_leaves_nothing_to_restore():
@@ -114,7 +114,7 @@ def test_a_refused_first_write_leaves_nothing_to_restore():
     knobs.refuse["a"] = OSError(errno.EACCES, "Permission denied")
     held = HeldSettings(knobs)
     result = held.hold({"a": 10, "b": 20})
-    assert (result.applied, result.failed) == (1, 1)
+    assert (result.applied, result.failed) == ({"knob": 1}, {"knob": 1})
     assert result.errors == ["a: setting 10: Permission denied"]
     assert "a" not in held.originals and "a" not in held.written
     del knobs.refuse["a"]
@@ -123,7 +123,7 @@ def test_a_refused_first_write_leaves_nothing_to_restore():
     later = held.hold({"a": 11, "b": 20})  # refused again: what was written before still holds
     assert later.errors == ["a: setting 11: systemctl exited 1"] and held.written["a"] == 10
     del knobs.refuse["a"]
-    assert held.restore_all().restored == 2 and knobs.values == {"a": 1, "b": 2}
+    assert held.restore_all().restored == {"knob": 2} and knobs.values == {"a": 1, "b": 2}
 
 
 def test_unreadable_setting_is_a_failure_not_a_change():
@@ -133,7 +133,7 @@ def test_unreadable_setting_is_a_failure_not_a_change():
 
     held = HeldSettings(Unreadable(a=1))
     result = held.hold({"a": 10})
-    assert (result.applied, result.failed) == (0, 1)
+    assert (result.applied, result.failed) == ({}, {"knob": 1})
     assert result.errors == ["a: cannot read the current value: systemctl show failed"]
     assert not held.written
 
@@ -148,7 +148,7 @@ def test_adopt_after_a_crash_restores_the_predecessors_originals():
     fresh = HeldSettings(knobs)
     fresh.adopt_state(section)
     done = fresh.restore_all()
-    assert (done.restored, done.drift) == (1, 1)
+    assert (done.restored, done.drift) == ({"knob": 1}, {"knob": 1})
     assert knobs.values == {"a": 1, "b": 9}
     assert fresh.state() == {}
 
@@ -167,4 +167,4 @@ def test_keys_come_back_from_the_state_file_as_their_type():
     fresh = HeldSettings(knobs)
     fresh.adopt_state(section)
     assert fresh.written == {1: 25}
-    assert fresh.restore_all().restored == 1 and knobs.values == {0: 0, 1: 0}
+    assert fresh.restore_all().restored == {"knob": 1} and knobs.values == {0: 0, 1: 0}

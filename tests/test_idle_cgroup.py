@@ -223,7 +223,7 @@ def test_threads_read_in_this_pass_move_without_a_second_start_time_read_through
     monkeypatch.setattr(os, "open", lambda path, *a, **kw: opens.append(path) or real_open(path, *a, **kw))
     try:
         result = idle.apply(threads, fresh=fresh)
-        assert result.applied == 3 and not result.errors, result
+        assert result.applied == {IDLE_CGROUP: 3} and not result.errors, result
         assert sorted(stat_reads) == [threads[2].tid]  # the one not read in this pass
         assert [p for p in opens if p.endswith("/tasks")] == [os.path.join(idle_dir(tmp_path), "tasks")]
         assert {cpu_cgroup(kid.pid, t.tid) for t in threads} == {idle.path}
@@ -265,7 +265,7 @@ def test_a_batch_that_leaves_every_sessions_mix_as_it_was_moves_only_its_own_thr
     result = backend.apply(plan_of(yield_layer([bg_c, bg_d])), scan_threads([mixed.pid]), _threads_of(mixed.pid, bg_d))
     assert not result.failed, result.errors
     settled = backend.idle_cgroup.settle()  # the move is made on the worker thread (cgroup_moves.py)
-    assert settled.applied == 1 and not settled.failed, settled
+    assert settled.applied == {IDLE_CGROUP: 1} and not settled.failed, settled
     assert cpu_cgroup(mixed.pid, bg_d) == where and not whole_passes
 
     backend.apply(plan_of(yield_layer([bg_d])), scan_threads([mixed.pid]), [])  # bg-c moved out of the layer
@@ -319,10 +319,10 @@ def test_moves_made_on_the_worker_thread_tell_what_failed_and_their_records_go_b
     try:
         idle._moves.submit(writer, [((7, 1), idle.path, None), ((8, 1), idle.path, None)])
         settled = idle.settle()
-        assert settled.applied == 2 and settled.failed == 1, settled
+        assert (settled.applied, settled.failed) == ({IDLE_CGROUP: 2}, {IDLE_CGROUP: 1}), settled
         assert "setting cpu cgroup /" in settled.errors[0] and key not in idle.written and key not in idle.originals
         assert os.read(reader, 100) == b"78"  # both tids, in order, through the open file
-        assert idle.settle().applied == 0  # nothing left on its way
+        assert not idle.settle().applied  # nothing left on its way
     finally:
         os.close(reader)
         idle._moves.close()
@@ -341,7 +341,7 @@ def test_between_whole_applies_the_cgroup_is_not_made_again_unless_someone_remov
 
     bg_d = mixed.spawn("bg-d")
     backend.apply(plan_of(yield_layer([bg_c, bg_d])), scan_threads([mixed.pid]), _threads_of(mixed.pid, bg_d))
-    assert backend.idle_cgroup.settle().applied == 1
+    assert backend.idle_cgroup.settle().applied == {IDLE_CGROUP: 1}
     assert cpu_cgroup(mixed.pid, bg_d) == where and not made
 
     for tid in (bg_c, bg_d):  # someone else empties and removes it
@@ -352,5 +352,5 @@ def test_between_whole_applies_the_cgroup_is_not_made_again_unless_someone_remov
     result = backend.apply(plan_of(yield_layer([bg_c, bg_d, bg_e])), scan_threads([mixed.pid]),
                            _threads_of(mixed.pid, bg_e))
     assert not result.failed, result.errors
-    assert backend.idle_cgroup.settle().applied == 1
+    assert backend.idle_cgroup.settle().applied == {IDLE_CGROUP: 1}
     assert made and cpu_cgroup(mixed.pid, bg_e) == where

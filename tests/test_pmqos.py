@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from temperd.backends.native.pmqos import PmQos, encode
+from temperd.backends.native.pmqos import PMQOS, PmQos, encode
 from thread_children import wait_until
 
 
@@ -33,22 +33,22 @@ def test_apply_remembers_originals_and_restores(tmp_path):
     qos = _fake_tree(tmp_path, [0, 1], "0")
     (tmp_path / "cpu1" / "power" / "pm_qos_resume_latency_us").write_text("50\n")
     result = qos.apply({0: 20, 1: 0})
-    assert (result.applied, result.failed) == (2, 0)
+    assert (result.applied, result.failed) == ({PMQOS: 2}, {})
     assert (_value(tmp_path, 0), _value(tmp_path, 1)) == ("20", "n/a")
     again = qos.apply({0: 20, 1: 0})
-    assert again.applied == 0  # already holds: nothing written
+    assert again.applied == {}  # already holds: nothing written
     # CPU 1 leaves the plan: its original comes back at once.
     shrink = qos.apply({0: 20})
-    assert shrink.restored == 1 and _value(tmp_path, 1) == "50"
+    assert shrink.restored == {PMQOS: 1} and _value(tmp_path, 1) == "50"
     done = qos.restore_all()
-    assert done.restored == 1 and _value(tmp_path, 0) == "0"
+    assert done.restored == {PMQOS: 1} and _value(tmp_path, 0) == "0"
     assert not qos.originals and not qos.written
 
 
 def test_missing_file_is_unsupported_and_says_so(tmp_path):
     qos = _fake_tree(tmp_path, [0])
     result = qos.apply({0: 10, 3: 10})
-    assert result.applied == 1 and not result.failed
+    assert result.applied == {PMQOS: 1} and not result.failed
     assert len(result.unsupported) == 1
     assert "cpu3/power/pm_qos_resume_latency_us does not exist" in result.unsupported[0]
 
@@ -58,9 +58,9 @@ def test_someone_elses_write_is_drift_left_alone(tmp_path):
     qos.apply({0: 20})
     (tmp_path / "cpu0" / "power" / "pm_qos_resume_latency_us").write_text("7\n")
     result = qos.apply({0: 20})
-    assert result.drift == 1 and result.applied == 0
+    assert result.drift == {PMQOS: 1} and not result.applied
     assert _value(tmp_path, 0) == "7"
-    assert qos.apply({0: 20}).drift == 0  # counted once
+    assert not qos.apply({0: 20}).drift  # counted once
     qos.restore_all()
     assert _value(tmp_path, 0) == "7"  # theirs, not restored over
 
@@ -69,7 +69,7 @@ def test_adopted_state_from_a_previous_run_is_restored(tmp_path):
     qos = _fake_tree(tmp_path, [0], "n/a")
     fresh = PmQos(str(tmp_path))
     fresh.adopt({"0": "0"}, {"0": "n/a"})
-    assert fresh.restore_all().restored == 1
+    assert fresh.restore_all().restored == {PMQOS: 1}
     assert _value(tmp_path, 0) == "0"
     assert qos.read(0) == "0"
 
@@ -104,9 +104,9 @@ def _idle_usage():
 def test_real_cpu_bound_is_set_read_back_and_restored(real_cpu1):
     qos = PmQos()
     assert qos.supported(1) == (True, "")
-    assert qos.apply({1: 25}).applied == 1
+    assert qos.apply({1: 25}).applied == {PMQOS: 1}
     assert qos.read(1) == "25"
-    assert qos.restore_all().restored == 1
+    assert qos.restore_all().restored == {PMQOS: 1}
     assert qos.read(1) == real_cpu1
 
 

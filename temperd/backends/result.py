@@ -1,33 +1,12 @@
 """What a backend did: one call's counts and messages (ApplyResult), and the drift it has found
 since it started (DriftRecord). A leaf: the Backend interface, both backends and the observers
-read these types without importing one another."""
+read these types without importing one another. Every setting temperd holds or restores (a
+thread's, held.py's) says what it did as an ApplyResult, counted under its kind; a call merges them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Protocol, Sequence
-
-
-class RestoreCounts(Protocol):
-    """What a restore of thread settings did (restore_ledger.RestoreOutcome)."""
-
-    restored: Mapping[str, int]
-    failed: Mapping[str, int]
-    drift: Mapping[str, int]
-    gone: int
-    errors: Sequence[str]
-
-
-class HeldCounts(Protocol):
-    """What one kind of held host setting did (held.HostSettingResult)."""
-
-    applied: int
-    restored: int
-    failed: int
-    drift: int
-    errors: Sequence[str]
-    notes: Sequence[str]
-    unsupported: Sequence[str]
+from typing import Dict, List, Mapping
 
 
 def _add(table: Dict[str, int], kind: str, n: int = 1) -> None:
@@ -51,32 +30,6 @@ class ApplyResult:
     def bump(self, table: Dict[str, int], kind: str, n: int = 1) -> None:
         _add(table, kind, n)
 
-    def take(self, outcome: RestoreCounts) -> None:
-        """Merge what a restore of thread settings did."""
-        for kind, n in outcome.restored.items():
-            self.bump(self.restored, kind, n)
-        for kind, n in outcome.failed.items():
-            self.bump(self.failed, kind, n)
-        for kind, n in outcome.drift.items():
-            self.bump(self.drift, kind, n)
-        self.gone += outcome.gone
-        self.errors.extend(outcome.errors)
-
-    def take_counts(self, kind: str, part: HeldCounts) -> None:
-        """Merge what a held host setting (PM QoS, cgroup weights, autogroups) did."""
-        self.bump(self.applied, kind, part.applied)
-        self.bump(self.restored, kind, part.restored)
-        self.bump(self.failed, kind, part.failed)
-        self.bump(self.drift, kind, part.drift)
-        self.errors.extend(part.errors)
-        self.notes.extend(part.notes)
-        if part.unsupported:
-            said = set(self.unsupported)  # a check per text, not a walk of the list (one per workload)
-            for text in part.unsupported:
-                if text not in said:
-                    said.add(text)
-                    self.unsupported.append(text)
-
     def merge(self, other: "ApplyResult") -> None:
         """Add another result's counts and messages to this one."""
         for mine, theirs in ((self.applied, other.applied), (self.failed, other.failed),
@@ -87,7 +40,12 @@ class ApplyResult:
         self.gone += other.gone
         self.errors.extend(other.errors)
         self.notes.extend(other.notes)
-        self.unsupported.extend(other.unsupported)
+        if other.unsupported:
+            said = set(self.unsupported)  # a check per text, not a walk of the list (one per workload)
+            for text in other.unsupported:
+                if text not in said:
+                    said.add(text)
+                    self.unsupported.append(text)
 
     @property
     def ok(self) -> bool:

@@ -21,8 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Container, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
-from temperd.backends.native.held import HeldSettings, HostSettingResult, Setting
+from temperd.backends.native.held import HeldSettings, Setting
 from temperd.backends.native.sched import NICE_MAX, NICE_MIN
+from temperd.backends.result import ApplyResult
 from temperd.plan import YIELD, Layer
 from temperd.sources import procfs
 
@@ -345,7 +346,7 @@ class Autogroups(HeldSettings[str, int]):
     def apply(self, threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
               is_kernel_thread: Callable[[Any], bool],
               before_write: Optional[Callable[[], None]] = None, reread: bool = True,
-              touched: Optional[Container[int]] = None) -> HostSettingResult:
+              touched: Optional[Container[int]] = None) -> ApplyResult:
         """Weigh the autogroups of these threads (the host's) as their members' layers ask.
         reread: read every process's autogroup anew (else SessionCache decides which; touched:
         the processes of the batch at hand, between whole applies)."""

@@ -83,8 +83,8 @@ class NativeBackend:
         for held in held_settings:
             drifted += len(held.drifted)
             part = held.restore_all()
-            drifted += part.drift
-            result.take_counts(held.kind, part)
+            drifted += sum(part.drift.values())
+            result.merge(part)
         return drifted
 
     # ---- public API --------------------------------------------------------------------------
@@ -117,8 +117,8 @@ class NativeBackend:
         self._apply_autogroups(result, reread=True)
         bounds, notes = resume_bounds(plan, self.ledger.online_cpus(), self.pmqos_open_layers)
         result.notes.extend(notes)
-        result.take_counts(PMQOS, self.pmqos.apply(bounds, save))
-        result.take_counts(CPU_WEIGHT, self.weights.apply(plan.cgroup_weights, save))
+        result.merge(self.pmqos.apply(bounds, save))
+        result.merge(self.weights.apply(plan.cgroup_weights, save))
         return self._finish(result)
 
     def _apply_members(self, plan: LayerPlan, threads: Iterable, changed: Iterable,
@@ -127,8 +127,7 @@ class NativeBackend:
         and the moved ones are treated under it."""
         result = ApplyResult()
         if plan.cgroup_weights != self.plan.cgroup_weights:  # a workload came, went or changed tier: only those read
-            result.take_counts(CPU_WEIGHT, self.weights.apply(plan.cgroup_weights, functools.partial(self._save, result),
-                                                              verify=False))
+            result.merge(self.weights.apply(plan.cgroup_weights, functools.partial(self._save, result), verify=False))
         self.treatment.set_plan(plan, False, result, layer_changes(self.plan, plan)[1])
         self.plan = plan
         touched = {thread.tid: thread for thread in changed}
@@ -181,7 +180,7 @@ class NativeBackend:
         yielding = [thread for thread, kind, mixed in counted if kind == YIELD and mixed]
         others = [thread for thread, kind, mixed in counted if not (kind == YIELD and mixed)]
         universe = self._universe
-        result.take_counts(IDLE_CGROUP, self.idle_cgroup.add(
+        result.merge(self.idle_cgroup.add(
             yielding, others, lambda key: universe[key].pid if key in universe else None, fresh=new))
         return True
 
@@ -214,11 +213,11 @@ class NativeBackend:
         result = ApplyResult()
         drifted = self._restore_held(result, self._held()[:1])
         creators = self.ledger.copy()
-        result.take(self.ledger.restore_all())
+        result.merge(self.ledger.restore_all())
         # Every thread of the creators' families is looked at again, the ones already seen
         # included: between whole applies the event path treats only new and moved threads, and
         # one it saw before its creator's treatment landed may hold it now.
-        result.take(restore_inherited(self.ledger, creators, given_back=self.treatment.given_back))
+        result.merge(restore_inherited(self.ledger, creators, given_back=self.treatment.given_back))
         drifted += sum(len(rec.drifted) for rec in self.ledger.records.values())
         drifted += self._restore_held(result, self._held()[1:])
         if drifted:
@@ -261,8 +260,8 @@ class NativeBackend:
         idle, rest = self._held()[:1], self._held()[1:]  # the idle cgroup first, as in stop()
         self._recover_held(result, previous, idle)
         creators = previous.copy()
-        result.take(previous.restore_all())
-        result.take(restore_inherited(previous, creators))
+        result.merge(previous.restore_all())
+        result.merge(restore_inherited(previous, creators))
         self._recover_held(result, previous, rest)
         if previous.skipped:
             result.errors.append(f"{previous.path}: {len(previous.skipped)} malformed entries skipped")
@@ -281,7 +280,7 @@ class NativeBackend:
                     result.errors.append(f"{previous.path}: section {held.kind}: malformed entry ({exc}); "
                                          "the entries after it are not restored")
                     log.error("%s", result.errors[-1])
-                result.take_counts(held.kind, held.restore_all())
+                result.merge(held.restore_all())
 
     def status(self) -> BackendStatus:
         return BackendStatus(carried_by=NATIVE, drift=self.drift_counts)
@@ -306,14 +305,14 @@ class NativeBackend:
         costs file reads for itself. fresh: the threads the inventory read in this pass."""
         if self.autogroup and self.treatment.membership is not None:
             save = functools.partial(self._save, result)
-            result.take_counts(AUTOGROUP, self.autogroups.apply(
+            result.merge(self.autogroups.apply(
                 self._universe.values(), self.treatment.layer_for, self.treatment.is_kernel_thread,
                 save, reread=reread, touched=touched))
             mixed = self.autogroups.mixed
             if not self.idle_cgroup.supported:
                 result.notes.extend(mixed_note(name, session, self.idle_cgroup.why_not)
                                     for name, session in mixed.items())
-            result.take_counts(IDLE_CGROUP, self.idle_cgroup.apply(
+            result.merge(self.idle_cgroup.apply(
                 [t for session in mixed.values() for t in session.yielding], verify=reread, fresh=fresh))
 
     def _finish(self, result: ApplyResult, save: bool = True) -> ApplyResult:

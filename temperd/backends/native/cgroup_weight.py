@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from temperd.sources.mounts import cgroup1_cpu_mount, cgroup2_mount
-from temperd.backends.native.held import HeldSettings, HostSettingResult, Refused, Setting
+from temperd.backends.native.held import HeldSettings, Refused, Setting
+from temperd.backends.result import ApplyResult
 from temperd.files import read_stripped
 from temperd.plan import CgroupWeight
 from temperd.sources.facts import unit_from_cgroup
@@ -149,7 +150,7 @@ class CgroupWeights(HeldSettings[str, str]):
         return f"{CGROUPFS}:{path}", ""
 
     def apply(self, weights: Iterable[CgroupWeight], before_write: Optional[Callable[[], None]] = None,
-              verify: bool = True) -> HostSettingResult:
+              verify: bool = True) -> ApplyResult:
         """Make these weights hold and restore the ones no longer asked for. verify False
         (between whole applies, where a workload came or went): a weight the last apply also
         asked for is neither looked up nor read again (a systemctl call or a file read per

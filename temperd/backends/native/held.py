@@ -1,7 +1,8 @@
 """Held settings: one way to change a host setting and give it back.
 
 A Setting names a value by key (a CPU's PM QoS bound, a cgroup's cpu.weight, an autogroup's
-nice) and reads and writes it. HeldSettings holds such values for temperd:
+nice) and reads and writes it. HeldSettings holds such values for temperd (what each call did:
+an ApplyResult, counted under the setting's kind):
 
 - the original is recorded before the first write, and the value about to be written with it,
   so a state file saved in between (`before_write`) undoes the write even if temperd is killed;
@@ -20,8 +21,9 @@ together (one sched_getattr, one sched_setattr).
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass, field
 from typing import Any, Callable, Container, Dict, Generic, List, Mapping, Optional, Tuple, TypeVar
+
+from temperd.backends.result import ApplyResult
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -31,30 +33,6 @@ GONE_ERRNOS = (errno.ENOENT, errno.ESRCH)  # what a write answers when the setti
 
 class Refused(Exception):
     """A read or write the setting's owner refused (e.g. systemctl failed); str() says why."""
-
-
-@dataclass
-class HostSettingResult:
-    """What one hold or restore of host settings (PM QoS, cgroup weights, autogroups) did."""
-
-    applied: int = 0
-    restored: int = 0
-    failed: int = 0
-    drift: int = 0  # values found changed by someone else (each counted once)
-    errors: List[str] = field(default_factory=list)
-    unsupported: List[str] = field(default_factory=list)
-    notes: List[str] = field(default_factory=list)
-
-    def add(self, other: "HostSettingResult") -> "HostSettingResult":
-        """This result with what `other` did as well."""
-        self.applied += other.applied
-        self.restored += other.restored
-        self.failed += other.failed
-        self.drift += other.drift
-        self.errors.extend(other.errors)
-        self.unsupported.extend(other.unsupported)
-        self.notes.extend(other.notes)
-        return self
 
 
 class Setting(Generic[K, V]):
@@ -108,7 +86,7 @@ class HeldSettings(Generic[K, V]):
         return self.setting.kind
 
     def hold(self, desired: Mapping[K, V], before_write: Optional[Callable[[], Optional[bool]]] = None,
-             trusted: Container[K] = (), read: Optional[Mapping[K, Optional[V]]] = None) -> HostSettingResult:
+             trusted: Container[K] = (), read: Optional[Mapping[K, Optional[V]]] = None) -> ApplyResult:
         """Make `desired` hold, and restore what is held but no longer desired.
 
         before_write is called once, after the originals and intended values are recorded and
@@ -116,7 +94,7 @@ class HeldSettings(Generic[K, V]):
         nothing is written). trusted: keys whose value
         temperd wrote is taken as current without reading it (drift is found at the next call
         that does not trust them). read: values the caller has just read, not read again."""
-        result = HostSettingResult()
+        result = ApplyResult()
         for key in sorted(set(self.written) - set(desired)):
             self._restore(key, result)
         self._hold_more({k: v for k, v in desired.items()
@@ -124,7 +102,7 @@ class HeldSettings(Generic[K, V]):
                         result, before_write, read or {})
         return result
 
-    def _hold_more(self, desired: Mapping[K, V], result: HostSettingResult,
+    def _hold_more(self, desired: Mapping[K, V], result: ApplyResult,
                    before_write: Optional[Callable[[], Optional[bool]]], read: Mapping[K, Optional[V]]) -> None:
         """Make `desired` hold as well, what else is held staying as it is."""
         pending = self._intend(desired, result, read)
@@ -135,7 +113,7 @@ class HeldSettings(Generic[K, V]):
         for key, value, previous in pending:
             self._write(key, value, previous, result)
 
-    def _intend(self, desired: Mapping[K, V], result: HostSettingResult,
+    def _intend(self, desired: Mapping[K, V], result: ApplyResult,
                 read: Mapping[K, Optional[V]]) -> List[Tuple[K, V, Optional[V]]]:
         """Read each desired setting, find drift, and record the original and the value to write.
         Returns (key, value, the value written before) for each write to make."""
@@ -147,8 +125,7 @@ class HeldSettings(Generic[K, V]):
             try:
                 current = read[key] if key in read else self.setting.read(key)
             except (OSError, Refused) as exc:
-                result.failed += 1
-                result.errors.append(f"{self.setting.where(key)}: cannot read the current value: {_why(exc)}")
+                self._fail(result, f"{self.setting.where(key)}: cannot read the current value: {_why(exc)}")
                 continue
             if current is None:
                 self._forget(key)  # gone: nothing to hold, nothing to restore
@@ -156,7 +133,7 @@ class HeldSettings(Generic[K, V]):
             if key in self.written:
                 if current != self.written[key]:
                     self.drifted[key] = current
-                    result.drift += 1
+                    result.bump(result.drift, self.kind)
                     continue
                 if current == value:
                     continue
@@ -166,21 +143,20 @@ class HeldSettings(Generic[K, V]):
             self.written[key] = value
         return pending
 
-    def _write(self, key: K, value: V, previous: Optional[V], result: HostSettingResult) -> None:
+    def _write(self, key: K, value: V, previous: Optional[V], result: ApplyResult) -> None:
         try:
             self.setting.write(key, value)
         except (OSError, Refused) as exc:
             self._not_written(key, value, previous, exc, result)
             return
-        result.applied += 1
+        result.bump(result.applied, self.kind)
 
     def _not_written(self, key: K, value: V, previous: Optional[V], exc: BaseException,
-                     result: HostSettingResult) -> None:
+                     result: ApplyResult) -> None:
         """A write that _intend recorded failed: the record goes back to what it was."""
         self._unintend(key, previous)
         if not _gone(exc):
-            result.failed += 1
-            result.errors.append(f"{self.setting.where(key)}: setting {self.setting.shown(value)}: {_why(exc)}")
+            self._fail(result, f"{self.setting.where(key)}: setting {self.setting.shown(value)}: {_why(exc)}")
 
     def _unintend(self, key: K, previous: Optional[V]) -> None:
         if previous is None:
@@ -188,18 +164,18 @@ class HeldSettings(Generic[K, V]):
         else:
             self.written[key] = previous
 
-    def restore(self, key: K) -> HostSettingResult:
-        result = HostSettingResult()
+    def restore(self, key: K) -> ApplyResult:
+        result = ApplyResult()
         self._restore(key, result)
         return result
 
-    def restore_all(self) -> HostSettingResult:
-        result = HostSettingResult()
+    def restore_all(self) -> ApplyResult:
+        result = ApplyResult()
         for key in sorted(set(self.originals) | set(self.written)):
             self._restore(key, result)
         return result
 
-    def _restore(self, key: K, result: HostSettingResult) -> None:
+    def _restore(self, key: K, result: ApplyResult) -> None:
         original = self.originals.get(key)
         written = self.written.get(key)
         drifted = key in self.drifted
@@ -209,24 +185,25 @@ class HeldSettings(Generic[K, V]):
         try:
             current = self.setting.read(key)
         except (OSError, Refused) as exc:
-            result.failed += 1
-            result.errors.append(f"{self.setting.where(key)}: restoring {self.setting.shown(original)}: "
-                                 f"cannot read the current value: {_why(exc)}")
+            self._fail(result, f"{self.setting.where(key)}: restoring {self.setting.shown(original)}: "
+                               f"cannot read the current value: {_why(exc)}")
             return
         if current is None:
             return  # gone: nothing to restore
         if written is not None and current != written:
-            result.drift += 1  # someone else set it since: theirs, left as found
+            result.bump(result.drift, self.kind)  # someone else set it since: theirs, left as found
             return
         try:
             self.setting.write(key, original)
         except (OSError, Refused) as exc:
             if not _gone(exc):
-                result.failed += 1
-                result.errors.append(f"{self.setting.where(key)}: restoring {self.setting.shown(original)}: "
-                                     f"{_why(exc)}")
+                self._fail(result, f"{self.setting.where(key)}: restoring {self.setting.shown(original)}: {_why(exc)}")
             return
-        result.restored += 1
+        result.bump(result.restored, self.kind)
+
+    def _fail(self, result: ApplyResult, error: str) -> None:
+        result.bump(result.failed, self.kind)
+        result.errors.append(error)
 
     def forget(self, key: K) -> None:
         """The thing the key names ended (a thread that exited): nothing to hold, nothing to restore."""

@@ -35,8 +35,9 @@ from typing import Any, Callable, Container, Dict, Iterable, List, Optional, Set
 
 from temperd.sources.mounts import MOUNTINFO, cgroup1_cpu_mount
 from temperd.backends.native.cgroup_moves import DeferredMoves
-from temperd.backends.native.held import HeldSettings, HostSettingResult
+from temperd.backends.native.held import HeldSettings
 from temperd.backends.native.thread_cgroup import IDLE_CGROUP, ROOT, Key, ThreadCpuCgroup, move
+from temperd.backends.result import ApplyResult
 from temperd.sources import procfs
 
 NAME = "temperd-yield"
@@ -86,7 +87,7 @@ class IdleCgroup(HeldSettings[Key, str]):
         """Nothing for the state file (see above): a start empties the cgroup."""
         return {}
 
-    def apply(self, threads: Iterable, verify: bool = True, fresh: Container[Key] = ()) -> HostSettingResult:
+    def apply(self, threads: Iterable, verify: bool = True, fresh: Container[Key] = ()) -> ApplyResult:
         """Hold these threads (with tid, start_time) in the idle cgroup, where they sit in the
         hierarchy's root or in it already; everything else temperd holds there goes back.
         verify False (between whole applies): a thread temperd already holds there is not read
@@ -102,9 +103,10 @@ class IdleCgroup(HeldSettings[Key, str]):
             return result
         with self.setting.batch(fresh):
             self.setting.open_tasks(self.path)
-            return result.add(self._apply(threads, verify))
+            result.merge(self._apply(threads, verify))
+        return result
 
-    def _apply(self, threads: List, verify: bool) -> HostSettingResult:
+    def _apply(self, threads: List, verify: bool) -> ApplyResult:
         desired = {}
         trusted = set()
         read = {}
@@ -120,7 +122,7 @@ class IdleCgroup(HeldSettings[Key, str]):
         return self.hold(desired, None, trusted, read)
 
     def add(self, yielding: Iterable, others: Iterable, pid_of: Callable[[Key], Optional[int]],
-            fresh: Container[Key] = ()) -> HostSettingResult:
+            fresh: Container[Key] = ()) -> ApplyResult:
         """Between whole applies, where a batch left every session's mix as it was: `yielding`,
         new yield threads of mixed sessions, held here as apply() would hold them; of `others`
         (the batch's other threads), one held here goes back, and one of a process with
@@ -164,26 +166,27 @@ class IdleCgroup(HeldSettings[Key, str]):
                 self._moves.submit(tasks, self._intend(desired, result, read))
         return result
 
-    def settle(self) -> HostSettingResult:
+    def settle(self, result: Optional[ApplyResult] = None) -> ApplyResult:
         """Wait for the moves add() handed to the worker thread: each that failed goes back as a
-        write made here would have (HeldSettings._not_written)."""
-        result = HostSettingResult()
+        write made here would have (HeldSettings._not_written). Counted into `result`, else a new one."""
+        result = ApplyResult() if result is None else result
         made, failed = self._moves.wait()
-        result.applied += made
+        result.bump(result.applied, self.kind, made)
         for key, value, previous, exc in failed:
             self._not_written(key, value, previous, exc, result)
         return result
 
-    def _restore(self, key: Key, result: HostSettingResult) -> None:
-        result.add(self.settle())  # a thread is not read while its move is on its way
+    def _restore(self, key: Key, result: ApplyResult) -> None:
+        self.settle(result)  # a thread is not read while its move is on its way
         super()._restore(key, result)
 
-    def restore_all(self) -> HostSettingResult:
+    def restore_all(self) -> ApplyResult:
         self._pids = None
-        result = self.settle().add(super().restore_all())
+        result = self.settle()
+        result.merge(super().restore_all())
         self._moves.close()
         if self.supported:
-            result.restored += self.empty()
+            result.bump(result.restored, self.kind, self.empty())
         return result
 
     def empty(self) -> int:
@@ -208,7 +211,7 @@ class IdleCgroup(HeldSettings[Key, str]):
     def _dir(self) -> str:
         return os.path.join(self.mount or "", self.path.lstrip("/"))
 
-    def _ensure(self, result: HostSettingResult) -> bool:
+    def _ensure(self, result: ApplyResult) -> bool:
         """Make the cgroup (cpu.idle = 1) where it is not; False, with the reason kept, where it
         cannot be. Once made, only a whole apply makes sure of it again, or a batch whose open of
         its tasks file fails (events come ten or more batches a second)."""
@@ -220,8 +223,7 @@ class IdleCgroup(HeldSettings[Key, str]):
                 handle.write("1")
         except OSError as exc:
             self.why_not = f"cannot make the idle cgroup {self._dir()}: {exc.strerror or exc}"
-            result.errors.append(self.why_not)
-            result.failed += 1
+            self._fail(result, self.why_not)
             return False
         self._made = True
         return True

@@ -24,8 +24,8 @@ from temperd.backends.native import sched
 from temperd.backends.native.given_back import GivenBack
 from temperd.backends.native.membership import ThreadKey, scan_threads
 from temperd.backends.native.restore_ledger import (AFFINITY, NICE, POLICY, SLICE, THREAD_KINDS, Original,
-                                                    RestoreLedger, RestoreOutcome, ThreadRecord, as_read, reported,
-                                                    thread_values)
+                                                    RestoreLedger, ThreadRecord, as_read, reported, thread_values)
+from temperd.backends.result import ApplyResult
 from temperd.sources import procfs
 
 MAX_SWEEPS = 20  # sweeps for threads that inherited temperd's treatment, at stop and at recovery
@@ -170,7 +170,7 @@ def family(roots: Iterable[int]) -> List[int]:
 
 
 def restore_inherited(ledger: RestoreLedger, creators: RestoreLedger, known: Iterable[ThreadKey] = (),
-                      max_sweeps: int = MAX_SWEEPS, given_back: Optional[GivenBack] = None) -> RestoreOutcome:
+                      max_sweeps: int = MAX_SWEEPS, given_back: Optional[GivenBack] = None) -> ApplyResult:
     """After the creators were restored: give back the creators' originals to threads that
     inherited temperd's treatment and that `ledger` does not hold (made after the last pass over
     new threads, or while no temperd ran). `creators` is a copy of the ledger from before its
@@ -179,7 +179,7 @@ def restore_inherited(ledger: RestoreLedger, creators: RestoreLedger, known: Ite
     processes and their descendants until a sweep finds no such thread, at most max_sweeps times.
     `known`: threads already looked at for inheritance (the backend's), passed over. `given_back`:
     values temperd gave back on threads before (a thread made before that may still carry one)."""
-    out = RestoreOutcome()
+    out = ApplyResult()
     if not creators.records and not (given_back and given_back.pids()):
         return out
     online = ledger.online_cpus()

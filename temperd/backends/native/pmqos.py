@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 from typing import Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
-from temperd.backends.native.held import HeldSettings, HostSettingResult, Setting
+from temperd.backends.native.held import HeldSettings, Setting
+from temperd.backends.result import ApplyResult
 from temperd.plan import LayerPlan
 
 PMQOS = "pmqos"
@@ -110,7 +111,7 @@ class PmQos(HeldSettings[int, str]):
         return True, ""
 
     def apply(self, desired: Mapping[int, int],
-              before_write: Optional[Callable[[], None]] = None) -> HostSettingResult:
+              before_write: Optional[Callable[[], None]] = None) -> ApplyResult:
         """Make the bounds in `desired` (cpu -> us) hold and restore CPUs no longer in it."""
         wanted: Dict[int, str] = {}
         unsupported: List[str] = []

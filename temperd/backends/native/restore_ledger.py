@@ -10,7 +10,7 @@ bounds, cgroup weights, autogroup nices, the idle cgroup) in `extras`.
 Drift: when a re-read value differs from what temperd set, someone else changed it (an affinity
 compared within the online CPUs: the daemon's machine shape's, else sysfs's when made without one). The ledger
 marks that setting as theirs (temperd stops enforcing it: no fight loop) and does not restore
-it later either; the outcome counts it.
+it later either; the result counts it.
 
 These are the rules of held settings (held.py), kept per thread rather than per setting: one
 sched_getattr reads a thread's policy, nice and slice, and one sched_setattr writes them.
@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Opti
 
 from temperd.backends.native import sched
 from temperd.backends.native.state_file import StateFile, StateFileError
+from temperd.backends.result import ApplyResult
 from temperd.sources import procfs
 from temperd.sources.shape import online_cpus as sysfs_online_cpus
 
@@ -155,26 +156,6 @@ class ThreadRecord:
                                      slice_ns=int(orig.get("slice_ns", 0))),
                    applied=values(data.get("applied", {})), drifted=values(data.get("drifted", {})),
                    since=int(data.get("since", 0)))
-
-
-@dataclass
-class RestoreOutcome:
-    restored: Dict[str, int] = field(default_factory=dict)  # kind -> settings put back
-    failed: Dict[str, int] = field(default_factory=dict)
-    drift: Dict[str, int] = field(default_factory=dict)  # found changed by someone else: left as is
-    gone: int = 0  # threads that no longer exist (or whose tid now names another thread)
-    errors: List[str] = field(default_factory=list)
-
-    def merge(self, other: "RestoreOutcome") -> None:
-        for mine, theirs in ((self.restored, other.restored), (self.failed, other.failed), (self.drift, other.drift)):
-            for kind, count in theirs.items():
-                mine[kind] = mine.get(kind, 0) + count
-        self.gone += other.gone
-        self.errors.extend(other.errors)
-
-
-def _bump(table: Dict[str, int], kind: str, n: int = 1) -> None:
-    table[kind] = table.get(kind, 0) + n
 
 
 class _Watched(dict):
@@ -333,9 +314,9 @@ class RestoreLedger:
         return stat is not None and stat.start_time == rec.start_time
 
     def restore(self, rec: ThreadRecord, kinds: Optional[Iterable[str]] = None,
-                online: Optional[FrozenSet[int]] = None) -> RestoreOutcome:
+                online: Optional[FrozenSet[int]] = None) -> ApplyResult:
         """Put back the original of each applied kind (all, or `kinds`) that nobody else changed since."""
-        out = RestoreOutcome()
+        out = ApplyResult()
         todo = [k for k in (kinds if kinds is not None else THREAD_KINDS) if k in rec.applied]
         if not todo:
             if not rec.applied and not self.alive(rec):
@@ -354,7 +335,7 @@ class RestoreLedger:
             for kind in list(todo):
                 if not self.matches(rec, kind, current[kind], online):
                     self.mark_drift(rec, kind, current[kind])
-                    _bump(out.drift, kind)
+                    out.bump(out.drift, kind)
                     todo.remove(kind)
             if AFFINITY in todo:
                 self._put_back(rec, [AFFINITY], out,
@@ -378,19 +359,19 @@ class RestoreLedger:
         self._maybe_forget(rec)
         return out
 
-    def _put_back(self, rec: ThreadRecord, kinds: List[str], out: RestoreOutcome, action) -> None:
+    def _put_back(self, rec: ThreadRecord, kinds: List[str], out: ApplyResult, action) -> None:
         try:
             action()
         except OSError as exc:
             if sched.is_gone(exc):
                 raise
             for kind in kinds:
-                _bump(out.failed, kind)
+                out.bump(out.failed, kind)
                 rec.applied.pop(kind, None)  # a failed restore is reported once, not retried forever
             out.errors.append(f"tid {rec.tid} ({rec.comm}): restoring {'/'.join(kinds)}: {exc.strerror or exc}")
             return
         for kind in kinds:
-            _bump(out.restored, kind)
+            out.bump(out.restored, kind)
             if self.on_give_back is not None:
                 self.on_give_back(rec, kind)
             rec.applied.pop(kind, None)
@@ -401,8 +382,8 @@ class RestoreLedger:
         if not rec.applied and not rec.drifted:
             self.forget(rec)
 
-    def restore_all(self) -> RestoreOutcome:
-        out = RestoreOutcome()
+    def restore_all(self) -> ApplyResult:
+        out = ApplyResult()
         online = self.online_cpus()
         for rec in list(self.records.values()):
             out.merge(self.restore(rec, online=online))

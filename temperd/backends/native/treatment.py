@@ -225,7 +225,7 @@ class ThreadTreatment:
         online = self.ledger.online_cpus()
         for rec in list(self.ledger.records.values()):
             if rec.key not in present:
-                result.take(self.ledger.restore(rec, online=online))
+                result.merge(self.ledger.restore(rec, online=online))
 
     # ---- one thread ---------------------------------------------------------------------------
 
@@ -335,7 +335,7 @@ class ThreadTreatment:
                  online: FrozenSet[int], result: ApplyResult) -> None:
         try:
             if restores:
-                result.take(self.ledger.restore(rec, restores, online=online))
+                result.merge(self.ledger.restore(rec, restores, online=online))
                 if rec.key not in self.ledger.records:
                     return  # gone, or nothing left to hold
             if AFFINITY in sets:
