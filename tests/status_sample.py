@@ -1,5 +1,5 @@
 """A running daemon's state made of the real typed parts (BackendStatus with scx_layered's,
-ReloadResult, ApplyResult, InventoryStats, Overhead, LintReport, a plan), without a daemon: what
+ReloadResult, ApplyResult, InventoryStats, OverheadView, LintReport, a plan), without a daemon: what
 status_report.build_status reads, for the typed status's tests."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from temperd.control.status import ExitView, GapView, SupervisorView
 from temperd.daemon import status_report
 from temperd.daemon.reload import ReloadResult
 from temperd.observe.linter import LintReport, Violation
-from temperd.observe.observer import Overhead
+from temperd.control.status import OverheadView
 from temperd.plan import CONFINED, EXCLUSIVE, OPEN, OWNED, YIELD, Layer, LayerPlan, MemberSelector
 from temperd.sources.changes import InventoryStats
 
@@ -62,7 +62,7 @@ def daemon(scx: bool = True) -> SimpleNamespace:
                                problems=[ConfigProblem("profiles.d/bad.toml", ("thread_groups", 0, "treatment"),
                                                        "expected one of exclusive, latency, yield", 7)])
     sampler = SimpleNamespace(
-        observation=SimpleNamespace(overhead=Overhead(sample_cpu_s=0.012, observe_cpu_ratio=0.003,
+        observation=SimpleNamespace(overhead=OverheadView(sample_cpu_s=0.012, observe_cpu_ratio=0.003,
                                                       daemon_cpu_ratio=0.021, window_s=5.0)),
         lint=LintReport((Violation("smt_collision", "web.hot", 101, "sibling busy"),
                          Violation("smt_collision", "web.hot", 102, "sibling busy"),

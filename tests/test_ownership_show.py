@@ -11,7 +11,8 @@ from temperd.config.errors import ConfigError
 from temperd.config.profile import parse_profile
 from temperd.observe.journal import describe_layer
 from temperd.observe.linter import lint
-from temperd.observe.observer import Observation, Overhead, ThreadSample
+from temperd.control.status import OverheadView
+from temperd.observe.observer import Observation, ThreadSample
 from temperd.plan import CONFINED, EXCLUSIVE, FENCED, LATENCY, OPEN, OWNED, Layer, LayerPlan, MemberSelector
 from temperd.sources.shape import read_shape
 
@@ -29,7 +30,7 @@ def test_a_busy_borrower_on_an_owned_cpu_is_no_violation_and_on_a_fenced_one_is(
                             affinity=tuple(shape.cpus), layer=layer_name, sibling_busy=False)
 
     observation = Observation(at=0.0, machine_shape={}, layers=[], threads=[seen(50, 3, "app.hot"), seen(60, 3, None)],
-                              psi=None, overhead=Overhead(0.0, 0.0, 0.0, 1.0))
+                              psi=None, overhead=OverheadView(0.0, 0.0, 0.0, 1.0))
     owned = LayerPlan(layers=(hot(OWNED),), reserve_cpus=(0, 4))
     fenced = LayerPlan(layers=(hot(FENCED),), reserve_cpus=(0, 4))
     assert lint(owned, observation, shape, check_treatment=False) == []

@@ -14,7 +14,8 @@ import status_sample
 from temperd.daemon import status_report
 from temperd.observe.linter import RUNQUEUE_LATENCY, LintReport, lint
 from temperd.observe.metrics import Metrics
-from temperd.observe.observer import Observation, Observer, Overhead
+from temperd.control.status import OverheadView
+from temperd.observe.observer import Observation, Observer
 from temperd.plan import EXCLUSIVE, LATENCY, OPEN, YIELD, Layer, LayerPlan, MemberSelector
 from temperd.decide.matcher import MatchResult
 from temperd.sources import runqlat as R
@@ -182,7 +183,7 @@ def test_observer_fills_the_histogram_from_schedstat_of_real_threads():
 
 
 def _observation(latency):
-    return Observation(0.0, {}, [], [], None, Overhead(0, 0, 0, 0), [], latency)
+    return Observation(0.0, {}, [], [], None, OverheadView(0, 0, 0, 0), [], latency)
 
 
 def _layer_latency(name, p99_s, n=100):

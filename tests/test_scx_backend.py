@@ -42,7 +42,8 @@ from temperd.daemon import status_report
 from temperd.daemon.daemon import Daemon
 from temperd.observe.linter import lint
 from temperd.observe.metrics import Metrics
-from temperd.observe.observer import Observation, Overhead, ThreadSample
+from temperd.control.status import OverheadView
+from temperd.observe.observer import Observation, ThreadSample
 from temperd.plan import CONFINED, EXCLUSIVE, FENCED, LATENCY, OPEN, OWNED, LayerPlan
 from temperd.sources.shape import read_shape
 
@@ -214,7 +215,7 @@ def test_linter_checks_placement_against_the_cpus_scx_layered_chose():
                             affinity=tuple(shape.cpus), layer=layer_name, sibling_busy=False)
 
     observation = Observation(at=0.0, machine_shape={}, layers=[], threads=[seen(50, 2, "app.hot"), seen(60, 6, None)],
-                              psi=None, overhead=Overhead(0.0, 0.0, 0.0, 1.0))
+                              psi=None, overhead=OverheadView(0.0, 0.0, 0.0, 1.0))
     by_plan = {v.invariant for v in lint(plan, observation, shape, check_treatment=False)}
     assert "protected_fallback" in by_plan  # CPU 2 is not the plan's CPU 3
     by_scx = lint(plan, observation, shape, check_treatment=False, confined_cpus={"app.hot": frozenset({2})})
@@ -241,7 +242,7 @@ def test_linter_lets_an_owned_layer_spill_under_scx_layered_only_while_its_cpus_
 
     def found(threads, confined_cpus, plan=plan):
         observation = Observation(at=0.0, machine_shape={}, layers=[], threads=threads, psi=None,
-                                  overhead=Overhead(0.0, 0.0, 0.0, 1.0))
+                                  overhead=OverheadView(0.0, 0.0, 0.0, 1.0))
         return sorted((v.invariant, v.tid) for v in lint(plan, observation, shape, check_treatment=False,
                                                           confined_cpus=confined_cpus))
 

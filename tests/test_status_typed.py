@@ -17,7 +17,6 @@ from temperd.control.status import (ApplyView, InventoryView, OverheadView, Relo
                                     WorkloadView)
 from temperd.control.typed_json import from_json, json_keys, to_json
 from temperd.daemon.reload import ReloadResult
-from temperd.observe.observer import Overhead
 from temperd.sources.changes import InventoryStats
 
 TEXT = """\
@@ -112,7 +111,7 @@ def test_the_daemon_side_refuses_a_field_its_view_would_drop():
 
 
 @pytest.mark.parametrize("view, source", [
-    (ApplyView, ApplyResult), (InventoryView, InventoryStats), (OverheadView, Overhead), (ReloadView, ReloadResult),
+    (ApplyView, ApplyResult), (InventoryView, InventoryStats), (ReloadView, ReloadResult),
 ], ids=lambda c: c.__name__)
 def test_each_view_has_the_fields_of_what_it_shows(view, source):
     assert json_keys(view) == tuple(f.name for f in dataclasses.fields(source))

@@ -176,10 +176,10 @@ class LintView:
 
 @dataclass(frozen=True)
 class OverheadView:
-    """The last observation sample's cost (observe/observer.py's Overhead)."""
-    sample_cpu_s: float
-    observe_cpu_ratio: float
-    daemon_cpu_ratio: float
+    """The last observation sample's cost, as the observer (observe/observer.py) measures it."""
+    sample_cpu_s: float  # CPU time the sample took
+    observe_cpu_ratio: float  # observation CPU / wall since the previous sample
+    daemon_cpu_ratio: float  # the whole temperd process, share of one core
     window_s: float
 
 

@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
 
+from temperd.control.status import OverheadView
 from temperd.observe.process_cpu import ProcessTicks
 from temperd.sources import procfs, psi
 from temperd.sources.runqlat import LatencyReport, Telemetry
@@ -57,14 +58,6 @@ class LayerStats:
     ownership: Optional[str] = None  # owned | fenced: an exclusive layer's CPUs; None: holds none
 
 
-@dataclass(frozen=True)
-class Overhead:
-    sample_cpu_s: float  # CPU time this sample took
-    observe_cpu_ratio: float  # observation CPU / wall since the previous sample
-    daemon_cpu_ratio: float  # the whole temperd process, share of one core
-    window_s: float
-
-
 @dataclass
 class Observation:
     at: float
@@ -72,7 +65,7 @@ class Observation:
     layers: List[LayerStats]
     threads: List[ThreadSample]  # watched members and the busiest others
     psi: Optional[dict]
-    overhead: Overhead
+    overhead: OverheadView
     unmanaged_busy: List[dict] = field(default_factory=list)
     latency: Optional[LatencyReport] = None  # scheduling delay per layer (sources.runqlat)
 
@@ -207,11 +200,11 @@ class Observer:
                           round(sum(s.util for s in mine), 4), round(sum(s.wait for s in mine), 4), layer.tier,
                           layer.holds_cpus)
 
-    def _overhead(self, cpu_start: float, window: float) -> Overhead:
+    def _overhead(self, cpu_start: float, window: float) -> OverheadView:
         """What this sample cost (CPU from cpu_start on this thread) and the daemon's CPU over the window."""
         sample_cpu = time.thread_time() - cpu_start
         self_cpu = self._self_cpu()
-        overhead = Overhead(
+        overhead = OverheadView(
             sample_cpu_s=round(sample_cpu, 6),
             observe_cpu_ratio=round(sample_cpu / window, 6) if window > 0 else 0.0,
             daemon_cpu_ratio=round((self_cpu - self._last_self_cpu) / window, 6) if window > 0 else 0.0,
