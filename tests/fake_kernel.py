@@ -81,6 +81,10 @@ class FakeKernel:
         return procfs.TaskStat(comm=t.comm, state="S", ppid=1, flags=0, nice=t.nice, start_time=t.start_time,
                                last_cpu=min(t.affinity), policy=t.policy)
 
+    def read_thread_stats(self, pid: int) -> Optional[Dict[int, procfs.TaskStat]]:
+        stats = {tid: self.read_thread_stat(tid) for tid, t in self.threads.items() if t.pid == pid}
+        return stats or None
+
     def install(self, monkeypatch) -> None:
         for name in ("get_affinity", "set_affinity", "get_sched", "set_sched"):
             monkeypatch.setattr(sched, name, getattr(self, name))
@@ -88,6 +92,7 @@ class FakeKernel:
         monkeypatch.setattr(sched, "slice_support",
                             lambda: sched.SliceSupport(False, None, None, None, "not in a fake kernel"))
         monkeypatch.setattr(procfs, "read_thread_stat", self.read_thread_stat)
+        monkeypatch.setattr(procfs, "read_thread_stats", self.read_thread_stats)
         monkeypatch.setattr(procfs, "is_kernel_thread", lambda pid, stat: False)
         monkeypatch.setattr(procfs, "list_pids", lambda: sorted({t.pid for t in self.threads.values()}))
 

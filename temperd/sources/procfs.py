@@ -353,6 +353,27 @@ def read_affinity(tid: int, pid: Optional[int] = None) -> Optional[FrozenSet[int
     return frozenset(parse_cpulist(line.decode("ascii", "replace")))
 
 
+# The system calls that make a process or thread, by machine (the generic table: arm64, riscv64, ...).
+_FORK_SYSCALLS = {"x86_64": frozenset({56, 57, 58, 435}), "i686": frozenset({2, 120, 190, 435}),
+                  "i386": frozenset({2, 120, 190, 435})}
+FORK_SYSCALLS = _FORK_SYSCALLS.get(os.uname().machine, frozenset({220, 435}))
+RUNNING = "running"
+
+
+def task_syscall(pid: int, tid: int):
+    """What /proc/PID/task/TID/syscall says the thread is doing: the number of the system call it
+    is blocked in (-1: blocked outside one), RUNNING (runnable or on a CPU: the kernel does not
+    say where), or None where it is gone or cannot be read."""
+    data = read_bytes(_task_path(pid, tid, "syscall"), single=True)
+    word = data.split(None, 1)[0] if data else b""
+    if word == b"running":
+        return RUNNING
+    try:
+        return int(word)
+    except ValueError:
+        return None
+
+
 def _task_path(pid: int, tid: Optional[int], name: str) -> str:
     # Through a thread: a process whose leader has exited (a zombie) still has an mm there.
     return f"{PROC}/{pid}/{name}" if tid is None else f"{PROC}/{pid}/task/{tid}/{name}"

@@ -11,13 +11,15 @@ new thread carries temperd's treatment, whatever layer it belongs to. The rules:
   layer wants that setting for it, when it leaves its layer, and at stop;
 - stop and recovery restore the creators first, then sweep the creators' processes and their
   descendants for threads made in the meantime (or while no temperd ran) that inherited
-  temperd's treatment, and restore those, until a sweep finds none (`restore_inherited`);
+  temperd's treatment, and restore those, until a sweep finds none while no creator may still be
+  inside a fork it began before its restore (`restore_inherited`);
 - a value temperd has since replaced or given back on the creator still counts for a while, for
   threads made while the creator carried it (given_back.py).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
 
 from temperd.backends.native import sched
@@ -29,6 +31,8 @@ from temperd.backends.result import ApplyResult
 from temperd.sources import procfs
 
 MAX_SWEEPS = 20  # sweeps for threads that inherited temperd's treatment, at stop and at recovery
+UNSURE_SWEEPS = 3  # more sweeps while a creator is runnable (it may be inside a fork)
+FORK_SETTLE_S = 0.005  # the pause before a sweep that waits for a fork under way
 
 ParentOf = Callable[[int], Optional[int]]
 
@@ -184,6 +188,7 @@ def restore_inherited(ledger: RestoreLedger, creators: RestoreLedger, known: Ite
         return out
     online = ledger.online_cpus()
     looked_at: Set[ThreadKey] = set(creators.records) | set(known)  # a thread inherits once, at creation
+    unsure = UNSURE_SWEEPS
     for _ in range(max_sweeps):
         found = 0
         parents = Parents()
@@ -211,6 +216,31 @@ def restore_inherited(ledger: RestoreLedger, creators: RestoreLedger, known: Ite
                 creators.add(ThreadRecord(rec.tid, rec.pid, rec.start_time, rec.comm, original, dict(inherited),
                                           since=thread.start_time))
                 out.merge(ledger.restore(rec, online=online))
-        if not found:
+        if found:
+            continue
+        # A sweep that finds none is the last only when no thread that carried temperd's
+        # treatment may still be inside a fork begun before its restore: the child, not in /proc
+        # yet, copies what the creator had then. One blocked in fork is waited for; one that is
+        # runnable (preempted, perhaps mid-fork) gets a few more sweeps.
+        forking = _forking(creators)
+        if forking == procfs.RUNNING:
+            if not unsure:
+                break
+            unsure -= 1
+        elif forking is None:
             break
+        time.sleep(FORK_SETTLE_S)
     return out
+
+
+def _forking(creators: RestoreLedger):
+    """Whether a thread of `creators` is blocked in a fork (its syscall number), else runnable
+    (procfs.RUNNING), else None."""
+    runnable = None
+    for tid, pid in {(rec.tid, rec.pid) for rec in creators.records.values()}:
+        doing = procfs.task_syscall(pid, tid)
+        if doing in procfs.FORK_SYSCALLS:
+            return doing
+        if doing == procfs.RUNNING:
+            runnable = doing
+    return runnable
