@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from temperd import __version__
 from temperd.config import safe_regex
 from temperd.control.status import (ApplyView, BackendView, InventoryView, LayerScxView, LayerView, LintView,
-                                    OverheadView, ProblemView, ProfilesView, ReloadView, ScxView, Status,
+                                    ProblemView, ProfilesView, ReloadView, ScxView, Status,
                                     LearnerView, WorkloadView)
 from temperd.control.typed_json import from_json, to_json
 
@@ -44,7 +44,7 @@ def build_status(daemon: "DaemonState") -> Optional[Status]:
             last_apply=_typed(ApplyView, daemon.last_apply),
             lint=_view(LintView, sampler.lint.summary()),
             telemetry=sampler.telemetry.describe(),
-            overhead=_typed(OverheadView, observation.overhead if observation is not None else None),
+            overhead=observation.overhead if observation is not None else None,  # the observer measures an OverheadView
             inventory=_typed(InventoryView, daemon.inventory.stats),
             candidates=daemon.inventory.gate.describe,
             replans=daemon.replans,
@@ -132,5 +132,5 @@ def _view(cls, data) -> Any:
 
 
 def _typed(cls, value) -> Any:
-    """A dataclass of another layer (ApplyResult, Overhead, InventoryStats) as its view; None stays None."""
+    """A dataclass of another layer (ApplyResult, InventoryStats) as its view; None stays None."""
     return _view(cls, dataclasses.asdict(value)) if value is not None else None
