@@ -43,7 +43,8 @@ def test_the_control_socket_thread_sleeps_until_a_client_and_stops_at_once(tmp_p
 
 def test_the_http_thread_sleeps_until_a_client_and_stops_at_once():
     server = HttpApi("127.0.0.1", 0, lambda: b"up 1\n", lambda: {})
-    server.start()
+    server.bind()
+    server.serve()
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as reply:
         assert b"up 1" in reply.read()
     _assert_sleeps_then_stops(server, lambda s: s._thread)
