@@ -68,6 +68,7 @@ step_boot() {
   state="$(cat "$H/boot-state")"
   echo "systemctl is-system-running: $state"
   systemd-analyze time || true
+  systemd-analyze blame --no-pager 2>/dev/null | head -n 8 || true
   systemctl --failed --no-legend --no-pager
   [ "$state" = running ] || [ "$state" = degraded ]
 }
@@ -98,8 +99,27 @@ step_baseline() {
   systemctl show -p CPUWeight --value memcached.service | tee "$W/cpuweight-before"
 }
 
+# The image holds the package's dependencies (so that the install needs no network) and their
+# .debs in apt's archive cache: purged here, `apt install` must pull them as on a fresh host.
+step_deps_purged() {
+  local deb depends deps="" p
+  deb="$(ls "$H"/temperd_*_all.deb | head -n1)"
+  depends="$(dpkg-deb -f "$deb" Depends)"
+  echo "Depends: $depends"
+  # the image's preinstalled packages (build-image.sh's list) that the package depends on
+  for p in $(cat /usr/local/lib/e2e-deb-deps); do
+    has_words "$(echo "$depends" | tr ',|' '  ' | sed 's/([^)]*)//g')" "$p" && deps="$deps $p"
+  done
+  echo "preinstalled in the image, purged now:$deps"
+  ls /var/cache/apt/archives/*.deb
+  [ -n "$deps" ] || { echo "FAILED: none of the image's preinstalled packages is a dependency of the package"; return 1; }
+  dpkg --purge $deps || return 1
+  check "none of them installed any more" sh -c "! dpkg-query -W -f '\${Status}\n' $deps 2>/dev/null | grep -q 'ok installed'" || return 1
+  echo "$deps" >"$W/deps-purged"
+}
+
 step_install() {
-  local deb before
+  local deb before installed
   deb="$(ls "$H"/temperd_*_all.deb | head -n1)"
   cp "$deb" /root/
   cd /root || return 1
@@ -113,8 +133,13 @@ step_install() {
     apt install -y -q "./${deb##*/}" >"$W/apt.log" 2>&1
   fi
   grep -v '^\(Get\|Selecting\|Preparing\|Unpacking\):' "$W/apt.log"
-  echo "installed with it: $(comm -13 <(echo "$before") <(dpkg-query -W -f '${Package}\n' | sort) | tr '\n' ' ')"
+  installed="$(comm -13 <(echo "$before") <(dpkg-query -W -f '${Package}\n' | sort) | tr '\n' ' ')"
+  echo "installed with it: $installed"
   check "temperd installed" test "$(dpkg-query -W -f '${Status}' temperd)" = "install ok installed" || return 1
+  if [ -f "$W/deps-purged" ]; then
+    # shellcheck disable=SC2046  # one word a package
+    check "apt pulled the purged dependencies ($(cat "$W/deps-purged")) with it" has_words "$installed" $(cat "$W/deps-purged") || return 1
+  fi
   check "conffile /etc/temper/temperd.toml" grep -q '^ /etc/temper/temperd.toml ' /var/lib/dpkg/status &&
     check "empty /etc/temper/profiles.d" test -d /etc/temper/profiles.d &&
     check "group temper created" getent group temper &&
@@ -951,6 +976,7 @@ run_step() {
 run_step boot 30 "" "systemd booted as PID 1"
 run_step kernel 30 "" "sched_ext, BTF, tracefs and cgroup v2 in the kernel"
 run_step baseline 30 "" "memcached running under its own unit; its threads recorded"
+run_step deps_purged 120 "" "the package's dependencies purged from the image, so that install pulls them"
 run_step install 600 "" "apt install ./temperd_*.deb"
 run_step enable 180 "install" "systemctl enable --now temperd"
 run_step status 120 "enable" "temperctl status (root, group temper, outsider refused)"

@@ -55,8 +55,10 @@
 # Needs root (the image build) and the Debian packages:
 #   qemu-system-x86 qemu-utils mmdebstrap e2fsprogs zstd, and to build the .deb:
 #   dpkg-dev debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools
-# The image holds the package's dependencies; the guest reaches the Debian mirror through QEMU's
-# user networking only if apt needs something more.
+# The image holds the package's dependencies, their .debs in apt's archive cache and apt's binary
+# caches; step deps_purged purges the dependencies, so that the install pulls them (from that cache:
+# no network). The guest reaches the Debian mirror through QEMU's user networking only if apt needs
+# something more.
 set -euo pipefail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export LC_ALL=C.UTF-8
