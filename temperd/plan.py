@@ -174,6 +174,13 @@ def layer_changes(old: LayerPlan, new: LayerPlan) -> Tuple[List[Layer], List[Lay
     return changes
 
 
+def weight_changes(old: LayerPlan, new: LayerPlan) -> Optional[Tuple[tuple, tuple]]:
+    """(the cgroup weights of `old` that `new` lacks, those of `new` that `old` lacks) where the
+    plan that made `new` from `old` kept them (decide/plan_delta.py); None: not known."""
+    kept = new.__dict__.get("_weight_changes")
+    return kept[1] if kept is not None and kept[0]() is old else None
+
+
 def treatment(layer: Optional[Layer]) -> Optional[tuple]:
     """What a layer asks of its members, as the native backend carries it out."""
     if layer is None:

@@ -598,7 +598,7 @@ def test_a_snapshot_made_from_the_last_one_equals_one_made_from_scratch(live, sp
     for child in (first, second):
         child.wait_ready()
     assert pump_until(inventory, lambda: inventory.process(second.pid) is not None)
-    inventory.snapshot()
+    before = inventory.snapshot()
     tids = [int(t) for t in first.command("burst 3 tmpd-b").split()]
     first.command(f"rename {tids[0]} tmpd-r")
     first.command(f"stop {tids[1]}")
@@ -607,6 +607,12 @@ def test_a_snapshot_made_from_the_last_one_equals_one_made_from_scratch(live, sp
                       and inventory.thread(tids[1]) is None and inventory.thread(tids[0]) is not None
                       and inventory.thread(tids[0]).comm == "tmpd-r")
     kept = inventory.snapshot()
+    # What the matcher is told changed since `before`: every process whose facts differ.
+    changed = inventory.changed_since(before.generation)
+    differ = {pid for pid in before.processes.keys() | kept.processes.keys()
+              if before.processes.get(pid) is not kept.processes.get(pid)}
+    assert changed is not None and {first.pid, second.pid} <= differ <= changed
+    assert inventory.changed_since(kept.generation) == frozenset() and inventory.changed_since(-1) is None
     store = inventory._store
     store._cached = None
     whole = store.snapshot()

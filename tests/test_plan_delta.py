@@ -57,10 +57,13 @@ class Host:
             weights=CgroupWeights(WeightSupport(CGROUPFS, os.path.join(root, "cg"), "a directory of the test")),
             idle_cgroup=IdleCgroup(why_not="no idle cgroup in a fake kernel"), online_cpus=lambda: kernel.cpus)
         self.plan = None
+        self.generation = 0  # as the inventory's snapshots count them
+        self.matched = {}  # pid -> the facts of the last replan
 
-    def launch(self, name: str, threads, cgroup: bool) -> None:
-        path = None
-        if cgroup:
+    def launch(self, name: str, threads, cgroup) -> None:
+        """cgroup: True, one of its own; "/": the root's (its weight unsupported); else none."""
+        path = "/" if cgroup == "/" else None
+        if cgroup is True:
             path = f"/tmpd/{name}-{len(self.facts.by_pid)}"
             _cgroup(self.root, path)
         proc = self.facts.process(name, threads=[name, *threads], cgroup=path)
@@ -70,11 +73,17 @@ class Host:
     def threads(self):
         return {tid: t for proc in self.facts.processes for tid, t in proc.threads.items()}
 
-    def replan(self, fresh=None, ended=()):
-        """Daemon.replan: after events (`fresh`, not None) the plan in force is the delta's start."""
+    def replan(self, fresh=None, ended=(), told=True):
+        """Daemon.replan: after events (`fresh`, not None) the plan in force is the delta's start;
+        told: the matcher is told which processes changed, as the inventory tells it (else it compares all)."""
         threads = self.threads()
-        _match, layer_plan = decide(VIEW, self.matcher, self.facts.processes, memo=None,
-                                    previous=self.plan if fresh is not None else None)
+        procs = {proc.pid: proc for proc in self.facts.processes}
+        changed = {pid for pid in procs.keys() | self.matched.keys() if procs.get(pid) is not self.matched.get(pid)}
+        self.generation += 1
+        self.matched = procs
+        _match, layer_plan = decide(VIEW, self.matcher, procs, memo=None,
+                                    previous=self.plan if fresh is not None else None,
+                                    generation=self.generation, changed=changed if told else None)
         if fresh is not None and layer_plan is self.plan:
             result = self.backend.on_new_threads(fresh) if fresh else None
         else:
@@ -119,7 +128,7 @@ def _act(host: Host, action: str, pick: int, name_pick: int):
     if action == "spawn" or proc is None:
         kind = ("yld", "mix", "mix2", "yld2", "db")[pick % 5]
         host.launch(kind, [THREAD_NAMES[(name_pick + i) % len(THREAD_NAMES)] for i in range(pick % 4)],
-                   cgroup=bool(name_pick % 2))
+                   cgroup=(False, True, "/")[name_pick % 3])
         new = host.facts.processes[-1]
         return list(new.threads.values()), []
     if action == "thread":
@@ -146,6 +155,8 @@ def _act(host: Host, action: str, pick: int, name_pick: int):
 
 ACTIONS = st.lists(st.tuples(st.sampled_from(["spawn", "spawn", "thread", "rename", "exit_thread", "exit"]),
                              st.integers(0, 50), st.integers(0, 50)), min_size=1, max_size=30)
+# Batches of one or more actions, each replanned with the changed pids (True) or without (False).
+BATCHES = st.lists(st.tuples(ACTIONS.map(lambda actions: actions[:3]), st.booleans()), min_size=1, max_size=12)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -153,30 +164,58 @@ ACTIONS = st.lists(st.tuples(st.sampled_from(["spawn", "spawn", "thread", "renam
 @example([("spawn", 0, 1), ("exit", 0, 0), ("spawn", 0, 1)])  # two workloads in one cgroup
 def test_a_stream_of_deltas_leaves_the_host_as_one_whole_apply_of_the_final_state(actions):
     with tempfile.TemporaryDirectory() as root, pytest.MonkeyPatch.context() as patch:
-        kernel = FakeKernel(CPUS)
-        kernel.install(patch)
-        host = Host(os.path.join(root, "delta"), kernel)
-        host.launch("yld", ["bg-1", "worker"], cgroup=True)
-        host.launch("mix", ["fast-1", "zz"], cgroup=False)
-        host.replan()  # the start: a whole apply
+        host, kernel = _started(root, patch)
         for action, pick, name_pick in actions:
             fresh, ended = _act(host, action, pick, name_pick)
             host.replan(fresh, ended)
-        after_deltas, held = kernel.state(), host.held()
+        _assert_as_one_whole_apply(host, kernel, root, patch, actions)
 
-        # The same final processes on a host temperd never touched, planned and applied whole.
-        whole_kernel = FakeKernel(CPUS)
-        whole_kernel.install(patch)
-        whole = Host(os.path.join(root, "whole"), whole_kernel)
-        for proc in host.facts.processes:
-            whole.facts.by_pid[proc.pid] = proc
-            for t in proc.threads.values():
-                whole_kernel.add(t.tid, t.pid, t.start_time, t.comm)
-            if proc.cgroup:
-                _cgroup(whole.root, proc.cgroup)
-        whole.replan()
-        assert after_deltas == whole_kernel.state(), actions
-        assert held == whole.held(), actions
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(BATCHES)
+def test_batches_told_their_changed_processes_leave_the_host_as_one_whole_apply(batches):
+    """The matcher told which processes changed since its last match (the inventory's
+    changed_since) compares no other, and plan_delta reads the workloads it built again and
+    ended instead of comparing every one; a batch not told compares them all."""
+    with tempfile.TemporaryDirectory() as root, pytest.MonkeyPatch.context() as patch:
+        host, kernel = _started(root, patch)
+        patch.setattr(delta_module, "_changed", lambda *a: pytest.fail("every workload compared"))
+        for actions, told in batches:
+            fresh, ended = [], []
+            for action, pick, name_pick in actions:
+                more, gone = _act(host, action, pick, name_pick)
+                fresh = [t for t in fresh if t.tid not in gone] + more
+                ended += gone
+            host.replan(fresh, ended, told=told)
+        _assert_as_one_whole_apply(host, kernel, root, patch, batches)
+
+
+def _started(root: str, patch):
+    """A host with two workloads, planned and applied whole (the daemon's start)."""
+    kernel = FakeKernel(CPUS)
+    kernel.install(patch)
+    host = Host(os.path.join(root, "delta"), kernel)
+    host.launch("yld", ["bg-1", "worker"], cgroup=True)
+    host.launch("mix", ["fast-1", "zz"], cgroup=False)
+    host.replan()
+    return host, kernel
+
+
+def _assert_as_one_whole_apply(host: Host, kernel: FakeKernel, root: str, patch, actions) -> None:
+    after_deltas, held = kernel.state(), host.held()
+    # The same final processes on a host temperd never touched, planned and applied whole.
+    whole_kernel = FakeKernel(CPUS)
+    whole_kernel.install(patch)
+    whole = Host(os.path.join(root, "whole"), whole_kernel)
+    for proc in host.facts.processes:
+        whole.facts.by_pid[proc.pid] = proc
+        for t in proc.threads.values():
+            whole_kernel.add(t.tid, t.pid, t.start_time, t.comm)
+        if proc.cgroup and proc.cgroup != "/":
+            _cgroup(whole.root, proc.cgroup)
+    whole.replan()
+    assert after_deltas == whole_kernel.state(), actions
+    assert held == whole.held(), actions
 
 
 def test_an_event_in_one_workload_plans_and_reads_that_workload_alone(tmp_path, monkeypatch):

@@ -39,6 +39,7 @@ from temperd.daemon.reload import ReloadResult, ViewLoader, restart_only_changes
 from temperd.daemon.services import Services
 from temperd.decide.hostview import HostView, all_profiles, decide, make_matcher
 from temperd.decide.planner import PlanMemo
+from temperd.decide.busiest import RankedProcesses
 from temperd.decide.candidates import candidate_index
 from temperd.decide.matcher import Matcher, MatchResult, RuntimeBinding
 from temperd.observe.journal import Journal
@@ -84,6 +85,7 @@ class Daemon:
         self.match = MatchResult()
         self.plan: Optional[LayerPlan] = None
         self.plan_memo = PlanMemo()
+        self.ranked = RankedProcesses()  # the processes of `busiest` groups' workloads, as of the last match
         self.last_reload: Optional[ReloadResult] = None
         self.backend_choice: Optional[BackendChoice] = None
         self.backend: Optional[Backend] = None
@@ -212,18 +214,20 @@ class Daemon:
         (plan_delta) and the threads new or moved treated, unless CPUs or a tier move; else the whole plan."""
         assert self.view is not None and self.matcher is not None and self.backend is not None
         snapshot = self.inventory.snapshot()
-        _refresh_busiest(self.inventory, self.match, self.view.profiles.active)
+        _refresh_busiest(self.inventory, self.ranked)
         used: List[Sizing] = []
 
         def sizing(workloads) -> Sizing:
             used.append(self._sizing(workloads))
             return used[-1]
 
-        match, layer_plan = decide(self.view, self.matcher, snapshot.processes.values(), sizing, self.plan_memo,
-                                   self.plan if changes is not None else None)
+        match, layer_plan = decide(self.view, self.matcher, snapshot.processes, sizing, self.plan_memo,
+                                   self.plan if changes is not None else None, snapshot.generation,
+                                   self.inventory.changed_since(self.matcher.generation))  # compared: only these
         self._sizes = used[-1].sizes() if used else self._sizes  # a delta (plan_delta) is not sized again
         unchanged = changes is not None and (layer_plan is self.plan or layer_plan == self.plan)
         self.match, self.plan = match, layer_plan
+        self.ranked.update(match, self.view.profiles.active)
         fresh = _new_threads(changes, snapshot) if changes is not None else None
         try:
             if unchanged:
@@ -262,7 +266,7 @@ class Daemon:
             return
         if self._sizing(self.match.workloads).sizes() != self._sizes:
             self.replan("resize")
-        elif _busiest_pids(self.match, self.view.profiles.active):
+        elif self.ranked.pids():
             self.replan("busiest re-ranked", [])
 
     def reload(self, trigger: str) -> ReloadResult:
@@ -368,19 +372,11 @@ def _tracked(daemon: Daemon):
         return settled(daemon.match.workloads, processes, procfs.boot_ticks()), daemon.plan, daemon.view.profiles.active
 
 
-def _refresh_busiest(inventory: Inventory, match: MatchResult, profiles) -> None:
+def _refresh_busiest(inventory: Inventory, ranked: RankedProcesses) -> None:
     """Recent runtimes matter only for processes of profiles with a `busiest` group."""
-    wanted = _busiest_pids(match, profiles)
+    wanted = ranked.pids()
     if wanted:
         inventory.refresh_runtime(wanted)
-
-
-def _busiest_pids(match: MatchResult, profiles) -> List[int]:
-    """The processes of workloads whose profile has a `busiest` group."""
-    ranked = {name for name, profile in profiles.items() if any(g.busiest for g in profile.thread_groups)}
-    if not ranked:
-        return []  # most hosts: no walk over every workload at every batch
-    return [pid for workload in match.workloads if workload.profile_id in ranked for pid in workload.pids]
 
 
 def _first_view(loader: ViewLoader) -> HostView:

@@ -11,7 +11,7 @@ are built again (a fork storm's batch touches a few dozen processes of a host of
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Collection, Dict, Iterable, Mapping, Optional, Set, Tuple
 
 from temperd.sources.facts import ProcessFacts
 
@@ -20,18 +20,23 @@ Decide = Callable[[Any], Optional[Any]]  # a process -> its decision (profile, t
 
 class Grouping:
     def __init__(self) -> None:
-        self.procs: Dict[int, Any] = {}  # pid -> the facts last matched
+        self.procs: Mapping[int, Any] = {}  # pid -> the facts last matched
         self.decisions: Dict[int, Any] = {}  # pid -> its decision, for matched processes
         self.members: Dict[str, Set[int]] = {}  # workload key -> its pids
         self._keys: Dict[int, str] = {}  # pid -> its workload key
         self._children: Dict[int, Set[int]] = {}  # ppid -> pids
 
-    def update(self, procs: Mapping[int, Any], decide: Decide, everything: bool = False) -> Set[str]:
+    def update(self, procs: Mapping[int, Any], decide: Decide, everything: bool = False,
+               changed_pids: Optional[Collection[int]] = None) -> Set[str]:
         """Take the host's processes now; the keys whose members or their facts changed.
-        everything: decide every process again (its decision depends on more than its facts)."""
+        everything: decide every process again (its decision depends on more than its facts).
+        changed_pids: the pids whose facts are not those of the last update (the inventory
+        knows them): the others are not compared, and `procs`, an immutable mapping, is kept as it is."""
         before = self.procs
         if everything:
             changed = set(procs) | set(before)
+        elif changed_pids is not None:
+            changed = set(changed_pids)
         else:
             changed = {pid for pid, proc in procs.items()
                        if before.get(pid) is not proc or not isinstance(proc, ProcessFacts)}
@@ -52,7 +57,7 @@ class Grouping:
                 self.decisions.pop(pid, None)
             else:
                 self.decisions[pid] = decision
-        self.procs = dict(procs)
+        self.procs = procs if changed_pids is not None and not everything else dict(procs)
         return self._rename(changed | self._descendants(
             [pid for pid in changed if self._standing(pid) != standing[pid]]))
 

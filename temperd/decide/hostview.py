@@ -7,7 +7,7 @@ CLI shows is what the daemon would do.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Collection, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from temperd.config.daemon_config import (DEFAULT_CONFIG_DIR, DaemonConfig, check_binding_profiles, load_config)
 from temperd.config.errors import ConfigError, ConfigProblem
@@ -58,16 +58,18 @@ def planner_settings(config: DaemonConfig) -> PlannerSettings:
 
 def decide(view: HostView, matcher: Matcher, processes: Iterable,
            sizing: Callable[[Sequence[Workload]], Sizing] = lambda workloads: NO_SIZING,
-           memo: Optional[PlanMemo] = None, previous: Optional[LayerPlan] = None) -> Tuple[MatchResult, LayerPlan]:
+           memo: Optional[PlanMemo] = None, previous: Optional[LayerPlan] = None,
+           generation: Optional[int] = None, changed: Optional[Collection[int]] = None) -> Tuple[MatchResult, LayerPlan]:
     """sizing(workloads): what the matched workloads' exclusive groups were measured to use.
     memo: the daemon's, kept from one replan to the next (one per matcher: a reload makes both anew).
     previous: the plan in force, made from this matcher's last match, where only the workloads
     that match changed are to be planned again (plan_delta; the whole plan where it declines:
-    then sizing is asked)."""
-    match = matcher.match(processes)
+    then sizing is asked). generation, changed: the inventory snapshot's generation and the
+    pids changed since the matcher's last match (Matcher.match)."""
+    match = matcher.match(processes, generation, changed)
     profiles, settings = all_profiles(view, matcher), planner_settings(view.config)
     if previous is not None:
-        delta = plan_delta(previous, match.workloads, profiles, settings)
+        delta = plan_delta(previous, match, profiles, settings)
         if delta is not None:
             return match, delta
     return match, plan(view.shape, match.workloads, profiles, settings, sizing(match.workloads), memo)

@@ -30,7 +30,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Collection, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from temperd.config.daemon_config import Binding, DaemonConfig
 from temperd.config.profile import Profile, ThreadGroup
@@ -105,6 +105,12 @@ class MatchResult:
     workloads: List[Workload] = field(default_factory=list)
     # pid -> why it is not a workload (only for processes someone asked about, or env/binding errors)
     notes: Dict[int, str] = field(default_factory=dict)
+    # What differs from the match before (whose workloads list `since` is; None: unknown): the
+    # workloads built again (some may be the very objects they were) and the keys that ended.
+    # plan_delta reads them instead of comparing every workload.
+    since: Optional[List[Workload]] = field(default=None, compare=False, repr=False)
+    updated: Tuple[Workload, ...] = field(default=(), compare=False, repr=False)
+    ended: Tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     def workload_of(self, pid: int) -> Optional[Workload]:
         for workload in self.workloads:
@@ -211,6 +217,8 @@ class Matcher:
         self._assigned: Dict[Tuple[int, int], _Assigned] = {}  # (pid, start) -> its threads' matches, last time
         self.runtime_bindings: Dict[int, RuntimeBinding] = {}  # pid -> binding (temperctl bind)
         self._bound: Dict[int, RuntimeBinding] = {}  # pid -> the binding of it or an ancestor, this match
+        self.generation: Optional[int] = None  # the inventory snapshot's the last match was made of
+        self._last: Optional[List[Workload]] = None  # the last match's workloads
 
     def set_runtime_bindings(self, bindings: Mapping[int, RuntimeBinding]) -> None:
         self.runtime_bindings = dict(bindings)
@@ -284,10 +292,18 @@ class Matcher:
 
     # ---- whole host ------------------------------------------------------------------------
 
-    def match(self, processes: Iterable) -> MatchResult:
+    def match(self, processes: Iterable, generation: Optional[int] = None,
+              changed: Optional[Collection[int]] = None) -> MatchResult:
         """The host's workloads. Only the workloads whose processes changed since the last match
-        are built again (grouping.py); the others are the very objects it returned."""
-        procs = {p.pid: p for p in processes}
+        are built again (grouping.py); the others are the very objects it returned.
+        processes: the facts, or a mapping pid -> facts (kept as it is: it must not change).
+        generation: the inventory snapshot's they are (the next call's `changed` is relative to it);
+        changed: the pids whose facts differ from those of `self.generation`, so that the others
+        are not compared (None: every process is)."""
+        procs = processes if isinstance(processes, Mapping) else {p.pid: p for p in processes}
+        if self.generation is None:
+            changed = None
+        since, self._last, self.generation = self._last, None, None  # as they stay if this match fails
         if len(self._decisions) + len(self._assigned) > 4 * len(procs) + 128:  # ended processes', now and then
             live = {(p.pid, p.start_time) for p in procs.values()}
             self._decisions = {k: v for k, v in self._decisions.items() if (k[0], k[1]) in live}
@@ -297,20 +313,27 @@ class Matcher:
         self._bound = _bound_processes(procs, self.runtime_bindings) if self.runtime_bindings else {}
         # A runtime binding reaches a process through its ancestors: every process is decided again.
         everything, self._regroup = bool(self.runtime_bindings) or self._regroup, True
-        dirty = self._grouping.update(procs, self.decide, everything=everything)
+        dirty = self._grouping.update(procs, self.decide, everything=everything, changed_pids=changed)
         seen_runtime: Dict[Tuple[int, int], int] = {}
+        updated: List[Workload] = []
+        ended: List[str] = []
         for key in dirty:
             pids = sorted(self._grouping.members.get(key, ()))
             if pids:
-                self._workloads[key] = self._keyed_workload(key, pids, seen_runtime)
+                self._workloads[key] = workload = self._keyed_workload(key, pids, seen_runtime)
+                updated.append(workload)
             else:
                 self._workloads.pop(key, None)
                 self._built.pop(key, None)
+                ended.append(key)
         self._regroup = False  # a match cut short by an error leaves it set: the next one starts over
         self._last_runtime.update(seen_runtime)
         if dirty:
             self._order = sorted(self._workloads)
-        return MatchResult(workloads=[self._workloads[key] for key in self._order])
+        result = MatchResult(workloads=list(map(self._workloads.__getitem__, self._order)), since=since,
+                             updated=tuple(updated), ended=tuple(ended))
+        self._last, self.generation = result.workloads, generation
+        return result
 
     def _keyed_workload(self, key: str, pids: Sequence[int], seen_runtime: Dict[Tuple[int, int], int]) -> Workload:
         procs, decisions = self._grouping.procs, self._grouping.decisions

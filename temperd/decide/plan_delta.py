@@ -20,10 +20,10 @@ from __future__ import annotations
 import itertools
 import operator
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from temperd.config.profile import Profile
-from temperd.decide.matcher import Workload
+from temperd.decide.matcher import MatchResult, Workload
 from temperd.decide.planner import LAYER_NAME_MAX, PARTS, PlannerSettings, _needs_no_cpus, _Part, _workload_layers
 from temperd.decide.sizing import NO_SIZING
 from temperd.plan import CgroupWeight, Layer, LayerPlan
@@ -35,22 +35,35 @@ class _Declined(Exception):
     """A change that needs the whole plan."""
 
 
-def plan_delta(previous: LayerPlan, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
+def plan_delta(previous: LayerPlan, match: Union[MatchResult, Sequence[Workload]], profiles: Mapping[str, Profile],
                settings: PlannerSettings) -> Optional[LayerPlan]:
-    """The plan for `workloads` made from `previous` by planning again only the workloads that
-    are not the objects `previous` was made for; `previous` itself where none changed what it
-    asks; None where the whole plan must be made (see the module's docstring)."""
+    """The plan for the match's workloads made from `previous` by planning again only the
+    workloads that are not the objects `previous` was made for; `previous` itself where none
+    changed what it asks; None where the whole plan must be made (see the module's docstring).
+    A MatchResult made right after the one `previous` was planned for says what changed
+    (MatchResult.updated, .ended): no other workload is looked at."""
     kept = previous.__dict__.get(PARTS)
     if kept is None or kept[0] != settings or previous.errors:
         return None
     parts: Dict[str, _Part] = kept[1]
-    changed, gone = _changed(parts, kept[2], workloads)
+    if isinstance(match, MatchResult) and match.since is not None and match.since is kept[2]:
+        changed, gone = _updated(parts, match)
+    else:
+        changed, gone = _changed(parts, kept[2], match.workloads if isinstance(match, MatchResult) else match)
+    workloads = match.workloads if isinstance(match, MatchResult) else tuple(match)
     if not changed and not gone:
+        previous.__dict__[PARTS] = (settings, parts, workloads)  # the next match's `since`
         return previous
     try:
-        return _delta(previous, parts, changed, gone, profiles, settings, tuple(workloads))
+        return _delta(previous, parts, changed, gone, profiles, settings, workloads)
     except _Declined:
         return None
+
+
+def _updated(parts: Dict[str, _Part], match: MatchResult) -> Tuple[List[Workload], List[str]]:
+    """_changed from what the match says it built again and ended since the match the plan was made for."""
+    changed = [w for w in match.updated if getattr(parts.get(w.key), "workload", None) is not w]
+    return changed, [key for key in match.ended if key in parts]
 
 
 def _changed(parts: Dict[str, _Part], before: Sequence[Workload],
@@ -72,7 +85,7 @@ def _changed(parts: Dict[str, _Part], before: Sequence[Workload],
 
 
 def _delta(previous: LayerPlan, parts: Dict[str, _Part], changed: List[Workload], gone: List[str],
-           profiles: Mapping[str, Profile], settings: PlannerSettings, workloads: tuple) -> LayerPlan:
+           profiles: Mapping[str, Profile], settings: PlannerSettings, workloads: Sequence[Workload]) -> LayerPlan:
     touched = {w.key for w in changed} | set(gone)
     old_parts = [parts[key] for key in touched if key in parts]
     removed = [layer for part in old_parts for layer in part.layers]
@@ -104,6 +117,10 @@ def _delta(previous: LayerPlan, parts: Dict[str, _Part], changed: List[Workload]
     plan.__dict__[PARTS] = (settings, index, workloads)
     plan.__dict__[NAMES] = names
     plan.__dict__["_changes"] = (weakref.ref(previous), (removed, added))
+    if plan.cgroup_weights is not previous.cgroup_weights:  # what the backend holds only these of
+        plan.__dict__["_weight_changes"] = (weakref.ref(previous), (
+            tuple(part.weight for part in old_parts if part.weight is not None),
+            tuple(part.weight for part in new_parts if part.weight is not None)))
     plan.__dict__["host_wide"] = previous.host_wide  # no layer on CPUs of its own came or went
     return plan
 
@@ -123,7 +140,7 @@ def _weights(previous: LayerPlan, old_parts: List[_Part], new_parts: List[_Part]
                 (p.weight for p in sorted(old_parts, key=lambda p: p.workload.key)),
                 sorted(new_parts, key=lambda p: p.workload.key))):
         return previous.cgroup_weights
-    return (tuple(w for w in previous.cgroup_weights if w.workload not in touched)
+    return (_without(previous.cgroup_weights, touched.__contains__, operator.attrgetter("workload"))
             + tuple(part.weight for part in new_parts if part.weight is not None))
 
 

@@ -215,7 +215,9 @@ def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
         memo.turn()
     made_plan = LayerPlan(layers=tuple(layers), reserve_cpus=reserve, decisions=tuple(decisions),
                           errors=tuple(errors), cgroup_weights=tuple(weights))
-    made_plan.__dict__[PARTS] = (settings, parts, tuple(workloads))  # beside the fields, as its cached properties
+    # Beside the fields, as its cached properties; the workloads as given (the matcher's list:
+    # the next match names it as the one it changed, MatchResult.since).
+    made_plan.__dict__[PARTS] = (settings, parts, workloads if isinstance(workloads, (list, tuple)) else tuple(workloads))
     return made_plan
 
 

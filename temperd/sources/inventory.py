@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Iterable, List, Mapping, Optional, Tuple
+from typing import Callable, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from temperd.sources import procfs
 from temperd.sources.changes import (CHANGE_KINDS, EXEC, EXIT, NEW_PROCESS, NEW_THREAD, RENAME, REUSED, UPDATE,
@@ -185,6 +185,11 @@ class Inventory:
 
     def snapshot(self) -> InventorySnapshot:
         return self._store.snapshot()
+
+    def changed_since(self, generation: Optional[int]) -> Optional[FrozenSet[int]]:
+        """The pids whose facts the latest snapshot made again since the snapshot of `generation`;
+        None where it cannot say (the matcher then compares every process)."""
+        return self._store.changed_since(generation)
 
     @property
     def stats(self) -> InventoryStats:

@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Set, Tuple
 
 from temperd.sources import cgroups, procfs
+from temperd.sources.change_log import ChangeLog
 from temperd.sources.facts import OnDemand, ProcessFacts, ThreadFacts
 from temperd.sources.light import LightRecord, Probe
 
@@ -42,6 +43,7 @@ class ProcessStore:
         self.generation = 0
         self._cached: Optional[InventorySnapshot] = None
         self._changed: Set[int] = set()  # pids touched, installed or removed since the cached snapshot
+        self._log = ChangeLog()  # the pids each snapshot made again: changed_since's
         self.quotas = cgroups.QuotaCache()
         self.light: Dict[int, LightRecord] = {}  # processes not tracked: no thread of theirs is read
         self.removed: Callable[[int], None] = lambda pid: None  # told of each tracked process removed
@@ -67,28 +69,34 @@ class ProcessStore:
             processes: Dict[int, ProcessFacts] = {}
             threads: Dict[int, ThreadFacts] = {}
             changed: Iterable[int] = [*self.procs, *self.light]
+            self._log.clear()
         else:
             processes, threads, changed = dict(snap.processes), dict(snap.threads), self._changed
-            for pid in changed:
-                old = processes.pop(pid, None)
-                if old is not None:
-                    for tid, info in old.threads.items():
-                        if threads.get(tid) is info:
-                            del threads[tid]
         for pid in changed:
+            old = processes.pop(pid, None)
             proc = self.procs.get(pid)
-            if proc is not None:
-                info = processes[pid] = proc.freeze()
-                threads.update(info.threads)
-            elif pid in self.light:
-                facts = self.light[pid].freeze()
-                if facts is not None:
-                    processes[pid] = facts
-                    threads.update(facts.threads)
+            facts = proc.freeze() if proc is not None else self.light[pid].freeze() if pid in self.light else None
+            if facts is not None:
+                processes[pid] = facts
+                threads.update(facts.threads)
+            if old is not None:
+                # Only the threads the process no longer has: a fork storm's creator holds
+                # thousands and changes a few per batch.
+                gone = old.threads.keys() - facts.threads.keys() if facts is not None else old.threads.keys()
+                for tid in gone:
+                    if threads.get(tid) is old.threads[tid]:
+                        del threads[tid]
+        if snap is not None:
+            self._log.add(snap.generation, self.generation, changed)
         self._changed = set()
         snap = InventorySnapshot(MappingProxyType(processes), MappingProxyType(threads), self.generation)
         self._cached = snap
         return snap
+
+    def changed_since(self, generation: Optional[int]) -> Optional[FrozenSet[int]]:
+        """The pids whose facts differ between the snapshot of `generation` and the latest one
+        (snapshot() first), or None where that snapshot is too old to say (then compare all)."""
+        return self._log.since(generation, self._cached.generation) if self._cached is not None else None
 
     # -- changes ------------------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from temperd.backends.native.treatment import ThreadTreatment
 from temperd.backends.native.universe import Universe
 from temperd.backends.status import NATIVE, BackendStatus
 from temperd.config.daemon_config import CONFIG_SPEC
-from temperd.plan import YIELD, LayerPlan, carry_members, layer_changes, moved_members
+from temperd.plan import YIELD, LayerPlan, carry_members, layer_changes, moved_members, weight_changes
 
 __all__ = ["AUTOGROUP", "CPU_WEIGHT", "IDLE_CGROUP", "PMQOS", "ApplyResult", "DEFAULT_STATE_DIR", "NativeBackend", "ThreadRef",
            "scan_threads"]
@@ -127,7 +127,8 @@ class NativeBackend:
         and the moved ones are treated under it."""
         result = ApplyResult()
         if plan.cgroup_weights != self.plan.cgroup_weights:  # a workload came, went or changed tier: only those read
-            result.merge(self.weights.apply(plan.cgroup_weights, functools.partial(self._save, result), verify=False))
+            result.merge(self.weights.apply(plan.cgroup_weights, functools.partial(self._save, result), verify=False,
+                                            changes=weight_changes(self.plan, plan)))
         self.treatment.set_plan(plan, False, result, layer_changes(self.plan, plan)[1])
         self.plan = plan
         touched = {thread.tid: thread for thread in changed}

@@ -150,11 +150,17 @@ class CgroupWeights(HeldSettings[str, str]):
         return f"{CGROUPFS}:{path}", ""
 
     def apply(self, weights: Iterable[CgroupWeight], before_write: Optional[Callable[[], None]] = None,
-              verify: bool = True) -> ApplyResult:
+              verify: bool = True, changes: Optional[Tuple[Sequence[CgroupWeight], Sequence[CgroupWeight]]] = None
+              ) -> ApplyResult:
         """Make these weights hold and restore the ones no longer asked for. verify False
         (between whole applies, where a workload came or went): a weight the last apply also
         asked for is neither looked up nor read again (a systemctl call or a file read per
-        workload, at every batch of a process churn); only the new ones are."""
+        workload, at every batch of a process churn); only the new ones are. changes: (the
+        weights gone since the last apply, those new), where the caller knows them."""
+        if changes is not None and not verify:
+            result = self._apply_changes(*changes)
+            if result is not None:
+                return result
         desired: Dict[str, str] = {}
         unsupported: List[str] = []
         targets: Dict[CgroupWeight, Tuple[Optional[str], str]] = {}
@@ -175,3 +181,20 @@ class CgroupWeights(HeldSettings[str, str]):
         result = self.hold(desired, before_write, trusted)
         result.unsupported.extend(unsupported)
         return result
+
+    def _apply_changes(self, gone: Sequence[CgroupWeight], new: Sequence[CgroupWeight]) -> Optional[ApplyResult]:
+        """Where no weight that came or went is one this host can hold (a churn of processes
+        without a cgroup of their own: every weight unsupported), nothing held changes: only
+        those are looked at, not every workload's. None where one can be held: apply() then
+        compares them all."""
+        old = [self._targets.get(weight) for weight in gone]
+        found = [self._target(weight) for weight in new]
+        if any(target is None or target[0] is not None for target in old) or any(key is not None for key, _ in found):
+            return None
+        for weight in gone:
+            del self._targets[weight]
+        self._targets.update(zip(new, found))
+        result = ApplyResult()
+        result.unsupported.extend(why for _key, why in found)
+        return result
+
