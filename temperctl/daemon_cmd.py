@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Callable, List, NoReturn
+import time
+from typing import TYPE_CHECKING, Any, Callable, List, NoReturn, Optional
 
 import click
 
@@ -16,7 +17,7 @@ from temperd.text import printable, printable_data
 if TYPE_CHECKING:
     from temperd.control.status import BackendView, Status
 
-from .output import print_json, table
+from .output import ProgressLine, print_json, table
 
 socket_option = click.option("--socket", "socket_path", default=paths.CONTROL_SOCKET, show_default=True,
                              envvar="TEMPERD_SOCKET", help="temperd's control socket.")
@@ -34,18 +35,34 @@ def fail(message: str, code: int = 1) -> NoReturn:
     sys.exit(code)
 
 
-def ask(socket_path: str, cmd: str, not_running_exit: int = 1, **args) -> dict:
-    """One request; a clear line and exit 1 (not_running_exit where no temperd runs) when
-    temperd is not there, does not answer, or refuses."""
+def ask(socket_path: str, cmd: str, *, not_running: Optional[int] = 1, timeout: Optional[float] = None,
+        show: Optional[ProgressLine] = None, retry_s: float = 0.0, escaped: bool = True, why: str = "",
+        **args) -> Optional[dict]:
+    """One request and its reply (within timeout, TIMEOUT_S where None); show gets its progress
+    lines. Where no temperd runs: exit not_running, or None where that is None (the caller does
+    the work itself). A clear line (why added where temperd cannot be asked) and exit 1 when
+    temperd does not answer or refuses; a refusal that says "no such process" is asked again for
+    retry_s (a process just started may not be in temperd's inventory yet)."""
+    deadline = time.monotonic() + retry_s
+    timeout = TIMEOUT_S if timeout is None else timeout
+    code = 1
     try:
-        reply = request(socket_path, cmd, timeout=TIMEOUT_S, **args)
+        reply = request(socket_path, cmd, timeout=timeout, on_progress=show, **args)
+        while not reply["ok"] and "no such process" in reply["error"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+            reply = request(socket_path, cmd, timeout=timeout, on_progress=show, **args)
+        error = None if reply["ok"] else reply["error"]
     except DaemonNotRunning as exc:
-        fail(str(exc), not_running_exit)
+        if not_running is None:
+            return None
+        error, code = str(exc) + why, not_running
     except DaemonUnavailable as exc:
-        fail(str(exc))
-    if not reply["ok"]:
-        fail(reply["error"])
-    return printable_data(reply)  # names and titles shown escaped, in text and JSON alike
+        error = str(exc) + why
+    if error is not None:
+        if show is not None:
+            show.done()
+        fail(error, code)
+    return printable_data(reply) if escaped else reply  # names and titles shown escaped, in text and JSON alike
 
 
 def rendered(render: Callable[[], Any], what: str) -> Any:
@@ -65,7 +82,7 @@ def status_command(socket_path: str, as_json: bool) -> None:
     Exits 3 when temperd is not running, 1 when it cannot be asked."""
     from temperd.control.status import Status
 
-    reply = ask(socket_path, "status", not_running_exit=NOT_RUNNING).get("status")
+    reply = ask(socket_path, "status", not_running=NOT_RUNNING).get("status")
     status = rendered(lambda: Status.from_json(reply), "status")
     if as_json:
         print_json(status.to_json())

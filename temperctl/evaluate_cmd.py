@@ -7,38 +7,21 @@ its trial log as comments. Binding goes through temperd's control socket, so tem
 from __future__ import annotations
 
 import os
-import time
 from typing import Optional
 
 import click
 
-from temperd.control.client import request
-from temperd.control.protocol import DaemonNotRunning, DaemonUnavailable
 from temperd.trace.capture import unit_pids
 from temperd.training.evaluate import (MIN_EFFECT, MIN_REPS, EvaluationError, Request, evaluate, log_comment,
                                        measure_arms)
 from temperd.training.refine import refine, trial_log
 from temperd.training.harness import compare
 
-from .daemon_cmd import fail, json_option, socket_option
+from .daemon_cmd import ask, fail, json_option, socket_option
 from .output import print_json
 
 BIND_RETRY_S = 2.0  # a process just started may not be in temperd's inventory yet
-
-
-def _control(socket_path: str, cmd: str, **args) -> dict:
-    deadline = time.monotonic() + BIND_RETRY_S
-    while True:
-        try:
-            reply = request(socket_path, cmd, timeout=30.0, **args)
-        except (DaemonNotRunning, DaemonUnavailable) as exc:
-            fail(f"{exc} (evaluate binds the profile through temperd)")
-        if reply["ok"] or "no such process" not in reply["error"] or time.monotonic() >= deadline:
-            break
-        time.sleep(0.1)
-    if not reply["ok"]:
-        fail(reply["error"])
-    return reply
+WHY = " (evaluate binds the profile through temperd)"
 
 
 @click.command("evaluate")
@@ -79,12 +62,12 @@ def evaluate_command(profile_path: str, pid: Optional[int], unit: Optional[str],
     name = os.path.abspath(profile_path)
 
     def bind(target: int, profile: str, bound_tier: Optional[str]) -> None:
-        _control(socket_path, "bind", pid=target, profile_text=profile, tier=bound_tier,
+        ask(socket_path, "bind", retry_s=BIND_RETRY_S, why=WHY, pid=target, profile_text=profile, tier=bound_tier,
                  profile_name=name if target == pid else "evaluation spinners",
                  requester=f"temperctl train evaluate pid {os.getpid()}")
 
     def unbind(target: int) -> None:
-        _control(socket_path, "unbind", pid=target)
+        ask(socket_path, "unbind", retry_s=BIND_RETRY_S, why=WHY, pid=target)
 
     def progress(run) -> None:
         if not as_json:

@@ -3,7 +3,7 @@ tracked workload - its class, with reasons and confidence, and the CPUs it needs
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import click
 
@@ -18,26 +18,33 @@ def _cpus(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:g}"
 
 
-@click.command("classify")
-@pid_option
-@unit_option
-@socket_option
-@json_option
-def classify_command(pid: Optional[int], unit: Optional[str], socket_path: str, as_json: bool) -> None:
+def learner_command(name: str) -> Callable[[Callable[[dict, list], None]], click.Command]:
+    """`temperctl NAME`: temperd's answer to NAME for the workloads --pid / --unit select, as JSON
+    or as the decorated function shows it (its docstring is the command's help)."""
+    def make(show: Callable[[dict, list], None]) -> click.Command:
+        @click.command(name, help=show.__doc__)
+        @pid_option
+        @unit_option
+        @socket_option
+        @json_option
+        def command(pid: Optional[int], unit: Optional[str], socket_path: str, as_json: bool) -> None:
+            reply = ask(socket_path, name, pid=pid, unit=unit)
+            items = reply.get(name) or []
+            if as_json:
+                print_json(items)
+            else:
+                rendered(lambda: show(reply, items), name)
+        return command
+    return make
+
+
+@learner_command("classify")
+def classify_command(reply: dict, items: list) -> None:
     """Each tracked workload's class: criticality, CPU intensity, what bounds it (compute, memory,
     io, mixed), cap sensitivity, GPU; the reason naming every threshold that fired, the signals
     used and missing, and a confidence. Answers from the first minute on with the data so far."""
-    reply = ask(socket_path, "classify", pid=pid, unit=unit)
-    items = reply.get("classify") or []
-    if as_json:
-        print_json(items)
-        return
-    rendered(lambda: _print_classes(items), "classify")
-
-
-def _print_classes(items) -> None:
     if not items:
-        click.echo("no tracked workload matches" if items is not None else "no tracked workload")
+        click.echo("no tracked workload matches")
         return
     print_table(("WORKLOAD", "CRITICALITY", "INTENSITY", "BOUND", "UTIL %", "CAP-SENS", "GPU", "CONFIDENCE", "WINDOW"),
                 [(c["workload"], c["criticality"]["class"], c["cpu"]["intensity"], c["cpu"]["bound"],
@@ -47,28 +54,16 @@ def _print_classes(items) -> None:
         click.echo(f"\n{c['workload']}: {c['classificationReason']}")
 
 
-@click.command("rightsize")
-@pid_option
-@unit_option
-@socket_option
-@json_option
-def rightsize_command(pid: Optional[int], unit: Optional[str], socket_path: str, as_json: bool) -> None:
+@learner_command("rightsize")
+def rightsize_command(reply: dict, items: list) -> None:
     """CPUs each tracked workload needs, counted per thread: exclusive cores for threads whose p95
     is at least 0.8 of a core, plus the shared remainder at p95 x (1 + margin); against what is
     declared (quota, cpuset, binding cpus), with the saving, the risk where it is short (and
     how often it was throttled), a confidence from the history's length and the reason."""
-    reply = ask(socket_path, "rightsize", pid=pid, unit=unit)
-    items = reply.get("rightsize") or []
-    if as_json:
-        print_json(items)
-        return
-    rendered(lambda: _print_recommendations(items, reply.get("host") or {}), "rightsize")
-
-
-def _print_recommendations(items, host) -> None:
     if not items:
         click.echo("no tracked workload has a usage history yet")
         return
+    host = reply.get("host") or {}
     print_table(("WORKLOAD", "DECLARED", "NEEDED", "EXCLUSIVE", "SHARED", "HOT THREADS", "SAVINGS", "PER-CONTAINER",
                  "CONFIDENCE"),
                 [(r["workload"], _cpus(r["declared_cpus"]), _cpus(r["needed_cpus"]), r["exclusive_cores"],

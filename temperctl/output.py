@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence
 
 import click
 
@@ -24,6 +24,38 @@ class PrintableStream:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+class ProgressLine:
+    """One status line on stderr, rewritten in place on a terminal, a line per note otherwise
+    (nothing when quiet): text(note) of each progress note of a request, say() for a stage."""
+
+    def __init__(self, text: Callable[[Dict[str, Any]], str], quiet: bool = False) -> None:
+        self.text = text
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty() and not quiet
+        self.shown = False
+
+    def __call__(self, note: Dict[str, Any]) -> None:
+        if self.quiet:
+            return
+        try:
+            line = self.text(note)
+        except (TypeError, ValueError):
+            return  # a note this temperctl cannot read: the request goes on
+        click.echo("\r" + line.ljust(70) if self.tty else line, nl=not self.tty, err=True)
+        self.shown = True
+
+    def say(self, text: str) -> None:
+        if not self.quiet:
+            click.echo("\r" + text.ljust(70) if self.tty else text, err=True)
+            self.shown = False
+
+    def done(self) -> None:
+        """End the line the notes were rewriting (on a terminal)."""
+        if self.shown and self.tty:
+            click.echo("", err=True)
+            self.shown = False
 
 
 def guard_output() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Optional, Tuple
+from typing import Tuple
 
 import click
 
@@ -12,8 +12,6 @@ from temperd.backends.scx.render import RenderError, render_plan
 from temperd.config.daemon_config import DEFAULT_CONFIG_DIR
 from temperd.decide.hostview import HostView, decide, load_host_view, make_matcher
 from temperd.config.errors import ConfigError
-from temperd.control.client import request
-from temperd.control.protocol import DaemonNotRunning, DaemonUnavailable
 from temperd.text import printable_data
 from temperd.decide.explain import NoSuchTask, explain
 from temperd.sources.inventory import Inventory
@@ -145,8 +143,10 @@ def explain_command(task_id: int, dry_run: bool, config_dir: str, socket_path: s
 
     The running temperd answers from the plan it applies; where none runs (or with --dry-run)
     the answer is computed here, as root, from --config."""
-    data = None if dry_run else ask_explain(socket_path, task_id)
-    if data is None:
+    reply = None if dry_run else ask(socket_path, "explain", not_running=None, id=task_id)  # None: compute here
+    if reply is not None:
+        data = rendered(lambda: dict(reply["explain"]), "explain")
+    else:
         view, inventory, match, layer_plan = compute(config_dir, SYSFS_ROOT)
         try:
             data = printable_data(explain(task_id, inventory, match, layer_plan, make_matcher(view)))
@@ -156,19 +156,6 @@ def explain_command(task_id: int, dry_run: bool, config_dir: str, socket_path: s
         print_json(data)
     else:
         rendered(lambda: print_explanation(data), "explain")
-
-
-def ask_explain(socket_path: str, task_id: int) -> Optional[dict]:
-    """The running temperd's answer; None when no temperd listens on the socket."""
-    try:
-        reply = request(socket_path, "explain", id=task_id)
-    except DaemonNotRunning:
-        return None  # compute here
-    except DaemonUnavailable as exc:  # hung, busy, a reply that is not one: say so, do not guess
-        raise click.ClickException(str(exc))
-    if not reply.get("ok"):
-        raise click.ClickException(reply.get("error", "request failed"))
-    return rendered(lambda: dict(printable_data(reply["explain"])), "explain")
 
 
 def print_explanation(data: dict) -> None:

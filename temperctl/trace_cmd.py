@@ -9,60 +9,33 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 from typing import Any, Dict, Optional
 
 import click
 
 from temperd.trace import capture as trace_capture
-from temperd.control.client import request
-from temperd.control.protocol import DaemonNotRunning, DaemonUnavailable
 from temperd.trace.capture import CaptureRequest, TraceError, capture, parse_duration, parse_size
 
-from .daemon_cmd import fail, json_option, rendered, socket_option
-from .output import print_json
+from .daemon_cmd import ask, fail, json_option, rendered, socket_option
+from .output import ProgressLine, print_json
 
 # Beyond the capture itself: time temperd may need to write a large trace before it replies.
 REPLY_GRACE_S = 300.0
 
 
-class ProgressLine:
-    """One status line on stderr, rewritten in place on a terminal, a line per note otherwise."""
-
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.shown = False
-
-    def __call__(self, note: Dict[str, Any]) -> None:
-        try:
-            text = (f"capturing: {note.get('elapsed_s', 0):.1f}/{float(note.get('duration_s', 0)):g} s, "
-                    f"{note.get('events', 0)} events, {note.get('bytes', 0) / 2**20:.1f} MiB")
-        except (TypeError, ValueError):
-            return  # a note this temperctl cannot read: the capture goes on
-        if self.tty:
-            click.echo("\r" + text.ljust(70), nl=False, err=True)
-        else:
-            click.echo(text, err=True)
-        self.shown = True
-
-    def done(self) -> None:
-        if self.shown and self.tty:
-            click.echo("", err=True)
+def _note(note: Dict[str, Any]) -> str:
+    return (f"capturing: {note.get('elapsed_s', 0):.1f}/{float(note.get('duration_s', 0)):g} s, "
+            f"{note.get('events', 0)} events, {note.get('bytes', 0) / 2**20:.1f} MiB")
 
 
 def _through_daemon(socket_path: str, args: Dict[str, Any], output: str, show: ProgressLine) -> Optional[dict]:
-    """The result, or None when temperd is not running."""
-    try:
-        reply = request(socket_path, "trace", timeout=float(args["duration"]) + REPLY_GRACE_S,
-                        on_progress=show, **args)
-    except DaemonNotRunning:
+    """The result, or None when temperd is not running (there but not answering: capturing
+    beside it would only collide)."""
+    reply = ask(socket_path, "trace", not_running=None, timeout=float(args["duration"]) + REPLY_GRACE_S, show=show,
+                escaped=False, **args)
+    if reply is None:
         return None
-    except DaemonUnavailable as exc:  # there but not answering: capturing beside it would only collide
-        show.done()
-        fail(str(exc))
     show.done()
-    if not reply["ok"]:
-        fail(reply["error"])
     result = reply.get("trace")
     source = rendered(lambda: str(result["output"]), "trace")
     target = output + ".gz" if source.endswith(".gz") and not output.endswith(".gz") else output
@@ -143,7 +116,7 @@ def trace_command(duration: str, unit: Optional[str], pid: Optional[int], max_si
         args["pid"] = pid
     if unit:
         args["unit"] = unit
-    show = ProgressLine()
+    show = ProgressLine(_note)
     result = None if direct else _through_daemon(socket_path, args, output, show)
     if result is None:
         if not direct:

@@ -11,46 +11,25 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from typing import Any, Dict, Optional
 
 import click
 
-from temperd.control.client import request
-from temperd.control.protocol import DaemonNotRunning, DaemonUnavailable
 from temperd.sources.shape import ShapeError, read_shape
 from temperd.trace.capture import CaptureRequest, TraceError, parse_duration
 from temperd.training.observation import Observation, observe
 from temperd.training.train import shape_facts, train
 
-from .daemon_cmd import fail, json_option, rendered, socket_option
-from .output import print_json, print_table
+from .daemon_cmd import ask, fail, json_option, rendered, socket_option
+from .output import ProgressLine, print_json, print_table
 from .trace_cmd import REPLY_GRACE_S, take_file
 
 DEFAULT_DURATION = "20s"
 
 
-class Stages:
-    """The stage, elapsed time and events so far, on one line of stderr (rewritten on a terminal)."""
-
-    def __init__(self, quiet: bool) -> None:
-        self.tty = sys.stderr.isatty() and not quiet
-        self.quiet = quiet
-
-    def __call__(self, note: Dict[str, Any]) -> None:
-        if self.quiet:
-            return
-        try:
-            text = (f"{note.get('stage', 'observing')}: {note.get('elapsed_s', 0):.1f}/"
-                    f"{float(note.get('duration_s', 0)):g} s, {note.get('events', 0)} events, "
-                    f"{note.get('threads', 0)} threads")
-        except (TypeError, ValueError):
-            return
-        click.echo("\r" + text.ljust(70) if self.tty else text, nl=not self.tty, err=True)
-
-    def say(self, text: str) -> None:
-        if not self.quiet:
-            click.echo(("\r" + text.ljust(70)) if self.tty else text, err=True)
+def _note(note: Dict[str, Any]) -> str:
+    return (f"{note.get('stage', 'observing')}: {note.get('elapsed_s', 0):.1f}/{float(note.get('duration_s', 0)):g} s, "
+            f"{note.get('events', 0)} events, {note.get('threads', 0)} threads")
 
 
 class LoadCommand:
@@ -81,19 +60,13 @@ class LoadCommand:
                 continue
 
 
-def _through_daemon(socket_path: str, args: Dict[str, Any], show: Stages) -> Optional[Observation]:
-    try:
-        reply = request(socket_path, "train", timeout=float(args["duration"]) + REPLY_GRACE_S, on_progress=show, **args)
-    except DaemonNotRunning:
-        return None
-    except DaemonUnavailable as exc:
-        fail(str(exc))
-    if not reply["ok"]:
-        fail(reply["error"])
-    return rendered(lambda: Observation.from_dict(reply["observation"]), "train")
+def _through_daemon(socket_path: str, args: Dict[str, Any], show: ProgressLine) -> Optional[Observation]:
+    reply = ask(socket_path, "train", not_running=None, timeout=float(args["duration"]) + REPLY_GRACE_S, show=show,
+                escaped=False, **args)
+    return None if reply is None else rendered(lambda: Observation.from_dict(reply["observation"]), "train")
 
 
-def _direct(args: Dict[str, Any], trace_path: str, show: Stages) -> Observation:
+def _direct(args: Dict[str, Any], trace_path: str, show: ProgressLine) -> Observation:
     if os.geteuid() != 0:
         fail("temperd is not running and observing directly needs root")
     try:
@@ -172,7 +145,7 @@ def train_command(ctx: click.Context, pid: Optional[int], unit: Optional[str], d
         args["pid"] = pid
     else:
         args["unit"] = unit
-    show = Stages(quiet=as_json)
+    show = ProgressLine(_note, quiet=as_json)
     via = "temperd"
     with LoadCommand(load):
         observation = None if direct else _through_daemon(socket_path, args, show)
