@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-from temperd.config.daemon_config import CONFIG_SPEC, HTTP_SPEC, check_binding_profiles, load_config, parse_config
+from temperd.config.daemon_config import (CONFIG_SPEC, HTTP_SPEC, check_binding_profiles, config_from_document,
+                                          load_config)
+from temperd.config.tomlsource import parse_toml
 from temperd.config.errors import ConfigError
 from temperd.config.schema import json_schema
 
@@ -32,12 +34,12 @@ tier = "background"
 
 def problems(text):
     with pytest.raises(ConfigError) as info:
-        parse_config(text, "temperd.toml")
+        config_from_document(parse_toml(text, "temperd.toml"))
     return [str(p) for p in info.value.problems]
 
 
 def test_good_config():
-    config = parse_config(GOOD, "temperd.toml")
+    config = config_from_document(parse_toml(GOOD, "temperd.toml"))
     assert config.backend == "native" and config.reserve_cpus == 2 and config.http_port == 9999
     assert config.tier_weights == {"critical": 2000, "standard": 100, "background": 10}
     first, second = config.bindings
@@ -76,7 +78,7 @@ def test_each_error_names_file_line_key_and_expectation(text, expected):
 
 
 def test_binding_to_an_unknown_profile_is_reported():
-    config = parse_config(GOOD, "temperd.toml")
+    config = config_from_document(parse_toml(GOOD, "temperd.toml"))
     (problem,) = check_binding_profiles(config, {"redis"})
     assert problem.key == "binding[0].profile" and "found 'memcached'" in problem.message
 
@@ -89,15 +91,17 @@ def test_config_json_schema():
 
 
 def test_the_owned_cpus_resume_bound_is_zero_for_critical_by_default_and_each_tier_may_set_it():
-    defaults = parse_config("", "temperd.toml").tier_idle_resume_us
+    defaults = config_from_document(parse_toml("", "temperd.toml")).tier_idle_resume_us
     assert defaults == {"critical": 0, "standard": -1, "background": -1}
-    config = parse_config("[tiers.critical]\nidle_resume_us = -1\n[tiers.standard]\nidle_resume_us = 20\n", "temperd.toml")
+    config = config_from_document(parse_toml("[tiers.critical]\nidle_resume_us = -1\n[tiers.standard]\nidle_resume_us = 20\n",
+                                             "temperd.toml"))
     assert config.tier_idle_resume_us == {"critical": -1, "standard": 20, "background": -1}
 
 
 def test_scan_interval_depends_on_process_events():
-    defaults = parse_config("", "temperd.toml")
+    defaults = config_from_document(parse_toml("", "temperd.toml"))
     assert defaults.scan_interval(events_active=True) == 120.0  # events keep the inventory current
     assert defaults.scan_interval(events_active=False) == 30.0  # scans are all there is
-    mine = parse_config("reconcile_interval_s = 10.0\nscan_interval_without_events_s = 5.0\n", "temperd.toml")
+    mine = config_from_document(parse_toml("reconcile_interval_s = 10.0\nscan_interval_without_events_s = 5.0\n",
+                                           "temperd.toml"))
     assert (mine.scan_interval(True), mine.scan_interval(False)) == (10.0, 5.0)

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from temperd.config.daemon_config import load_config, parse_config
+from temperd.config.daemon_config import load_config, config_from_document
+from temperd.config.tomlsource import parse_toml
 from temperd.config.errors import ConfigError
 from temperd.config.profile import parse_profile
 from temperd.config.profileset import load_builtin_profiles, load_profile_files
@@ -120,7 +121,7 @@ def test_a_huge_file_is_refused(tmp_path):
 # --- content ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("parse", [
-    lambda text: parse_config(text, "temperd.toml"),
+    lambda text: config_from_document(parse_toml(text, "temperd.toml")),
     lambda text: parse_profile(text, "deep.toml"),
 ])
 def test_deep_nesting_is_a_config_error_not_a_recursion_error(parse):
@@ -133,10 +134,10 @@ def test_deep_nesting_is_a_config_error_not_a_recursion_error(parse):
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "+nan"])
 def test_nan_and_inf_are_refused_everywhere(value):
     with pytest.raises(ConfigError) as info:
-        parse_config(f"reconcile_interval_s = {value}\n", "temperd.toml")
+        config_from_document(parse_toml(f"reconcile_interval_s = {value}\n", "temperd.toml"))
     assert "reconcile_interval_s: expected a finite number" in one_line(info.value)
     with pytest.raises(ConfigError) as info:
-        parse_config(f'[[binding]]\nunit = "x.service"\ncpus = {value}\n', "temperd.toml")
+        config_from_document(parse_toml(f'[[binding]]\nunit = "x.service"\ncpus = {value}\n', "temperd.toml"))
     assert "binding[0].cpus: expected a finite number" in one_line(info.value)
     with pytest.raises(ConfigError) as info:
         parse_profile(profile_text(fraction=value), "p.toml")

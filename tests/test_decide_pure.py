@@ -6,7 +6,8 @@ import pytest
 from facts_builder import FactsHost, profile, thread
 from fixture_shapes import load_fixture_shape
 
-from temperd.config.daemon_config import DaemonConfig, parse_config
+from temperd.config.daemon_config import DaemonConfig, config_from_document
+from temperd.config.tomlsource import parse_toml
 from temperd.decide.matcher import ENV_PROFILE, Matcher
 from temperd.decide.planner import PlanMemo, PlannerSettings, plan
 from temperd.decide.trust import TrustPolicy
@@ -27,7 +28,8 @@ SHAPE = load_fixture_shape("gcp-c2-standard-8")
 
 
 def matcher(config: str = "", profiles=PROFILES) -> Matcher:
-    return Matcher(parse_config(config, "temperd.toml") if config else DaemonConfig(), profiles, trust=TRUST)
+    return Matcher(config_from_document(parse_toml(config, "temperd.toml")) if config else DaemonConfig(), profiles,
+                   trust=TRUST)
 
 
 def groups(result, proc):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
 from temperd.config import daemon_config as dc
+from temperd.config.tomlsource import parse_toml
 from temperd.config.defaults import ByValue, default_text, in_man_page, shown, toml_text
 from temperd.config.profile import (FINGERPRINT_SPEC, GROUP_SPEC, PROFILE_SPEC, Fingerprint, ThreadGroup, parse_profile,
                                     profile_json_schema)
@@ -55,7 +56,7 @@ def contrary(obj: Any, fields: Dict[str, Tuple[TableSpec, str]]) -> List[str]:
 
 
 def test_the_daemon_dataclasses_and_a_parsed_empty_file_hold_the_spec_defaults():
-    for config in (dc.DaemonConfig(), dc.parse_config("", "temperd.toml")):
+    for config in (dc.DaemonConfig(), dc.config_from_document(parse_toml("", "temperd.toml"))):
         assert contrary(config, DAEMON_FIELDS) == []
         assert contrary(config.learner, WATCH_FIELDS) == []
         assert contrary(config.scx, {key: (dc.SCX_SPEC, key) for key in dc.SCX_SPEC.fields}) == []

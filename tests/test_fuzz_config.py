@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from temperd.config.daemon_config import parse_config
+from temperd.config.daemon_config import config_from_document
+from temperd.config.tomlsource import parse_toml
 from temperd.config.errors import ConfigError
 from temperd.config.profile import parse_profile
 from temperd.observe.usage_history import UsageHistory
@@ -68,7 +69,11 @@ toml_value = st.recursive(scalar, containers(["a", "b", "name", "weight"], " = "
 
 
 def test_the_uncommented_example_is_a_valid_config():
-    assert parse_config(CONFIG_TEXT, "temperd.toml").bindings
+    assert daemon_config(CONFIG_TEXT, "temperd.toml").bindings
+
+
+def daemon_config(text, file):
+    return config_from_document(parse_toml(text, file))
 
 
 def assert_only_config_errors(parse, text, file):
@@ -92,7 +97,7 @@ def replace_one_value(text: str, line_index: int, value: str) -> str:
 @given(st.text(max_size=400))
 def test_any_text_as_a_profile_or_config(text):
     assert_only_config_errors(parse_profile, text, "fuzz.toml")
-    assert_only_config_errors(parse_config, text, "temperd.toml")
+    assert_only_config_errors(daemon_config, text, "temperd.toml")
 
 
 @FUZZ
@@ -104,12 +109,12 @@ def test_a_builtin_profile_with_one_value_replaced(which, line_index, value):
 @FUZZ
 @given(st.integers(min_value=0, max_value=200), toml_value)
 def test_temperd_toml_with_one_value_replaced(line_index, value):
-    assert_only_config_errors(parse_config, replace_one_value(CONFIG_TEXT, line_index, value), "temperd.toml")
+    assert_only_config_errors(daemon_config, replace_one_value(CONFIG_TEXT, line_index, value), "temperd.toml")
 
 
 @pytest.mark.parametrize("text", ["a = " + "[" * 3000 + "]" * 3000, "a = 1\n" * 20000 + "a = 2\n"])
 def test_pathological_but_valid_shapes(text):
-    assert_only_config_errors(parse_config, text, "temperd.toml")
+    assert_only_config_errors(daemon_config, text, "temperd.toml")
     assert_only_config_errors(parse_profile, text, "fuzz.toml")
 
 

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from facts_builder import FactsHost
-from temperd.config.daemon_config import parse_config
+from temperd.config.daemon_config import DaemonConfig
 from temperd.config.profile import parse_profile
 from temperd.decide.matcher import Matcher
 from temperd.observe.workload_labels import workload_labels
@@ -32,7 +32,7 @@ treatment = "yield"
 
 
 def _labels(*cmdlines):
-    matcher = Matcher(parse_config("", "temperd.toml"), {"tmpd-secretive": parse_profile(PROFILE, "p.toml")})
+    matcher = Matcher(DaemonConfig(), {"tmpd-secretive": parse_profile(PROFILE, "p.toml")})
     host = FactsHost()
     for cmdline in cmdlines:
         host.process("tpmc", exe="/opt/tp/bin/tpmc", cmdline=cmdline, cgroup="/")
@@ -88,7 +88,7 @@ def test_the_digest_is_keyed_so_a_reader_cannot_test_guesses_of_an_argument():
     plain = hashlib.sha256("\0".join(cmdline).encode()).hexdigest()[:8]
 
     def label(key):
-        matcher = Matcher(parse_config("", "temperd.toml"), {"tmpd-secretive": parse_profile(PROFILE, "p.toml")},
+        matcher = Matcher(DaemonConfig(), {"tmpd-secretive": parse_profile(PROFILE, "p.toml")},
                           label_key=key)
         host = FactsHost()
         host.process("tpmc", exe="/opt/tp/bin/tpmc", cmdline=cmdline, cgroup="/")

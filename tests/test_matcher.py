@@ -9,7 +9,8 @@ import uuid
 import pytest
 
 from driven import spawn_at_pid
-from temperd.config.daemon_config import parse_config
+from temperd.config.daemon_config import config_from_document
+from temperd.config.tomlsource import parse_toml
 from temperd.sources.inventory import Inventory
 from temperd.decide.matcher import Matcher
 from temperd.config.profile import parse_profile
@@ -54,7 +55,7 @@ treatment = "yield"
 
 
 def matcher(config_text="", profiles=(PROFILE, HOT)):
-    return Matcher(parse_config(config_text, "temperd.toml"), {p.id: p for p in profiles})
+    return Matcher(config_from_document(parse_toml(config_text, "temperd.toml")), {p.id: p for p in profiles})
 
 
 @pytest.fixture

@@ -14,7 +14,9 @@ from pathlib import Path
 import click
 import pytest
 
-from temperd.config.daemon_config import (CONFIG_SPEC, CONTROL_SPEC, DEFAULT_CONFIG_DIR, DaemonConfig, parse_config)
+from temperd.config.daemon_config import (CONFIG_SPEC, CONTROL_SPEC, DEFAULT_CONFIG_DIR, DaemonConfig,
+                                          config_from_document)
+from temperd.config.tomlsource import parse_toml
 from temperd.config.profile import PROFILE_SPEC, parse_profile
 
 try:
@@ -269,10 +271,10 @@ def test_both_packages_ship_monitoring_and_bpf_under_usr_share_temperd():
 
 def test_default_config_is_all_comments_and_every_shown_value_is_the_default():
     text = DEFAULT_TOML.read_text()
-    as_shipped = parse_config(text, str(DEFAULT_TOML))
+    as_shipped = config_from_document(parse_toml(text, str(DEFAULT_TOML)))
     # Settings are commented with '#' directly before them; prose has '# '.
     settings = "\n".join(line[1:] for line in text.splitlines() if re.match(r"#[\[a-z]", line))
-    uncommented = parse_config(settings, str(DEFAULT_TOML))
+    uncommented = config_from_document(parse_toml(settings, str(DEFAULT_TOML)))
     assert as_shipped.bindings == ()
     for config in (as_shipped, uncommented):
         for field in ("backend", "default_tier", "reserve_cpus", "reconcile_interval_s", "scan_interval_without_events_s",

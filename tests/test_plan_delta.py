@@ -20,7 +20,8 @@ from temperd.backends.native.backend import NativeBackend
 from temperd.backends.native.cgroup_weight import CGROUPFS, CgroupWeights, WeightSupport
 from temperd.backends.native.idle_cgroup import IdleCgroup
 from temperd.backends.native.pmqos import PmQos
-from temperd.config.daemon_config import parse_config
+from temperd.config.daemon_config import config_from_document
+from temperd.config.tomlsource import parse_toml
 from temperd.decide import plan_delta as delta_module, planner
 from temperd.decide.hostview import decide
 from temperd.decide.matcher import Matcher
@@ -38,7 +39,8 @@ PROFILES = {p.id: p for p in (
             'name = "conn"\nthread_names = ["conn-*"]\ntreatment = "exclusive"',
             'name = "rest"\ncatch_all = true\ntreatment = "yield"\nyield_policy = "batch"\nnice = 10'),
 )}
-CONFIG = parse_config("[tiers.standard]\nweight = 300\n", "temperd.toml")  # a weight unlike the kernel's 100
+# a weight unlike the kernel's 100
+CONFIG = config_from_document(parse_toml("[tiers.standard]\nweight = 300\n", "temperd.toml"))
 VIEW = SimpleNamespace(shape=SHAPE, config=CONFIG, profiles=SimpleNamespace(active=PROFILES))
 THREAD_NAMES = ("bg-1", "bg-2", "fast-1", "conn-1", "conn-2", "zz", "worker")
 

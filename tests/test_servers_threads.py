@@ -25,7 +25,8 @@ import pytest
 import servers as S
 from thread_children import busy_until
 from temperd.decide.matcher import fingerprint_reason, selector_reason
-from temperd.config.profile import Profile, load_profile
+from temperd.config.profile import Profile, profile_from_document
+from temperd.config.tomlsource import read_toml
 
 pytestmark = pytest.mark.servers
 
@@ -35,7 +36,7 @@ LOAD_BUSY_TICKS = 10  # a tenth of a second of CPU on the server: its load conne
 
 
 def profile(profile_id: str) -> Profile:
-    return load_profile(str(PROFILE_DIR / f"{profile_id}.toml"))
+    return profile_from_document(read_toml(str(PROFILE_DIR / f"{profile_id}.toml")))
 
 
 def group_of(prof: Profile, comm: str, title: str = "") -> Optional[str]:

@@ -20,7 +20,8 @@ import pytest
 
 import servers as S
 from thread_children import wait_for
-from temperd.config.daemon_config import DaemonConfig, parse_config
+from temperd.config.daemon_config import DaemonConfig, config_from_document
+from temperd.config.tomlsource import parse_toml
 from temperd.decide.hostview import decide, load_host_view, make_matcher
 from temperd.decide.trust import TrustPolicy, trust_policy
 from temperd.plan import EXCLUSIVE
@@ -149,9 +150,10 @@ def test_trust_policy_of_a_person_a_system_account_root_and_nobody(hostile_user)
     # a user's own systemd runs units too, under user.slice: those are not system units
     assert policy.distrust(P(hostile_user.pw_uid, "app.service",
                              f"/user.slice/user-{hostile_user.pw_uid}.slice/user@{hostile_user.pw_uid}.service/app.service"))
-    trusted = trust_policy(parse_config(f'[trust]\nusers = ["{USER}"]\n', "t.toml"))
+    trusted = trust_policy(config_from_document(parse_toml(f'[trust]\nusers = ["{USER}"]\n', "t.toml")))
     assert trusted.distrust(P(hostile_user.pw_uid)) is None
-    by_group = trust_policy(parse_config(f'[trust]\ngroups = ["{pwd.getpwnam(USER).pw_name}"]\n', "t.toml"))
+    group = pwd.getpwnam(USER).pw_name
+    by_group = trust_policy(config_from_document(parse_toml(f'[trust]\ngroups = ["{group}"]\n', "t.toml")))
     assert isinstance(by_group, TrustPolicy) and by_group.distrust(P(hostile_user.pw_uid)) is None
 
 

@@ -11,7 +11,7 @@ from temperd import paths
 from temperd.config.errors import ConfigError, ConfigProblem
 from temperd.plan import TIERS
 from temperd.config.schema import Spec, TableSpec, Validator, check_cgroup_path, check_glob
-from temperd.config.tomlsource import TomlDocument, parse_toml, read_toml
+from temperd.config.tomlsource import TomlDocument, read_toml
 
 DEFAULT_CONFIG_DIR = paths.CONFIG_DIR
 CONFIG_FILE = "temperd.toml"
@@ -278,10 +278,6 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
                                 rightsizing=values["rightsizing"]["enabled"],
                                 **{k: v for k, v in values["rightsizing"].items() if k != "enabled"}),
     )
-
-
-def parse_config(text: str, file: str) -> DaemonConfig:
-    return config_from_document(parse_toml(text, file))
 
 
 def load_config(config_dir: str = DEFAULT_CONFIG_DIR, require_trusted: bool = False) -> DaemonConfig:

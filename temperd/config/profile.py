@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from temperd.config.defaults import by_value
-from temperd.config.errors import ConfigError, ConfigProblem, describe_value
+from temperd.config.errors import ConfigError, describe_value
 from temperd.plan import EXCLUSIVE, LATENCY, OWNED, OWNERSHIPS, TREATMENTS, YIELD
 from temperd.config.safe_regex import regex_problem
 from temperd.config.schema import (Spec, TableSpec, Validator, check_cgroup_path, check_comm_glob, check_glob, glob_match, json_schema)
-from temperd.config.tomlsource import TomlDocument, parse_toml, read_toml
+from temperd.config.tomlsource import TomlDocument, parse_toml
 
 SCHEMA_VERSION = 1
 PROFILE_ID_PATTERN = r"[a-z0-9][a-z0-9-]{0,62}"
@@ -300,10 +300,6 @@ def profile_from_document(doc: TomlDocument, *, builtin: bool = False, source: O
     )
 
 
-def load_profile(path: str) -> Profile:
-    return profile_from_document(read_toml(path))
-
-
 def parse_profile(text: str, file: str, *, builtin: bool = False) -> Profile:
     return profile_from_document(parse_toml(text, file), builtin=builtin)
 
@@ -311,16 +307,3 @@ def parse_profile(text: str, file: str, *, builtin: bool = False) -> Profile:
 def profile_json_schema() -> dict:
     return json_schema(PROFILE_SPEC, root_id="urn:temperd:profile:v1")
 
-
-__all__ = [
-    "ConfigError",
-    "ConfigProblem",
-    "Fingerprint",
-    "Profile",
-    "ShapeRequirement",
-    "ThreadGroup",
-    "Traits",
-    "load_profile",
-    "parse_profile",
-    "profile_json_schema",
-]
