@@ -5,7 +5,7 @@ turned into WorkloadSignals (decide/classify.py)."""
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Deque, Dict, Mapping, Optional, Tuple
 
 from temperd.decide import classify as C
@@ -43,33 +43,23 @@ class Counters:
     sampled: bool = False
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    at: float
-    demand_s: float
-    used_s: float
-    threads: Mapping[int, Tuple[float, int, int, int]]  # tid -> (demand_s, d_samples, samples, pid)
-    sleep_samples: int
-    d_samples: int
-    blkio_ticks: int
-    io_bytes: int
-    major_faults: int
-    psi: Mapping[str, PressureTotals]
-    host_psi: Mapping[str, PressureTotals]
-    memory: Optional[Tuple[int, Optional[int]]]
-    energy: Optional[Energy]
-    io_readable: bool
-    sampled: bool
+@dataclass
+class Snapshot(Counters):
+    """The counters at one moment (each thread's copied), with what was read beside them."""
+
+    at: float = 0.0
+    psi: Mapping[str, PressureTotals] = field(default_factory=dict)
+    host_psi: Mapping[str, PressureTotals] = field(default_factory=dict)
+    memory: Optional[Tuple[int, Optional[int]]] = None
+    energy: Optional[Energy] = None
     psi_own: bool = False  # psi is of a cgroup no other process shares (else: context only)
     gpu: Optional[WorkloadGpu] = None  # its processes' GPU use since the previous snapshot
 
 
 def snapshot(at: float, c: Counters, psi, host_psi, memory, energy, psi_own: bool = False,
              gpu: Optional[WorkloadGpu] = None) -> Snapshot:
-    return Snapshot(at, c.demand_s, c.used_s,
-                    {tid: (t.demand_s, t.d_samples, t.samples, t.pid) for tid, t in c.threads.items()},
-                    c.sleep_samples, c.d_samples, c.blkio_ticks, c.io_bytes, c.major_faults, dict(psi), dict(host_psi),
-                    memory, energy, c.io_readable, c.sampled, psi_own, gpu)
+    return Snapshot(**{**vars(c), "threads": {tid: replace(t) for tid, t in c.threads.items()}}, at=at, psi=dict(psi),
+                    host_psi=dict(host_psi), memory=memory, energy=energy, psi_own=psi_own, gpu=gpu)
 
 
 class Window:
@@ -134,12 +124,12 @@ def signals(label: str, window: Window, *, window_goal_s: float, tier: str, capa
         m[C.CPU_USED] = (last.used_s - first.used_s) / seconds
         averages = {}
         by_process: Dict[int, float] = {}
-        for tid, (demand_s, d_samples, samples, pid) in last.threads.items():
-            before = first.threads.get(tid, (0.0, 0, 0, pid))
-            n = samples - before[2]
-            stalled = (d_samples - before[1]) / n if n else 0.0
-            averages[tid] = ((demand_s - before[0]) / seconds, stalled)
-            by_process[pid] = by_process.get(pid, 0.0) + averages[tid][0]
+        for tid, t in last.threads.items():
+            before = first.threads.get(tid, ThreadTotals(pid=t.pid))
+            n = t.samples - before.samples
+            stalled = (t.d_samples - before.d_samples) / n if n else 0.0
+            averages[tid] = ((t.demand_s - before.demand_s) / seconds, stalled)
+            by_process[t.pid] = by_process.get(t.pid, 0.0) + averages[tid][0]
         active = sum(1 for cpus, _ in averages.values() if cpus >= ACTIVE_THREAD_CPUS)
         attributed = sum(cpus for cpus, _ in averages.values())
         if m[C.CPU_DEMAND] - attributed >= ACTIVE_THREAD_CPUS:
