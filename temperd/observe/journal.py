@@ -227,5 +227,3 @@ class Journal:
             out.append(text)
         return out
 
-
-__all__ = ["Journal", "describe_layer"]

@@ -459,6 +459,3 @@ def wakers_summary(t_list: Sequence[ThreadFeatures], wf: WorkloadFeatures, n: in
     return ", ".join(f"{label} {count / total:.0%}" for label, count in
                      sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:n])
 
-
-__all__ = ["Analysis", "Cluster", "UNTREATED", "Verdict", "analyze", "cores_needed", "request_path",
-           "title_key", "title_regex", "waited_on", "wakers_summary", "SAME_PROCESS", "WORKLOAD", "top"]

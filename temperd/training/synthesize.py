@@ -224,5 +224,3 @@ def check(text: str, name: str) -> Profile:
     except ConfigError as exc:
         raise ValueError("; ".join(str(p) for p in exc.problems)) from None
 
-
-__all__ = ["ShapeFacts", "check", "fingerprint", "fraction_for", "profile_id", "synthesize", "traits"]
