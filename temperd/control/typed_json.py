@@ -1,5 +1,6 @@
 """Dataclasses to JSON and back, driven by their fields' types: what the typed status
-(`status`) is written and read with. Fields keep their declared order; a dataclass field marked
+(`status`) and a training observation are written and read with (a dict keyed by int comes
+back with int keys). Fields keep their declared order; a dataclass field marked
 FLATTEN writes its fields into its parent's object (absent where it is None). Reading ignores
 keys it does not know (a newer sender's) unless strict, and a missing key without a default is
 a KeyError."""
@@ -81,7 +82,8 @@ def _decode(tp: Any, value: Any, where: str, strict: bool) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise TypeError(f"{where}: expected an object, got {type(value).__name__}")
-        return {k: _decode(args[1], v, where, strict) for k, v in value.items()} if args else dict(value)
+        key = int if args and args[0] is int else str  # JSON's keys are strings
+        return {key(k): _decode(args[1], v, where, strict) for k, v in value.items()} if args else dict(value)
     if tp in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise TypeError(f"{where}: expected a number, got {type(value).__name__}")
     if tp is str and not isinstance(value, str):

@@ -10,6 +10,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
+from temperd.control.typed_json import from_json, to_json
 from temperd.trace.capture import CaptureRequest, TraceError, capture
 from temperd.training.samples import Sampler, Samples, workload_pids
 
@@ -22,11 +23,12 @@ class Observation:
     samples: Samples
 
     def as_dict(self) -> Dict[str, Any]:
-        return {"trace": self.trace, "samples": self.samples.as_dict()}
+        return to_json(self)
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "Observation":
-        return cls(dict(data["trace"]), Samples.from_dict(data["samples"]))
+        """From as_dict() output that came through JSON."""
+        return from_json(cls, data)
 
 
 def observe(request: CaptureRequest, progress: Optional[Progress] = None,

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
 
 from temperd.files import kernel_lines
 from temperd.sources import procfs
@@ -61,21 +61,6 @@ class Samples:
     duration_s: float = 0.0
     processes: Dict[int, ProcessInfo] = field(default_factory=dict)
     threads: Dict[int, ThreadSeries] = field(default_factory=dict)
-
-    def as_dict(self) -> Dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Dict[str, Any]) -> "Samples":
-        """From as_dict() output that came through JSON (keys are strings there)."""
-        out = cls(data.get("root_pid"), data.get("unit"), float(data.get("interval_s", SAMPLE_INTERVAL_S)),
-                  float(data.get("duration_s", 0.0)))
-        for pid, info in (data.get("processes") or {}).items():
-            out.processes[int(pid)] = ProcessInfo(**info)
-        for tid, series in (data.get("threads") or {}).items():
-            out.threads[int(tid)] = ThreadSeries(int(series["tid"]), int(series["pid"]), str(series["comm"]),
-                                                 [ThreadSample(**s) for s in series.get("samples", ())])
-        return out
 
 
 def workload_pids(root_pid: Optional[int], unit: Optional[str]) -> List[int]:
