@@ -52,16 +52,6 @@ def shown(spec: Any) -> bool:
     return spec.default is not None and spec.type not in ("table", "tables")
 
 
-def default_rows(table: Any, prefix: str = "") -> Iterator[Tuple[str, str]]:
-    """(dotted key, default text) of every key of a TableSpec and its tables that has a default."""
-    for key, spec in table.fields.items():
-        name = prefix + key
-        if spec.type == "table" and spec.table is not None:
-            yield from default_rows(spec.table, name + ".")
-        elif shown(spec):
-            yield name, default_text(spec.default)
-
-
 def toml_listing(table: Any, header: str = "") -> Iterator[str]:
     """Every default of a TableSpec as temperd.toml or a profile would spell it, a table's under its
     [header] ([[header]] for an array of tables); a ByValue's as `key = by KEY: ...`."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Container, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from temperd.plan import CONFINED, EXCLUSIVE, YIELD, Layer, LayerPlan, layer_changes
+from temperd.sources.shape import format_cpulist
 
 log = logging.getLogger("temperd")
 
@@ -48,7 +49,7 @@ def describe_layer(layer: Layer) -> str:
     if layer.slice_us:
         parts.append(f"slice {layer.slice_us} us")
     if layer.cpus:
-        parts.append(f"{'CPUs' if layer.kind == CONFINED else 'sharing CPUs'} {_cpus(layer.cpus)}")
+        parts.append(f"{'CPUs' if layer.kind == CONFINED else 'sharing CPUs'} {format_cpulist(layer.cpus)}")
         if layer.holds_cpus:
             parts.append(layer.holds_cpus)
         if layer.idle_resume_us is not None:  # the PM QoS bound on its own CPUs (pmqos.py; an Open layer's is not applied)
@@ -57,21 +58,6 @@ def describe_layer(layer: Layer) -> str:
         if layer.kind != CONFINED and layer.treatment == EXCLUSIVE:
             parts.append("demoted: not enough whole cores")
     return ", ".join(parts)
-
-
-def _cpus(cpus: Sequence[int]) -> str:
-    """2,3,4,7 -> 2-4,7"""
-    out: List[str] = []
-    ordered = sorted(cpus)
-    start = prev = None
-    for cpu in ordered + [None]:
-        if start is not None and (cpu is None or cpu != prev + 1):
-            out.append(str(start) if start == prev else f"{start}-{prev}")
-            start = None
-        if cpu is not None and start is None:
-            start = cpu
-        prev = cpu
-    return ",".join(out)
 
 
 def _layers_by_workload(plan: LayerPlan, keys: Container[str]) -> Dict[str, List[Layer]]:
@@ -193,7 +179,7 @@ class Journal:
         now = {layer.name: layer for layer in added_layers}
         added = sorted(n for n, layer in now.items() if n not in before and layer.workload not in said)
         removed = sorted(n for n, layer in before.items() if n not in now and layer.workload not in said)
-        moved = [f"{name} CPUs {_cpus(before[name].cpus) or 'none'} -> {_cpus(now[name].cpus) or 'none'}"
+        moved = [f"{name} CPUs {format_cpulist(before[name].cpus) or 'none'} -> {format_cpulist(now[name].cpus) or 'none'}"
                  for name in sorted(now.keys() & before.keys()) if tuple(before[name].cpus) != tuple(now[name].cpus)]
         parts = []
         if added:
@@ -202,7 +188,7 @@ class Journal:
             parts.append("removed " + ", ".join(removed))
         parts.extend(moved)
         if parts:
-            parts.append(f"{len(plan.layers)} layers, reserve CPUs {_cpus(plan.reserve_cpus) or 'none'}")
+            parts.append(f"{len(plan.layers)} layers, reserve CPUs {format_cpulist(plan.reserve_cpus) or 'none'}")
         return "; ".join(parts)
 
     def _emit(self, lines, limited: bool = True) -> List[str]:
