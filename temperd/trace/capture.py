@@ -22,9 +22,10 @@ import re
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from temperd import paths
+from temperd.control.protocol import Progress
 from temperd.files import kernel_lines
 from temperd.sources.mounts import tracefs_mount
 from temperd.sources import host_cpu, procfs
@@ -62,8 +63,6 @@ EVENTS = (
     ("sched/sched_process_exit", False),
     ("task/task_rename", False),
 )
-
-Progress = Callable[[Dict[str, Any]], None]
 
 
 class TraceError(Exception):

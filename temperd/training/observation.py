@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Dict, Optional
 
+from temperd.control.protocol import Progress
 from temperd.control.typed_json import from_json, to_json
 from temperd.trace.capture import CaptureRequest, TraceError, capture
 from temperd.training.samples import Sampler, Samples, workload_pids
-
-Progress = Callable[[Dict[str, Any]], None]
 
 
 @dataclass

@@ -42,10 +42,8 @@ def shape_facts(shape: MachineShape) -> ShapeFacts:
     return ShapeFacts(shape.n_cores, shape.threads_per_core, shape.n_cpus, shape.describe())
 
 
-def budget_of(samples: Samples, shape: ShapeFacts) -> tuple:
-    """(CPUs, why): the workload's cgroup CPU quota, else the host's CPUs."""
-    root = samples.processes.get(samples.root_pid) if samples.root_pid is not None else None
-    root = root or next(iter(samples.processes.values()), None)
+def budget_of(root: Optional[ProcessInfo], shape: ShapeFacts) -> tuple:
+    """(CPUs, why): the CPU quota of the workload's root process's cgroup, else the host's CPUs."""
     if root is not None and root.cpu_quota:
         return root.cpu_quota, f"the CPU quota of cgroup {root.cgroup}"
     return float(shape.cpus), f"the host's {shape.cpus} CPUs: the workload has no CPU quota"
@@ -66,8 +64,8 @@ def train(observation: Observation, shape: ShapeFacts, *, trace_path: Optional[s
     summary = parse_trace(trace_path or observation.trace["output"])
     samples = observation.samples
     features = workload_features(summary, samples)
-    budget, why = budget_of(samples, shape)
-    analysis = analyze(features, budget, why, {pid: list(p.titles) for pid, p in samples.processes.items()})
     root = root_process(samples)
+    budget, why = budget_of(root, shape)
+    analysis = analyze(features, budget, why, {pid: list(p.titles) for pid, p in samples.processes.items()})
     text = synthesize(analysis, root, shape, requested_id=requested_id, load=load)
     return Trained(analysis, text, root)
