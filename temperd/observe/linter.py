@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
@@ -39,7 +40,6 @@ INVARIANTS = (SMT_COLLISION, PROTECTED_FALLBACK, OPEN_RESERVE, LAYER_MISMATCH, R
 LATENCY_MIN_WAKEUPS = 20
 
 
-
 @dataclass(frozen=True)
 class Violation:
     invariant: str  # one of INVARIANTS
@@ -54,16 +54,10 @@ class LintReport:
 
     violations: Tuple[Violation, ...] = ()
 
-    def counts(self) -> Dict[str, int]:
-        """Violations per invariant, every invariant listed (0 where none)."""
-        out = dict.fromkeys(INVARIANTS, 0)
-        for violation in self.violations:
-            out[violation.invariant] = out.get(violation.invariant, 0) + 1
-        return out
-
     def summary(self) -> Dict[str, object]:
         """{"total": n, "by_invariant": {invariant: n}}, only the invariants violated."""
-        return {"total": len(self.violations), "by_invariant": {k: n for k, n in self.counts().items() if n}}
+        counts = Counter(v.invariant for v in self.violations)
+        return {"total": len(self.violations), "by_invariant": {k: counts[k] for k in INVARIANTS if counts[k]}}
 
 
 def lint(plan: LayerPlan, observation: Observation, shape, match=None, *, check_treatment: bool = True,
