@@ -127,9 +127,7 @@ def _parse(lines: Union[IO[str], Iterable[str]]) -> TraceSummary:
         by_event[event] = by_event.get(event, 0) + 1
         tid = int(tid_s)
         if tid and tgid_s and tgid_s[0] != "-":
-            me = threads.get(tid)
-            if me is None:
-                me = threads[tid] = ThreadStats(tid, comm)
+            me = threads.get(tid) or parser.thread(tid, comm)
             if me.tgid is None:
                 me.tgid = int(tgid_s)
         fields = line[m.end():]
@@ -177,9 +175,7 @@ class _Parser:
         prev = int(s.group(2))
         nxt = int(s.group(6))
         if prev:
-            p = threads.get(prev)
-            if p is None:
-                p = threads[prev] = ThreadStats(prev, s.group(1))
+            p = threads.get(prev) or self.thread(prev, s.group(1))
             current = running.get(cpu)
             if current is None:
                 _ran(p, first, ts, first)  # ran since before the trace began
@@ -215,9 +211,7 @@ class _Parser:
         if w is None:
             return False
         wakee = int(w.group(2))
-        target = self.threads.get(wakee)
-        if target is None:
-            target = self.threads[wakee] = ThreadStats(wakee, w.group(1))
+        target = self.threads.get(wakee) or self.thread(wakee, w.group(1))
         self.ready_since.setdefault(wakee, ts)
         if (flags and len(flags) > 2 and flags[2] in _IRQ_FLAGS) or tid == 0:
             target.irq_wakeups += 1
