@@ -117,9 +117,6 @@ class Fingerprint:
     cmdline: Tuple[str, ...] = ()
     images: Tuple[str, ...] = ()
 
-    def is_empty(self) -> bool:
-        return not any((self.executables, self.process_names, self.units, self.cgroups, self.cmdline))
-
 
 @dataclass(frozen=True)
 class ShapeRequirement:

@@ -64,17 +64,6 @@ class DecayingHistogram:
                 return bucket_start(index + 1)
         return bucket_start(max(self.buckets) + 1)
 
-    def merge(self, other: "DecayingHistogram") -> None:
-        """Add another histogram's weight (both brought to this one's reference)."""
-        if other.total <= 0:
-            return
-        if self.reference is None:
-            self.reference = other.reference
-        factor = 2.0 ** (((other.reference or 0.0) - (self.reference or 0.0)) / self.half_life_s)
-        for index, weight in other.buckets.items():
-            self.buckets[index] = self.buckets.get(index, 0.0) + weight * factor
-        self.total += other.total * factor
-
     def to_json(self) -> dict:
         return {"reference": self.reference, "buckets": {str(i): round(w, 9) for i, w in sorted(self.buckets.items())}}
 

@@ -86,9 +86,6 @@ class TraceSummary:
             return 0
         return self.last_ts_ns - self.first_ts_ns
 
-    def named(self, comm: str) -> List[ThreadStats]:
-        return [t for t in self.threads.values() if t.comm == comm]
-
 
 def parse_trace(source: Union[str, Iterable[str]]) -> TraceSummary:
     """Parse a trace file (path, plain or gzip) or any iterable of lines."""

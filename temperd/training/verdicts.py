@@ -18,11 +18,6 @@ class Spread:
     high: float
     n: int
 
-    @property
-    def relative(self) -> float:
-        """(high - low) / median: 0.1 = the runs spread over 10 % of the median."""
-        return (self.high - self.low) / self.median if self.n and self.median else float("nan")
-
     def describe(self) -> str:
         return f"{self.median:g} (runs {self.low:g}..{self.high:g})"
 
