@@ -12,7 +12,7 @@ import logging
 import os
 
 from temperd.config.errors import ConfigError
-from temperd.config.tomlsource import open_checked
+from temperd.config.tomlsource import read_config_bytes
 
 log = logging.getLogger(__name__)
 
@@ -25,15 +25,11 @@ def load_label_key(directory: str) -> bytes:
     or made, a key for this run alone, said once: labels then change at the next start."""
     path = os.path.join(directory, KEY_FILE)
     try:
-        fd = open_checked(path, require_trusted=True, limit=KEY_BYTES, follow_symlinks=False, owner=os.geteuid())
+        key = read_config_bytes(path, require_trusted=True, limit=KEY_BYTES, follow_symlinks=False, owner=os.geteuid())
     except ConfigError as exc:
         if os.path.lexists(path):
             return _for_this_run(exc.problems[0].message)
         return _made(path)
-    try:
-        key = os.read(fd, KEY_BYTES + 1)
-    finally:
-        os.close(fd)
     return key if len(key) == KEY_BYTES else _for_this_run(f"{path}: {len(key)} bytes, expected {KEY_BYTES}")
 
 
