@@ -90,8 +90,8 @@ class WorkloadLearner:
         self.history_bytes = 0
         self.static_missing = self._static_missing()
         self.tracker = UsageTracker(settings, self.history, energy="rapl" not in self.static_missing)
-        self.delayacct = delayacct_state()[0]
-        self.gpu_present = nvml.gpu_state()[0]
+        self.delayacct = "delayacct" not in self.static_missing
+        self.gpu_present = "nvml" not in self.static_missing
         self._gpu: Optional[nvml.NvmlReader] = None  # opened at start() where a GPU is present
 
     @staticmethod
