@@ -68,7 +68,6 @@ step_boot() {
   state="$(cat "$H/boot-state")"
   echo "systemctl is-system-running: $state"
   systemd-analyze time || true
-  systemd-analyze blame --no-pager 2>/dev/null | head -n 8 || true
   systemctl --failed --no-legend --no-pager
   [ "$state" = running ] || [ "$state" = degraded ]
 }
