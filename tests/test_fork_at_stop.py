@@ -14,10 +14,11 @@ import pytest
 from fake_kernel import FakeKernel
 from temperd.backends.native import inheritance, sched
 from temperd.backends.native.inheritance import restore_inherited
-from temperd.backends.native.restore_ledger import NICE, POLICY, Original, RestoreLedger
+from temperd.backends.native.restore_ledger import RestoreLedger
+from temperd.backends.native.thread_settings import NICE, POLICY
 from temperd.sources import procfs
 
-TREATED = {POLICY: sched.SCHED_BATCH, NICE: 10}
+TREATED = {POLICY: (sched.SCHED_BATCH, 0), NICE: 10}
 
 
 def _treated_creator(tmp_path, monkeypatch):
@@ -26,9 +27,10 @@ def _treated_creator(tmp_path, monkeypatch):
     kernel.install(monkeypatch)
     kernel.add(100, 100, 5, "bg-fork")
     ledger = RestoreLedger(str(tmp_path), online_cpus=lambda: kernel.cpus)
-    rec = ledger.record(100, 100, 5, "bg-fork", Original.of(kernel.cpus, kernel.get_sched(100)), since=5)
+    rec = ledger.record(100, 100, 5, "bg-fork", since=5)
+    rec.originals.update({POLICY: (sched.SCHED_OTHER, 0), NICE: 0})
     kernel.set_sched(100, policy=sched.SCHED_BATCH, nice=10)
-    rec.applied.update(TREATED)
+    rec.written.update(TREATED)
     creators = ledger.copy()
     ledger.restore_all()
     assert (kernel.threads[100].policy, kernel.threads[100].nice) == (sched.SCHED_OTHER, 0)

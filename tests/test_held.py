@@ -82,6 +82,16 @@ def test_drift_is_counted_once_never_fought_and_left_as_found():
     assert knobs.values["a"] == 7
 
 
+def test_a_setting_found_theirs_when_no_longer_wanted_stays_theirs():
+    knobs = Knobs(a=1)
+    held = HeldSettings(knobs)
+    held.hold({"a": 10})
+    knobs.values["a"] = 7  # someone else
+    assert held.hold({}).drift == {"knob": 1}  # given back: found theirs, left
+    assert held.drifted == {"a": 7} and not held.written and held.state() == {}  # nothing to restore after a kill
+    assert held.hold({"a": 10}).applied == {} and knobs.values["a"] == 7  # wanted again: still theirs
+
+
 def test_a_change_found_at_restore_is_drift_and_left():
     knobs = Knobs(a=1)
     held = HeldSettings(knobs)

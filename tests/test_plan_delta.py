@@ -97,8 +97,8 @@ class Host:
 
     def held(self):
         """What the backend holds: each thread's original where it applied something, and the weights."""
-        records = {key: (rec.original, dict(rec.applied)) for key, rec in self.backend.ledger.records.items()
-                   if rec.applied}
+        records = {key: (dict(rec.originals), dict(rec.written)) for key, rec in self.backend.ledger.records.items()
+                   if rec.written}
         weights = {}
         live = {proc.cgroup for proc in self.facts.processes}
         for top, _dirs, files in os.walk(os.path.join(self.root, "cg")):

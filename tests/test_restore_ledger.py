@@ -9,8 +9,11 @@ import stat
 import pytest
 
 from temperd.backends.native import sched
-from temperd.backends.native.restore_ledger import (AFFINITY, NICE, POLICY, LedgerError, Original, RestoreLedger, ThreadRecord)
+from temperd.backends.native.restore_ledger import LedgerError, RestoreLedger
+from temperd.backends.native.thread_settings import AFFINITY, NICE, POLICY, ThreadRecord, thread_values
+from temperd.backends.result import ApplyResult
 from temperd.sources import procfs
+from fake_kernel import FakeKernel
 from thread_children import cpus_allowed, needs_two_cpus, nice_of, policy_of
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="lowering nice and changing other threads needs root")
@@ -21,7 +24,15 @@ def _start_time(tid: int) -> int:
 
 
 def _record(ledger: RestoreLedger, pid: int, tid: int, comm: str) -> ThreadRecord:
-    return ledger.record(tid, pid, _start_time(tid), comm, Original.read(tid))
+    return ledger.record(tid, pid, _start_time(tid), comm)
+
+
+def _write(rec: ThreadRecord, values) -> None:
+    """Record the thread's originals of these kinds, and these values as written (not made)."""
+    now = thread_values(sched.get_affinity(rec.tid), sched.get_sched(rec.tid))
+    for kind, value in values.items():
+        rec.originals.setdefault(kind, rec.kept(kind, now[kind]))
+        rec.written[kind] = value
 
 
 def test_state_file_round_trip_is_atomic_and_private(tmp_path, children):
@@ -29,8 +40,7 @@ def test_state_file_round_trip_is_atomic_and_private(tmp_path, children):
     tid = child.threads["led-a"]
     ledger = RestoreLedger(str(tmp_path / "state"))
     rec = _record(ledger, child.pid, tid, "led-a")
-    rec.applied[NICE] = 5
-    rec.applied[AFFINITY] = (0,)
+    _write(rec, {NICE: 5, AFFINITY: (0,)})
     ledger.extras["pmqos"] = {"originals": {"1": "0"}, "written": {"1": "20"}}
     ledger.save()
     assert os.listdir(tmp_path / "state") == ["native-state.json"]  # no temp file left behind
@@ -41,8 +51,8 @@ def test_state_file_round_trip_is_atomic_and_private(tmp_path, children):
     again = RestoreLedger(str(tmp_path / "state"))
     assert again.load() is True
     loaded = again.get(tid, rec.start_time)
-    assert loaded.original == rec.original
-    assert loaded.applied == {NICE: 5, AFFINITY: (0,)}
+    assert loaded.originals == rec.originals and loaded.originals[NICE] == 0
+    assert loaded.written == {NICE: 5, AFFINITY: (0,)}
     assert again.extras["pmqos"]["written"] == {"1": "20"}
 
 
@@ -50,10 +60,10 @@ def test_nothing_to_undo_removes_the_state_file(tmp_path, children):
     child = children.spawn(["led-b"])
     ledger = RestoreLedger(str(tmp_path))
     rec = _record(ledger, child.pid, child.threads["led-b"], "led-b")
-    rec.applied[NICE] = 3
+    _write(rec, {NICE: 3})
     ledger.save()
     assert os.path.exists(ledger.path)
-    rec.applied.clear()
+    rec.written.clear()
     ledger.save()
     assert not os.path.exists(ledger.path)
     assert RestoreLedger(str(tmp_path)).load() is False
@@ -91,10 +101,10 @@ def test_restore_one_thread_puts_back_what_was_applied(tmp_path, children):
     tid, other = child.threads["led-c"], child.threads["led-d"]
     ledger = RestoreLedger(str(tmp_path))
     rec = _record(ledger, child.pid, tid, "led-c")
-    _record(ledger, child.pid, other, "led-d").applied[NICE] = 0  # held, but not changed
+    _write(_record(ledger, child.pid, other, "led-d"), {NICE: 0})  # held, but not changed
+    _write(rec, {AFFINITY: (1,), POLICY: (sched.SCHED_BATCH, 0), NICE: 10})
     sched.set_affinity(tid, {1})
     sched.set_sched(tid, policy=sched.SCHED_BATCH, nice=10)
-    rec.applied.update({AFFINITY: (1,), POLICY: sched.SCHED_BATCH, NICE: 10})
     assert (cpus_allowed(child.pid, tid), policy_of(child.pid, tid), nice_of(child.pid, tid)) == ("1", 3, 10)
 
     outcome = ledger.restore(rec)
@@ -111,8 +121,8 @@ def test_restore_leaves_a_setting_someone_else_changed(tmp_path, children):
     tid = child.threads["led-e"]
     ledger = RestoreLedger(str(tmp_path))
     rec = _record(ledger, child.pid, tid, "led-e")
+    _write(rec, {POLICY: (sched.SCHED_BATCH, 0), NICE: 5})
     sched.set_sched(tid, policy=sched.SCHED_BATCH, nice=5)
-    rec.applied.update({POLICY: sched.SCHED_BATCH, NICE: 5})
     os.setpriority(os.PRIO_PROCESS, tid, 12)  # someone else
     outcome = ledger.restore(rec)
     assert outcome.drift == {NICE: 1} and outcome.restored == {POLICY: 1}
@@ -127,10 +137,8 @@ def test_reused_tid_is_not_restored(tmp_path, children):
     child = children.spawn(["led-f"])
     tid = child.threads["led-f"]
     ledger = RestoreLedger(str(tmp_path))
-    real = Original.read(tid)
-    impostor = ledger.record(tid, child.pid, _start_time(tid) - 1, "led-f",
-                             Original(real.affinity, real.policy, 0, 7, 0))
-    impostor.applied[NICE] = 0
+    impostor = ledger.record(tid, child.pid, _start_time(tid) - 1, "led-f")
+    impostor.originals[NICE], impostor.written[NICE] = 7, 0
     outcome = ledger.restore_all()
     assert outcome.gone == 1 and not outcome.restored
     assert nice_of(child.pid, tid) == 0  # the 7 of the earlier thread with this tid is not written
@@ -142,7 +150,7 @@ def test_gone_thread_is_dropped(tmp_path, children):
     tid = child.threads["led-g"]
     ledger = RestoreLedger(str(tmp_path))
     rec = _record(ledger, child.pid, tid, "led-g")
-    rec.applied[NICE] = 4
+    _write(rec, {NICE: 4})
     children.kill_all()
     outcome = ledger.restore_all()
     assert outcome.gone == 1 and not outcome.failed and not ledger.records
@@ -156,21 +164,21 @@ def test_a_save_that_compares_only_the_changed_records_leaves_the_file_a_whole_s
     import random
     rng = random.Random(seed)
     ledger = RestoreLedger(str(tmp_path / f"state-{seed}"))
-    original = Original((0, 1), 0, 0, 0, 0)
     for step in range(120):
         action = rng.choice(["new", "apply", "drop", "drift", "forget", "forget"])
         recs = list(ledger.records.values())
         if action == "new" or not recs:
             tid = rng.randrange(100, 400)
-            rec = ledger.record(tid, tid, 1, "t", original)
-            rec.applied[NICE] = rng.choice([5, 19])
+            rec = ledger.record(tid, tid, 1, "t")
+            rec.originals[NICE], rec.written[NICE] = 0, rng.choice([5, 19])
         elif action == "apply":
-            rng.choice(recs).applied.update({POLICY: rng.choice([3, 5])})
+            rec = rng.choice(recs)
+            rec.originals[POLICY], rec.written[POLICY] = (0, 0), (rng.choice([3, 5]), 0)
         elif action == "drop":
-            rng.choice(recs).applied.pop(NICE, None)
+            rng.choice(recs).written.pop(NICE, None)
         elif action == "drift":
             rec = rng.choice(recs)
-            ledger.mark_drift(rec, NICE, 7) if NICE in rec.applied else rec.drifted.setdefault(AFFINITY, (1,))
+            rec._drift(NICE, 7, ApplyResult()) if NICE in rec.written else rec.drifted.setdefault(AFFINITY, (1,))
         else:
             ledger.forget(rng.choice(recs))
         if rng.random() < 0.5:
@@ -178,12 +186,12 @@ def test_a_save_that_compares_only_the_changed_records_leaves_the_file_a_whole_s
         ledger.save()
         again = RestoreLedger(ledger.state_dir)
         found = again.load()
-        expected = {key: (dict(rec.applied), dict(rec.drifted)) for key, rec in ledger.records.items()
-                    if rec.applied or rec.drifted}
-        if not any(rec.applied for rec in ledger.records.values()):
+        expected = {key: (dict(rec.written), dict(rec.drifted)) for key, rec in ledger.records.items()
+                    if rec.written or rec.drifted}
+        if not any(rec.written for rec in ledger.records.values()):
             expected = {}  # nothing to undo: no file (drift alone is theirs)
         assert found == bool(expected), (seed, step)
-        assert {key: (dict(rec.applied), dict(rec.drifted)) for key, rec in again.records.items()} == expected, \
+        assert {key: (dict(rec.written), dict(rec.drifted)) for key, rec in again.records.items()} == expected, \
             (seed, step, action)
 
 
@@ -194,34 +202,62 @@ def test_held_counts_the_records_that_hold_a_setting_through_every_kind_of_chang
     import random
     rng = random.Random(7)
     ledger = RestoreLedger(str(tmp_path))
-    original = Original((0,), 0, 0, 0, 0)
     for step in range(300):
         records = list(ledger.records.values())
         action = rng.choice(["add", "add", "write", "write", "pop", "clear_applied", "forget", "clear"])
         if action == "add" or not records:
             tid = rng.randrange(1, 60)
-            ledger.record(tid, tid, 1000 + tid, f"t{tid}", original, since=1)
+            ledger.record(tid, tid, 1000 + tid, f"t{tid}", since=1)
         elif action == "write":
-            rng.choice(records).applied[rng.choice([NICE, POLICY])] = 5
+            rng.choice(records).written[rng.choice([NICE, POLICY])] = 5
         elif action == "pop":
-            rng.choice(records).applied.pop(NICE, None)
+            rng.choice(records).written.pop(NICE, None)
         elif action == "clear_applied":
-            rng.choice(records).applied.clear()
+            rng.choice(records).written.clear()
         elif action == "forget":
             ledger.forget(rng.choice(records))
         elif action == "clear" and rng.random() < 0.1:
             ledger.clear()
         if rng.random() < 0.5:
-            assert ledger.held() == sum(1 for rec in ledger.records.values() if rec.applied), (step, action)
+            assert ledger.held() == sum(1 for rec in ledger.records.values() if rec.written), (step, action)
 
 
 def test_a_record_is_marked_changed_only_when_its_values_change(tmp_path):
     """The state file compares the records marked since its last save: a pop of a value that is
     not there, or a setdefault of one that is, changes nothing and marks nothing."""
     ledger = RestoreLedger(str(tmp_path))
-    rec = ledger.record(5, 5, 1005, "t5", Original((0,), 0, 0, 0, 0), since=1)
-    rec.applied[NICE] = 5
+    rec = ledger.record(5, 5, 1005, "t5", since=1)
+    rec.written[NICE] = 5
     ledger._changed.clear()
-    assert rec.applied.pop(POLICY, None) is None and rec.applied.setdefault(NICE, 9) == 5
+    assert rec.written.pop(POLICY, None) is None and rec.written.setdefault(NICE, 9) == 5
     assert not ledger._changed
-    assert rec.applied.pop(NICE) == 5 and ledger._changed == {rec.key}
+    assert rec.written.pop(NICE) == 5 and ledger._changed == {rec.key}
+
+
+def test_a_threads_settings_follow_the_held_rules_one_sched_setattr_a_write(tmp_path, monkeypatch):
+    """Originals recorded and journalled before the first write; policy and nice written together,
+    and given back together; drift left as found."""
+    kernel = FakeKernel(cpus=range(4))
+    kernel.install(monkeypatch)
+    kernel.add(100, 100, 5, "one")
+    calls = []
+    monkeypatch.setattr(sched, "set_sched", lambda tid, **kw: (calls.append(kw), kernel.set_sched(tid, **kw))[1])
+    ledger = RestoreLedger(str(tmp_path), online_cpus=lambda: kernel.cpus)
+    ledger.now_online()
+    rec = ledger.record(100, 100, 5, "one", since=1)
+    result = ApplyResult()
+    pending = rec.intend({AFFINITY: (1,), POLICY: (sched.SCHED_BATCH, 0), NICE: 10}, result, {})
+    ledger.save()
+    journalled = RestoreLedger(str(tmp_path))
+    assert journalled.load() and journalled.get(100, 5).originals == {AFFINITY: (0, 1, 2, 3), POLICY: (0, 0), NICE: 0}
+    assert kernel.threads[100].nice == 0  # not written yet
+    rec.carry_out(pending, result)
+    assert result.applied == {AFFINITY: 1, POLICY: 1, NICE: 1} and len(calls) == 1
+    assert (kernel.threads[100].affinity, kernel.threads[100].policy, kernel.threads[100].nice) == \
+        (frozenset({1}), sched.SCHED_BATCH, 10)
+    kernel.set_sched(100, nice=3)  # someone else
+    done = ledger.restore_all()
+    assert (done.restored, done.drift, len(calls)) == ({AFFINITY: 1, POLICY: 1}, {NICE: 1}, 2)
+    assert (kernel.threads[100].affinity, kernel.threads[100].policy, kernel.threads[100].nice) == \
+        (frozenset(range(4)), sched.SCHED_OTHER, 3)
+    assert not ledger.records

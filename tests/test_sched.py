@@ -9,7 +9,7 @@ import pytest
 from temperd.backends.native import sched
 from temperd.backends.native.autogroup import autogroup_enabled, read_autogroup
 from temperd.backends.native.membership import KernelThreads, ThreadRef
-from temperd.backends.native.restore_ledger import RestoreLedger, ThreadRecord
+from temperd.backends.native.thread_settings import NICE, ThreadRecord
 from temperd.sources import procfs
 from thread_children import cpus_allowed, needs_two_cpus, nice_of, policy_of
 
@@ -84,7 +84,8 @@ def test_gone_thread_raises_esrch(children):
         sched.get_sched(tid)
     assert sched.is_gone(info.value)
     assert procfs.read_thread_stat(tid) is None
-    assert not RestoreLedger("/nonexistent").alive(ThreadRecord(tid, child.pid, start_time, "gone-a", None))
+    gone = ThreadRecord(tid, child.pid, start_time, "gone-a")
+    assert gone.read(NICE) is None and gone.ended
 
 
 def test_identity_and_kernel_thread(children):
@@ -93,8 +94,8 @@ def test_identity_and_kernel_thread(children):
     tid = child.threads["ident-a"]
     stat = procfs.read_thread_stat(tid)
     assert stat.start_time == procfs.read_thread_stat(tid).start_time > 0
-    assert RestoreLedger("/nonexistent").alive(ThreadRecord(tid, child.pid, stat.start_time, "ident-a", None))
-    assert not RestoreLedger("/nonexistent").alive(ThreadRecord(tid, child.pid, stat.start_time - 1, "ident-a", None))
+    assert ThreadRecord(tid, child.pid, stat.start_time, "ident-a").read(NICE) == 0
+    assert ThreadRecord(tid, child.pid, stat.start_time - 1, "ident-a").read(NICE) is None  # a recycled tid
     is_kernel_thread = KernelThreads()
     assert is_kernel_thread(ThreadRef(tid, child.pid, stat.start_time, "ident-a")) is False
     kthreadd = procfs.read_thread_stat(2)

@@ -6,15 +6,21 @@ import json
 import os
 
 from temperd.backends.native import state_file
-from temperd.backends.native.restore_ledger import NICE, Original, RestoreLedger, ThreadRecord
+from temperd.backends.native.restore_ledger import RestoreLedger
+from temperd.backends.native.thread_settings import NICE, ThreadRecord
 
-ORIGINAL = Original(affinity=(0, 1), policy=0, priority=0, nice=0, slice_ns=0)
+
+def _record(tid, pid, start_time, comm, nice=5):
+    """A record that wrote `nice` over an original 0."""
+    rec = ThreadRecord(tid, pid, start_time, comm, since=1)
+    rec.originals[NICE], rec.written[NICE] = 0, nice
+    return rec
 
 
 def _ledger(tmp_path, count):
     ledger = RestoreLedger(str(tmp_path))
     for tid in range(100, 100 + count):
-        ledger.add(ThreadRecord(tid, 100, 5000 + tid, f"t{tid}", ORIGINAL, applied={NICE: 5}, since=1))
+        ledger.add(_record(tid, 100, 5000 + tid, f"t{tid}"))
     return ledger
 
 
@@ -35,12 +41,12 @@ def test_a_change_appends_only_its_own_record_and_a_load_sees_the_latest(tmp_pat
     whole = _lines(ledger.path)
     assert len(whole) == 1 + 50 and json.loads(whole[0])["version"] == state_file.STATE_VERSION
     inode = os.stat(ledger.path).st_ino
-    ledger.get(107, 5107).applied[NICE] = 9
+    ledger.get(107, 5107).written[NICE] = 9
     ledger.save()
     after = _lines(ledger.path)
     assert os.stat(ledger.path).st_ino == inode and after[:51] == whole  # appended, not rewritten
     assert [json.loads(line)["thread"]["tid"] for line in after[51:]] == [107]
-    assert _reloaded(tmp_path).get(107, 5107).applied == {NICE: 9}
+    assert _reloaded(tmp_path).get(107, 5107).written == {NICE: 9}
 
 
 def test_an_unchanged_state_writes_nothing_and_a_file_removed_behind_its_back_is_written_whole(tmp_path):
@@ -93,29 +99,30 @@ def test_the_file_is_rewritten_whole_before_its_appends_outgrow_what_it_holds(tm
     ledger.save()
     rounds = state_file.COMPACT_AFTER + 5
     for n in range(rounds):
-        ledger.get(100 + n % 10, 5100 + n % 10).applied[NICE] = n % 7 + 1
+        ledger.get(100 + n % 10, 5100 + n % 10).written[NICE] = n % 7 + 1
         ledger.save()
     assert ledger.file.whole_writes >= 2 and ledger.file.appends >= state_file.COMPACT_AFTER - 1
     assert len(_lines(ledger.path)) <= 1 + 10 + state_file.COMPACT_AFTER
     again = _reloaded(tmp_path)
-    assert {key: rec.applied for key, rec in again.records.items()} == \
-        {key: rec.applied for key, rec in ledger.records.items()}
+    assert {key: rec.written for key, rec in again.records.items()} == \
+        {key: rec.written for key, rec in ledger.records.items()}
 
 
 def test_a_state_file_of_the_earlier_one_document_format_is_read(tmp_path):
-    record = ThreadRecord(42, 42, 777, "old", ORIGINAL, applied={NICE: 3}, since=1)
+    record = {"tid": 42, "pid": 42, "start_time": 777, "comm": "old", "since": 1, "applied": {"nice": 3}, "drifted": {},
+              "original": {"affinity": [0, 1], "policy": 0, "priority": 0, "nice": 0, "slice_ns": 0}}
     (tmp_path / "native-state.json").write_text(json.dumps(
-        {"version": 1, "writer_pid": 1, "written_at": 0, "threads": [record.as_json()],
+        {"version": 1, "writer_pid": 1, "written_at": 0, "threads": [record],
          "pmqos": {"originals": {"0": "0"}, "written": {"0": "20"}}}, indent=1))
     again = _reloaded(tmp_path)
-    assert again.get(42, 777).applied == {NICE: 3} and again.extras["pmqos"]["written"] == {"0": "20"}
+    assert again.get(42, 777).written == {NICE: 3} and again.extras["pmqos"]["written"] == {"0": "20"}
 
 
 def test_nothing_left_to_undo_removes_the_file(tmp_path):
     ledger = _ledger(tmp_path, 2)
     ledger.save()
     for rec in list(ledger.records.values()):
-        rec.applied.clear()
+        rec.written.clear()
     ledger.save()
     assert not os.path.exists(ledger.path)
 
@@ -128,6 +135,6 @@ def test_nothing_waits_for_the_disk_what_the_file_describes_ends_with_the_boot(t
     monkeypatch.setattr(os, "fdatasync", refused)
     ledger = _ledger(tmp_path, 3)
     ledger.save()  # whole
-    ledger.get(100, 5100).applied[NICE] = 7
+    ledger.get(100, 5100).written[NICE] = 7
     ledger.save()  # appended
-    assert _reloaded(tmp_path).get(100, 5100).applied == {NICE: 7}
+    assert _reloaded(tmp_path).get(100, 5100).written == {NICE: 7}

@@ -13,16 +13,22 @@ import signal
 import pytest
 
 from temperd.backends.native import state_file
-from temperd.backends.native.restore_ledger import NICE, LedgerError, Original, RestoreLedger, ThreadRecord
+from temperd.backends.native.restore_ledger import LedgerError, RestoreLedger
+from temperd.backends.native.thread_settings import NICE, ThreadRecord
 
-ORIGINAL = Original(affinity=(0, 1), policy=0, priority=0, nice=0, slice_ns=0)
+
+def _record(tid, pid, start_time, comm, nice=5):
+    """A record that wrote `nice` over an original 0."""
+    rec = ThreadRecord(tid, pid, start_time, comm, since=1)
+    rec.originals[NICE], rec.written[NICE] = 0, nice
+    return rec
 LEDGER_LOG = "temperd.backends.native.restore_ledger"
 
 
 def _saved(directory, count=3):
     ledger = RestoreLedger(str(directory))
     for tid in range(100, 100 + count):
-        ledger.add(ThreadRecord(tid, 100, 5000 + tid, f"t{tid}", ORIGINAL, applied={NICE: 5}, since=1))
+        ledger.add(_record(tid, 100, 5000 + tid, f"t{tid}"))
     ledger.save()
     return ledger
 
@@ -71,11 +77,11 @@ def test_a_line_longer_than_the_file_bound_costs_only_itself(tmp_path, monkeypat
     ledger = _saved(tmp_path, 2)
     with open(ledger.path, "ab") as handle:
         handle.write(b"x" * (state_file.MAX_FILE_BYTES * 3) + b"\n")
-        ledger.get(101, 5101).applied[NICE] = 9
+        ledger.get(101, 5101).written[NICE] = 9
         handle.write(json.dumps({"thread": ledger.get(101, 5101).as_json()}).encode() + b"\n")
     again = RestoreLedger(str(tmp_path))
     assert again.load() is True and again.skipped == ["line 4"]
-    assert sorted(again.records) == [(100, 5100), (101, 5101)] and again.get(101, 5101).applied == {NICE: 9}
+    assert sorted(again.records) == [(100, 5100), (101, 5101)] and again.get(101, 5101).written == {NICE: 9}
 
 
 def test_a_journal_past_the_read_bound_keeps_what_came_before_and_names_the_rest(tmp_path, monkeypatch):
@@ -102,13 +108,13 @@ def test_a_bad_line_in_the_middle_costs_its_entry_and_is_named_once(tmp_path, ca
         handle.write(b"garbage!!\n")
         handle.write(b"\xff\xfe not text\n")
         handle.write(b"[" * 100_000 + b"\n")  # nested past the parser's recursion limit
-        ledger.get(101, 5101).applied[NICE] = 9
+        ledger.get(101, 5101).written[NICE] = 9
         handle.write(json.dumps({"thread": ledger.get(101, 5101).as_json()}).encode() + b"\n")
     with caplog.at_level(logging.WARNING, logger=LEDGER_LOG):
         again = RestoreLedger(str(tmp_path))
         assert again.load() is True
     assert sorted(again.records) == [(100, 5100), (101, 5101), (102, 5102)]
-    assert again.get(101, 5101).applied == {NICE: 9}
+    assert again.get(101, 5101).written == {NICE: 9}
     assert again.skipped == ["line 5", "line 6", "line 7"]
     said = [r.getMessage() for r in caplog.records if r.name == LEDGER_LOG]
     assert len(said) == 1 and "line 5, line 6, line 7" in said[0] and ledger.path in said[0]
@@ -146,7 +152,7 @@ def test_an_append_cut_short_by_a_full_disk_is_taken_back(tmp_path, monkeypatch)
     ledger = _saved(tmp_path, 3)
     with open(ledger.path, "rb") as handle:
         before = handle.read()
-    ledger.get(101, 5101).applied[NICE] = 9
+    ledger.get(101, 5101).written[NICE] = 9
     _failing_writes(monkeypatch, ledger.path, after=20)
     with pytest.raises(OSError) as info:
         ledger.save()
@@ -156,12 +162,12 @@ def test_an_append_cut_short_by_a_full_disk_is_taken_back(tmp_path, monkeypatch)
     monkeypatch.undo()
     ledger.save()  # the change is written at the next save that can
     again = RestoreLedger(str(tmp_path))
-    assert again.load() is True and again.get(101, 5101).applied == {NICE: 9} and not again.skipped
+    assert again.load() is True and again.get(101, 5101).written == {NICE: 9} and not again.skipped
 
 
 def test_a_failed_append_that_cannot_be_cut_back_is_followed_by_a_whole_write(tmp_path, monkeypatch):
     ledger = _saved(tmp_path, 3)
-    ledger.get(101, 5101).applied[NICE] = 9
+    ledger.get(101, 5101).written[NICE] = 9
     _failing_writes(monkeypatch, ledger.path, after=20)
 
     def refused(*_):
@@ -171,8 +177,8 @@ def test_a_failed_append_that_cannot_be_cut_back_is_followed_by_a_whole_write(tm
     with pytest.raises(OSError):
         ledger.save()
     monkeypatch.undo()
-    ledger.get(102, 5102).applied[NICE] = 7
+    ledger.get(102, 5102).written[NICE] = 7
     ledger.save()  # not appended after the 20 bytes left: they would spoil the line after them
     again = RestoreLedger(str(tmp_path))
     assert again.load() is True and not again.skipped
-    assert again.get(101, 5101).applied == {NICE: 9} and again.get(102, 5102).applied == {NICE: 7}
+    assert again.get(101, 5101).written == {NICE: 9} and again.get(102, 5102).written == {NICE: 7}

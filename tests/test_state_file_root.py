@@ -5,18 +5,20 @@ every change it has to undo."""
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import subprocess
 
 import pytest
 
-from temperd.backends.native import state_file
+from temperd.backends.native import sched, state_file
 from temperd.backends.native.autogroup import read_autogroup
 from temperd.backends.native.restore_ledger import LedgerError, RestoreLedger
 from temperd.plan import LATENCY, OPEN, LayerPlan
+from temperd.sources import procfs
 from test_native_backend import layer, make_backend, universe
-from thread_children import nice_of
+from thread_children import nice_of, policy_of
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="other owners, tmpfs mounts and lower nices need root")
 
@@ -73,7 +75,7 @@ def test_a_change_whose_record_cannot_be_written_is_not_made_and_said_once(tmp_p
 
 @pytest.fixture
 def small_state_dir(tmp_path):
-    """An 8 KiB tmpfs: room for the records of a few dozen threads, not of forty."""
+    """An 8 KiB tmpfs: room for the records of a few dozen threads, not of seventy."""
     directory = tmp_path / "small"
     directory.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k,mode=0700", "tmpfs", str(directory)], check=True)
@@ -82,13 +84,13 @@ def small_state_dir(tmp_path):
 
 
 def test_a_full_state_directory_stops_changes_and_a_restart_undoes_every_one_made(small_state_dir, children):
-    kid = children.spawn([f"full-{i}" for i in range(40)])
+    kid = children.spawn([f"full-{i}" for i in range(70)])
     tids = kid.tids()
     crashed = make_backend(small_state_dir)
     crashed.apply(_plan(tids[:8]), universe(kid, kthreads=False))
     assert [nice_of(kid.pid, tid) for tid in tids[:8]] == [-3] * 8  # recorded, then made
     result = crashed.apply(_plan(tids), universe(kid, kthreads=False))
-    assert result.failed.get("state_file") == 1, "the records of 41 threads were expected not to fit"
+    assert result.failed.get("state_file") == 1, "the records of 71 threads were expected not to fit"
     assert [tid for tid in tids if nice_of(kid.pid, tid) != 0] == tids[:8]  # nothing made unrecorded
     # Every change is on record (the file reads back whole: no line cut in the middle) ...
     left = RestoreLedger(str(small_state_dir))
@@ -103,3 +105,34 @@ def test_a_full_state_directory_stops_changes_and_a_restart_undoes_every_one_mad
         assert read_autogroup(kid.pid)[1] == 0
     finally:
         fresh.stop()
+
+
+def test_a_state_file_of_the_version_before_the_one_ledger_is_undone_at_start(tmp_path, children):
+    """The thread lines of a temperd killed before the ledger kept per-setting originals (every
+    kind's `original`, what it `applied`, a policy without its priority), exactly as it wrote them:
+    a start of this one puts back what they applied, leaves what drifted, and removes the file."""
+    kid = children.spawn(["old-a", "old-b"])
+    a, b = kid.threads["old-a"], kid.threads["old-b"]
+    original = {"affinity": sorted(sched.get_affinity(a)), "nice": 0, "policy": 0, "priority": 0, "slice_ns": 0}
+    for tid, nice in ((a, 10), (b, 7)):
+        sched.set_sched(tid, policy=sched.SCHED_BATCH, nice=nice)
+    sched.set_affinity(a, original["affinity"][-1:])
+
+    def line(tid, applied, drifted):
+        return {"thread": {"applied": applied, "comm": f"t{tid}", "drifted": drifted, "original": original,
+                           "pid": kid.pid, "since": 5, "start_time": procfs.read_thread_stat(tid).start_time,
+                           "tid": tid}}
+
+    lines = [{"version": 2, "writer_pid": 1, "written_at": 0.0},
+             line(a, {"nice": 12, "policy": 3}, {}),  # the later line of the same thread counts
+             line(a, {"affinity": original["affinity"][-1:], "nice": 10, "policy": 3}, {}),
+             line(b, {"policy": 3}, {"nice": 7})]  # its nice drifted: someone else's, left
+    (tmp_path / "native-state.json").write_text("".join(json.dumps(entry) + "\n" for entry in lines))
+    os.chmod(tmp_path / "native-state.json", 0o600)
+    fresh = make_backend(str(tmp_path))
+    recovered = fresh.recover()
+    assert recovered.restored == {"affinity": 1, "nice": 1, "policy": 2} and not recovered.errors, recovered
+    assert (policy_of(kid.pid, a), nice_of(kid.pid, a)) == (0, 0)
+    assert sorted(sched.get_affinity(a)) == original["affinity"]
+    assert (policy_of(kid.pid, b), nice_of(kid.pid, b)) == (0, 7)
+    assert not os.path.exists(tmp_path / "native-state.json")

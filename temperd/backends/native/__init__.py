@@ -7,10 +7,10 @@ membership.py      which layer each thread belongs to; which threads are kernel 
 treatment.py       per-thread affinity, policy, nice and slice under the plan
 inheritance.py     treatment a new thread or process inherited from its creator, and the way back
 given_back.py      values it replaced or gave back, remembered for threads made before
-restore_ledger.py  each thread's originals and temperd's changes, an affinity compared within
-                   the online CPUs it is given (the daemon's machine shape's)
+restore_ledger.py  the ledger: every held setting, threads' and host's, and the way back
+thread_settings.py a thread's held affinity, policy, nice and slice, keyed by (tid, start time)
 state_file.py      the ledger on disk, a journal, for the next start
-held.py            held host settings: original first, drift, restore, adopt
+held.py            held settings, the one set of rules: original first, drift, restore, adopt
 autogroup.py       the nice of whole sessions (autogroups)
 idle_cgroup.py     yield threads of mixed sessions in an idle cpu cgroup (cgroup v1)
 thread_cgroup.py   a thread's cgroup v1 cpu cgroup, as a held setting of the idle cgroup

@@ -56,7 +56,6 @@ class NativeBackend:
                  online_cpus: Optional[Callable[[], FrozenSet[int]]] = None):
         self.ledger = RestoreLedger(state_dir, online_cpus=online_cpus)  # online_cpus: the daemon's shape's
         self.treatment = ThreadTreatment(self.ledger)
-        self.ledger.on_give_back = self.treatment.given_back.note
         self.pmqos = pmqos if pmqos is not None else PmQos()
         self.weights = weights if weights is not None else CgroupWeights()
         self.autogroups = Autogroups()
@@ -213,13 +212,15 @@ class NativeBackend:
         to a child only after the last sweep for such threads."""
         result = ApplyResult()
         drifted = self._restore_held(result, self._held()[:1])
+        drifted += sum(len(rec.drifted) for rec in self.ledger.records.values())
         creators = self.ledger.copy()
-        result.merge(self.ledger.restore_all())
+        part = self.ledger.restore_all()
+        drifted += sum(part.drift.values())
+        result.merge(part)
         # Every thread of the creators' families is looked at again, the ones already seen
         # included: between whole applies the event path treats only new and moved threads, and
         # one it saw before its creator's treatment landed may hold it now.
         result.merge(restore_inherited(self.ledger, creators, given_back=self.treatment.given_back))
-        drifted += sum(len(rec.drifted) for rec in self.ledger.records.values())
         drifted += self._restore_held(result, self._held()[1:])
         if drifted:
             result.notes.append(f"{drifted} setting(s) changed by someone else after temperd set them were left as found")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set
 
-from temperd.backends.native.restore_ledger import Original, ThreadRecord, reported
+from temperd.backends.native.thread_settings import ThreadRecord, reported
 from temperd.sources import procfs
 from temperd.sources.procfs import CLOCK_TICKS
 
@@ -26,7 +26,7 @@ MAX_PER_PROCESS = 64
 class GivenBackValue:
     kind: str
     written: Any  # what temperd had written
-    original: Original  # the thread's original, which a thread made while it carried `written` gets back
+    original: Any  # the thread's original, which a thread made while it carried `written` gets back
     since: int  # clock ticks after boot: from when the thread carried it (its record's since)
     until: int  # ... and until when, at the latest
 
@@ -37,14 +37,12 @@ class GivenBack:
     def __init__(self) -> None:
         self._by_pid: Dict[int, List[GivenBackValue]] = {}
 
-    def note(self, rec: ThreadRecord, kind: str) -> None:
+    def note(self, rec: ThreadRecord, kind: str, written: Any, original: Any) -> None:
         """`rec`'s value of `kind` is replaced or given back (now, or within WRITE_SLACK_S)."""
-        if kind not in rec.applied:
-            return
         now = procfs.boot_ticks()
         kept = _recent(self._by_pid.get(rec.pid, ()), now)
-        kept.append(GivenBackValue(kind, rec.applied[kind], rec.original,
-                                   rec.since or rec.start_time, now + int(WRITE_SLACK_S * CLOCK_TICKS)))
+        kept.append(GivenBackValue(kind, written, original, rec.since or rec.start_time,
+                                   now + int(WRITE_SLACK_S * CLOCK_TICKS)))
         self._by_pid[rec.pid] = kept[-MAX_PER_PROCESS:]
 
     def find(self, pid: int, kind: str, current_key: Any, start_time: int,

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any, Callable, Container, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Container, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from temperd.sources.mounts import MOUNTINFO, cgroup1_cpu_mount
 from temperd.backends.native.cgroup_moves import DeferredMoves
@@ -157,28 +157,27 @@ class IdleCgroup(HeldSettings[Key, str]):
                 elif thread.pid in self._pids and self._read_quietly(key) == self.path:
                     self._as_moved(key)
                     leaving.append(key)
-            for key in leaving:
-                self._restore(key, result)
+            self.restore_keys(leaving, result)
             tasks = self.setting.take_tasks(self.path)
             if tasks is None:  # each move opens the file, and says why it cannot
                 self._hold_more(desired, result, None, read)
             else:
-                self._moves.submit(tasks, self._intend(desired, result, read))
+                self._moves.submit(tasks, self.intend(desired, result, read))
         return result
 
     def settle(self, result: Optional[ApplyResult] = None) -> ApplyResult:
         """Wait for the moves add() handed to the worker thread: each that failed goes back as a
-        write made here would have (HeldSettings._not_written). Counted into `result`, else a new one."""
+        write made here would have (HeldSettings.not_written). Counted into `result`, else a new one."""
         result = ApplyResult() if result is None else result
         made, failed = self._moves.wait()
         result.bump(result.applied, self.kind, made)
         for key, value, previous, exc in failed:
-            self._not_written(key, value, previous, exc, result)
+            self.not_written([(key, value, previous)], exc, result)
         return result
 
-    def _restore(self, key: Key, result: ApplyResult) -> None:
+    def restore_keys(self, keys: Sequence[Key], result: ApplyResult) -> None:
         self.settle(result)  # a thread is not read while its move is on its way
-        super()._restore(key, result)
+        super().restore_keys(keys, result)
 
     def restore_all(self) -> ApplyResult:
         self._pids = None

@@ -25,8 +25,8 @@ from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Ma
 from temperd.backends.native import sched
 from temperd.backends.native.given_back import GivenBack
 from temperd.backends.native.membership import ThreadKey, scan_threads
-from temperd.backends.native.restore_ledger import (AFFINITY, NICE, POLICY, SLICE, THREAD_KINDS, Original,
-                                                    RestoreLedger, ThreadRecord, as_read, reported, thread_values)
+from temperd.backends.native.restore_ledger import RestoreLedger
+from temperd.backends.native.thread_settings import THREAD_KINDS, ThreadRecord, as_read, reported, thread_values
 from temperd.backends.result import ApplyResult
 from temperd.sources import procfs
 
@@ -50,9 +50,9 @@ class Parents:
         return self._known[pid]
 
 
-def _is_original(kind: str, original: Original, current: Any, online: FrozenSet[int]) -> bool:
+def _is_original(kind: str, original: Any, current: Any, online: FrozenSet[int]) -> bool:
     """Whether `current` is the original value itself (nothing to give back)."""
-    return as_read(kind, current) == reported(kind, original.value(kind), online)
+    return as_read(kind, current) == reported(kind, original, online)
 
 
 class Creators:
@@ -74,7 +74,7 @@ class Creators:
         index = self._index.get(rec.pid)
         if index is None:
             return  # built from the ledger, this record included, when first asked
-        for kind, value in rec.applied.items():
+        for kind, value in rec.written.items():
             same = index.setdefault(kind, {}).setdefault(reported(kind, value, self.online), [])
             at = len(same)
             while at and _creator_order(same[at - 1]) > _creator_order(rec):
@@ -82,7 +82,7 @@ class Creators:
             same.insert(at, rec)
 
     def find(self, pid: int, thread: Any, kind: str, current: Any,
-             unwritten: Mapping[ThreadKey, Container[str]]) -> Optional[Tuple[Original, Any]]:
+             unwritten: Mapping[ThreadKey, Container[str]]) -> Optional[Tuple[Any, Any]]:
         """(the creator's original, the value temperd had written) for the first thread of `pid`
         that carried temperd's `current` value of `kind` when `thread` started: one that carries
         it now, else one temperd has since given it back on (given_back.py)."""
@@ -95,17 +95,17 @@ class Creators:
         key = as_read(kind, current)
         for cand in (by_value or {}).get(key, ()):
             if (cand.tid != thread.tid and (cand.since or cand.start_time) <= thread.start_time
-                    and self.ledger.records.get(cand.key) is cand and kind in cand.applied
+                    and self.ledger.records.get(cand.key) is cand and kind in cand.written
                     and kind not in unwritten.get(cand.key, ())
-                    and self.ledger.matches(cand, kind, current, self.online)):
-                return cand.original, cand.applied[kind]
+                    and reported(kind, cand.written[kind], self.online) == key):
+                return cand.originals[kind], cand.written[kind]
         earlier = self.given_back.find(pid, kind, key, thread.start_time, self.online) if self.given_back else None
         return (earlier.original, earlier.written) if earlier is not None else None
 
     def _build(self, pid: int) -> Dict[str, Dict[Any, List[ThreadRecord]]]:
         index: Dict[str, Dict[Any, List[ThreadRecord]]] = {}
         for rec in sorted(self.ledger.by_pid(pid), key=_creator_order):
-            for kind, value in rec.applied.items():
+            for kind, value in rec.written.items():
                 index.setdefault(kind, {}).setdefault(reported(kind, value, self.online), []).append(rec)
         return index
 
@@ -115,23 +115,21 @@ def _creator_order(rec: ThreadRecord) -> Tuple[bool, int]:
     return rec.tid != rec.pid, rec.tid
 
 
-def uninherited(ledger: RestoreLedger, thread: Any, original: Original, current: Dict[str, Any],
-                online: FrozenSet[int], parent_of: Optional[ParentOf] = None,
-                unwritten: Optional[Mapping[ThreadKey, Container[str]]] = None,
-                creators: Optional[Creators] = None) -> Tuple[Original, Dict[str, Any]]:
+def uninherited(ledger: RestoreLedger, thread: Any, current: Dict[str, Any], online: FrozenSet[int],
+                parent_of: Optional[ParentOf] = None, unwritten: Optional[Mapping[ThreadKey, Container[str]]] = None,
+                creators: Optional[Creators] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """A new thread or process starts with its creator's settings, which may be temperd's treatment:
     where a setting equals what temperd wrote on a thread of the same process (else of the parent
     process), the creator's original is the new thread's original.
 
-    Returns the original and the settings inherited from temperd's treatment (kind -> the value
+    Returns the originals and the settings inherited from temperd's treatment (kind -> the value
     temperd wrote on the creator), which the caller records as written by temperd. `unwritten`:
     the settings of records that are intents not yet carried out (nobody inherited those).
     `creators`: the index of one pass over new threads (made here when not given)."""
     unwritten = unwritten if unwritten is not None else {}
     creators = creators if creators is not None else Creators(ledger, online)
     ppid: Optional[int] = None
-    values = {AFFINITY: original.affinity, POLICY: (original.policy, original.priority), NICE: original.nice,
-              SLICE: original.slice_ns}
+    originals: Dict[str, Any] = {}
     inherited: Dict[str, Any] = {}
     for kind in THREAD_KINDS:
         found = creators.find(thread.pid, thread, kind, current[kind], unwritten)
@@ -139,16 +137,9 @@ def uninherited(ledger: RestoreLedger, thread: Any, original: Original, current:
             if ppid is None:
                 ppid = (parent_of or Parents())(thread.pid) or 0
             found = creators.find(ppid, thread, kind, current[kind], unwritten) if ppid else None
-        if found is None:
-            continue
-        creator_original, written = found
-        values[kind] = ((creator_original.policy, creator_original.priority) if kind == POLICY
-                        else creator_original.value(kind))
-        if not _is_original(kind, creator_original, current[kind], online):
-            inherited[kind] = written
-    return (Original(affinity=tuple(values[AFFINITY]), policy=values[POLICY][0], priority=values[POLICY][1],
-                     nice=values[NICE], slice_ns=values[SLICE]),
-            inherited)
+        if found is not None and not _is_original(kind, found[0], current[kind], online):
+            originals[kind], inherited[kind] = found
+    return originals, inherited
 
 
 def family(roots: Iterable[int]) -> List[int]:
@@ -186,7 +177,7 @@ def restore_inherited(ledger: RestoreLedger, creators: RestoreLedger, known: Ite
     out = ApplyResult()
     if not creators.records and not (given_back and given_back.pids()):
         return out
-    online = ledger.online_cpus()
+    online = ledger.now_online()
     looked_at: Set[ThreadKey] = set(creators.records) | set(known)  # a thread inherits once, at creation
     unsure = UNSURE_SWEEPS
     for _ in range(max_sweeps):
@@ -204,17 +195,15 @@ def restore_inherited(ledger: RestoreLedger, creators: RestoreLedger, known: Ite
                     if not sched.is_gone(exc):
                         raise
                     continue
-                original, inherited = uninherited(creators, thread, Original.of(affinity, state),
-                                                  thread_values(affinity, state), online, parents,
-                                                  creators=Creators(creators, online, given_back))
+                originals, inherited = uninherited(creators, thread, thread_values(affinity, state), online,
+                                                   parents, creators=Creators(creators, online, given_back))
                 if not inherited:
                     continue
                 found += 1
-                rec = ledger.record(thread.tid, thread.pid, thread.start_time, thread.comm, original,
-                                    since=thread.start_time)
-                rec.applied.update(inherited)
-                creators.add(ThreadRecord(rec.tid, rec.pid, rec.start_time, rec.comm, original, dict(inherited),
-                                          since=thread.start_time))
+                rec = ledger.record(thread.tid, thread.pid, thread.start_time, thread.comm, since=thread.start_time)
+                rec.originals.update(originals)
+                rec.written.update(inherited)
+                creators.add(rec.copy())
                 out.merge(ledger.restore(rec, online=online))
         if found:
             continue

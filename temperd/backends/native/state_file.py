@@ -3,7 +3,8 @@
 A journal of JSON lines. The first is a header ({"version": 2, "writer_pid", "written_at"});
 each later one says what changed since the lines before it:
 
-- {"thread": {...}}: a thread's record as it is now (restore_ledger.ThreadRecord.as_json);
+- {"thread": {...}}: a thread's record as it is now (thread_settings.ThreadRecord.as_json;
+  a record of an earlier version, with every kind's `original` and what it `applied`, is read too);
 - {"gone": [tid, start_time]}: a thread no longer held;
 - {"section": kind, "set": {part: {key: value}}, "drop": {part: [key, ...]}}: the entries of a
   held setting's section (held.py: its originals, written values, ...) that changed.
@@ -73,17 +74,17 @@ def _line(entry: Mapping[str, Any]) -> str:
 class _Written:
     """One thread's line as the file holds it, and what it was made from."""
 
-    __slots__ = ("record", "applied", "drifted", "text")
+    __slots__ = ("record", "written", "drifted", "text")
 
     def __init__(self, record: Any):
         self.record = record
-        self.applied = dict(record.applied)
+        self.written = dict(record.written)  # an original changes only with it
         self.drifted = dict(record.drifted)
         self.text = _line({"thread": record.as_json()})
 
     def matches(self, record: Any) -> bool:
-        # A record's identity, original, pid and start never change; what it holds does.
-        return record is self.record and record.applied == self.applied and record.drifted == self.drifted
+        # A record's identity, pid and start never change; what it holds does.
+        return record is self.record and record.written == self.written and record.drifted == self.drifted
 
 
 class StateFile:
@@ -132,7 +133,7 @@ class StateFile:
         live: Dict[ThreadKey, _Written] = {}
         held = self._threads
         for key, record in records.items():
-            if not (record.applied or record.drifted):
+            if not (record.written or record.drifted):
                 continue
             written = held.get(key)
             if written is None or not written.matches(record):
@@ -148,7 +149,7 @@ class StateFile:
         live = dict(self._threads)  # the file's picture changes only once the lines are written
         for key in changed:
             record = records.get(key)
-            if record is None or not (record.applied or record.drifted):
+            if record is None or not (record.written or record.drifted):
                 if live.pop(key, None) is not None:
                     lines.append(_line({"gone": list(key)}))
                 continue

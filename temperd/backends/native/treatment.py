@@ -30,11 +30,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 from temperd.backends.native import sched
-from temperd.backends.native.given_back import GivenBack
 from temperd.backends.native.inheritance import Creators, Parents, uninherited
 from temperd.backends.native.membership import KernelThreads, Membership, ThreadKey
-from temperd.backends.native.restore_ledger import (AFFINITY, NICE, POLICY, SLICE, THREAD_KINDS, Original,
-                                                    RestoreLedger, ThreadRecord, thread_values)
+from temperd.backends.native.held import Pending
+from temperd.backends.native.restore_ledger import RestoreLedger
+from temperd.backends.native.thread_settings import (AFFINITY, NICE, POLICY, SLICE, THREAD_KINDS, ThreadRecord,
+                                                     thread_values)
 from temperd.backends.result import ApplyResult
 from temperd.plan import CONFINED, FENCED, GROUPED, Layer, LayerPlan
 from temperd.sources.shape import format_cpulist
@@ -42,9 +43,8 @@ from temperd.sources.shape import format_cpulist
 log = logging.getLogger(__name__)
 
 _NOTE_NAMES = 6  # thread names listed in a note before "..."
-_UNSET = object()  # a kind the record did not hold before this pass's intent
 
-Change = Tuple[ThreadRecord, Dict[str, Any], List[str]]  # record, kind -> value to set, kinds to restore
+Change = Tuple[ThreadRecord, List[Pending], List[str]]  # record, the writes it intends, kinds to restore
 Stuck = Dict[str, List[str]]  # why threads keep a setting -> their names, for one note each
 
 
@@ -127,9 +127,10 @@ def within_limits(thread: Any, kthread: bool, want: Wanted, policy_now: int, exc
 class ThreadTreatment:
     """Treats threads under one plan; every original goes into the ledger before the first change."""
 
-    def __init__(self, ledger: RestoreLedger, given_back: Optional[GivenBack] = None):
+    def __init__(self, ledger: RestoreLedger):
         self.ledger = ledger
-        self.given_back = given_back if given_back is not None else GivenBack()
+        ledger.on_refused = self._refused_write
+        self.given_back = ledger.given_back
         self.membership: Optional[Membership] = None
         self.exclusive: FrozenSet[int] = frozenset()
         self.is_kernel_thread = KernelThreads()
@@ -142,7 +143,6 @@ class ThreadTreatment:
         self._new: Optional[Container[ThreadKey]] = None
         self._held_pids: Set[int] = set()
         self._intents: Dict[ThreadKey, Set[str]] = {}
-        self._before: Dict[ThreadKey, Dict[str, Any]] = {}  # what a record held before this pass's intents
         self._parents = Parents()
         self._creators: Optional[Creators] = None
 
@@ -154,7 +154,7 @@ class ThreadTreatment:
             self._failed.clear()  # a new plan tries again what the kernel refused under the old one
         self.membership = Membership(plan, self.membership)
         if added is None:
-            self.exclusive, error = exclusive_cpus(plan, self.ledger.online_cpus())
+            self.exclusive, error = exclusive_cpus(plan, self.ledger.now_online())
             if error:
                 result.errors.append(error)
         layers = plan.layers if added is None else added
@@ -186,14 +186,14 @@ class ThreadTreatment:
 
         new: the threads temperd has not looked at before (None: all of them); only those can
         have inherited temperd's treatment unseen."""
-        online = self.ledger.online_cpus()
+        online = self.ledger.now_online()
         changes: List[Change] = []
         stuck: Stuck = {}
         self._stuck = stuck
         self._new = new
         self.given_back.prune()
         self._held_pids = self.ledger.pids() | self.given_back.pids()  # and where it gave treatment back lately
-        self._intents, self._before = {}, {}
+        self._intents = {}
         self._parents = Parents()
         self._creators = Creators(self.ledger, online, self.given_back)
         for thread in threads:
@@ -212,17 +212,21 @@ class ThreadTreatment:
             if change is not None:
                 changes.append(change)
         if changes and before_write() is False:
-            self._withdraw(changes)
+            self._withdraw(changes, result)
             changes = []
-        for rec, sets, restores in changes:
-            self._execute(rec, sets, restores, online, result)
+        for rec, pending, restores in changes:
+            if restores:
+                rec.restore_keys(restores, result)
+            if not rec.ended:
+                rec.carry_out(pending, result)
+            self.ledger.settle(rec, result)
         for why, names in sorted(stuck.items()):
             shown = ", ".join(sorted(names)[:_NOTE_NAMES]) + (", ..." if len(names) > _NOTE_NAMES else "")
             result.notes.append(f"{len(names)} {why}: {shown}")
 
     def restore_departed(self, present: Container[ThreadKey], result: ApplyResult) -> None:
         """Threads temperd holds that are not among the host's threads any more: restore the living."""
-        online = self.ledger.online_cpus()
+        online = self.ledger.now_online()
         for rec in list(self.ledger.records.values()):
             if rec.key not in present:
                 result.merge(self.ledger.restore(rec, online=online))
@@ -245,28 +249,26 @@ class ThreadTreatment:
             return None
         affinity, state = sched.get_affinity(thread.tid), sched.get_sched(thread.tid)
         current = thread_values(affinity, state)
+        originals: Dict[str, Any] = rec.originals if rec is not None else {}
         inherited: Dict[str, Any] = {}
-        if rec is not None:
-            original = rec.original
-        else:
-            original = Original.of(affinity, state)
-            if not kthread and self._is_new(key):
-                # Kernel threads are not created with their creator's settings (kthreadd's included).
-                original, inherited = uninherited(self.ledger, thread, original, current, online, self._parents,
-                                                  self._intents, self._creators)
-        want = wanted_settings(layer, frozenset(original.affinity), state.policy, self.exclusive)
+        if rec is None and not kthread and self._is_new(key):
+            # Kernel threads are not created with their creator's settings (kthreadd's included).
+            originals, inherited = uninherited(self.ledger, thread, current, online, self._parents,
+                                               self._intents, self._creators)
+        want = wanted_settings(layer, frozenset(originals.get(AFFINITY, affinity)), state.policy, self.exclusive)
         want = within_limits(thread, kthread, want, state.policy, self.exclusive, result, stuck)
         if rec is None:
             if not inherited and not any(want.value(k) is not None for k in THREAD_KINDS):
                 return None
-            rec = self.ledger.record(thread.tid, thread.pid, thread.start_time, thread.comm, original,
+            rec = self.ledger.record(thread.tid, thread.pid, thread.start_time, thread.comm,
                                      since=thread.start_time if inherited else None)
-            rec.applied.update(inherited)  # temperd's treatment, come by inheritance: held (and undone) as such
+            rec.originals.update(originals)  # temperd's treatment, come by inheritance: held (and undone) as such
+            rec.written.update(inherited)
             self._held_pids.add(thread.pid)
             if self._creators is not None:
                 self._creators.add(rec)  # a creator of threads later in this pass
         rec.comm = thread.comm
-        return self._changes(rec, want, current, online, result)
+        return self._changes(rec, want, current, result)
 
     def _is_new(self, key: ThreadKey) -> bool:
         return self._new is None or key in self._new
@@ -280,103 +282,49 @@ class ThreadTreatment:
             return False
         return not self.is_kernel_thread(thread)
 
-    def _changes(self, rec: ThreadRecord, want: Wanted, current: Dict[str, Any], online: FrozenSet[int],
+    def _changes(self, rec: ThreadRecord, want: Wanted, current: Dict[str, Any],
                  result: ApplyResult) -> Optional[Change]:
-        """What to set and what to restore on a held thread; drift is found (and left) here."""
-        sets: Dict[str, Any] = {}
+        """What to write and what to restore on a held thread (the ledger's intents, recorded
+        here; drift is found and left by the ledger)."""
+        desired: Dict[str, Any] = {}
         restores: List[str] = []
         for kind in THREAD_KINDS:
-            if kind in rec.drifted or (rec.key, kind) in self._failed:
+            if (rec.key, kind) in self._failed:
                 continue
             value = want.value(kind)
-            if kind in rec.applied:
-                found = current[kind]
-                if not self.ledger.matches(rec, kind, found, online):
-                    self.ledger.mark_drift(rec, kind, found)
-                    result.bump(result.drift, kind)
-                    log.info("tid %d (%s): %s changed by someone else to %s; no longer enforced",
-                             rec.tid, rec.comm, kind, found)
-                    continue
-                if value is None:
+            if value is None:
+                if kind in rec.written:
                     restores.append(kind)
-                elif value != rec.applied[kind] and not (
-                        kind == AFFINITY and frozenset(value) == frozenset(rec.applied[kind])):
-                    sets[kind] = value
-            elif value is not None:
-                sets[kind] = value
-        for kind, value in sets.items():
-            if kind in rec.applied and self.ledger.on_give_back is not None:
-                self.ledger.on_give_back(rec, kind)  # replaced: threads made before may carry it
-            self._before.setdefault(rec.key, {}).setdefault(kind, rec.applied.get(kind, _UNSET))
-            rec.applied[kind] = tuple(sorted(value)) if kind == AFFINITY else value  # intent, before the change
-        if sets:
-            self._intents.setdefault(rec.key, set()).update(sets)
-        if not sets and not restores:
-            if not rec.applied and not rec.drifted:
-                self.ledger.forget(rec)
+            elif kind == AFFINITY:
+                desired[kind] = tuple(sorted(value))
+            else:
+                desired[kind] = (value, 0) if kind == POLICY else value
+        pending = rec.intend(desired, result, current)
+        if pending:
+            self._intents.setdefault(rec.key, set()).update(key for key, _, _ in pending)
+        if not pending and not restores:
+            self.ledger.settle(rec, result)
             return None
-        return rec, sets, restores
+        return rec, pending, restores
 
-    def _withdraw(self, changes: List[Change]) -> None:
+    def _withdraw(self, changes: List[Change], result: ApplyResult) -> None:
         """The state file could not record these changes: none is made, and each record holds
         what it held before this pass (a record made for them is dropped)."""
-        for rec, sets, _ in changes:
-            before = self._before.get(rec.key, {})
-            for kind in sets:
-                value = before.get(kind, _UNSET)
-                if value is _UNSET:
-                    rec.applied.pop(kind, None)
-                else:
-                    rec.applied[kind] = value
-            if not rec.applied and not rec.drifted:
-                self.ledger.forget(rec)
+        for rec, pending, _ in changes:
+            rec.withdraw(pending)
+            self.ledger.settle(rec, result)
 
-    def _execute(self, rec: ThreadRecord, sets: Dict[str, Any], restores: List[str],
-                 online: FrozenSet[int], result: ApplyResult) -> None:
-        try:
-            if restores:
-                result.merge(self.ledger.restore(rec, restores, online=online))
-                if rec.key not in self.ledger.records:
-                    return  # gone, or nothing left to hold
-            if AFFINITY in sets:
-                self._do(rec, [AFFINITY], result, lambda: sched.set_affinity(rec.tid, sets[AFFINITY]))
-            sched_args = {}
-            if POLICY in sets:
-                sched_args["policy"] = sets[POLICY]
-            if NICE in sets:
-                sched_args["nice"] = sets[NICE]
-            if SLICE in sets:
-                sched_args["slice_ns"] = sets[SLICE]
-            if sched_args:
-                kinds = [k for k in (POLICY, NICE, SLICE) if k in sets]
-                self._do(rec, kinds, result, lambda: sched.set_sched(rec.tid, **sched_args))
-        except OSError as exc:
-            if not sched.is_gone(exc):
-                raise
-            result.gone += 1
-            self.ledger.forget(rec)
-            return
-        if not rec.applied and not rec.drifted:
-            self.ledger.forget(rec)
-
-    def _do(self, rec: ThreadRecord, kinds: List[str], result: ApplyResult, action: Callable[[], None]) -> None:
-        try:
-            action()
-        except OSError as exc:
-            if sched.is_gone(exc):
-                raise
-            for kind in kinds:
-                rec.applied.pop(kind, None)  # nothing changed: nothing to restore
-            if kinds == [AFFINITY] and exc.errno == errno.EINVAL and self.is_kernel_thread(rec):
-                # Kernel threads with PF_NO_SETAFFINITY (workqueue workers, per-CPU threads) refuse.
-                self._refused.add(rec.key)
-                result.unmovable += 1
-                self._stuck.setdefault(_refused_note(self.exclusive), []).append(rec.comm)
-                return
-            for kind in kinds:
-                result.bump(result.failed, kind)
-                self._failed.add((rec.key, kind))  # reported once; not retried until the plan changes
-            result.errors.append(f"tid {rec.tid} ({rec.comm}): setting {'/'.join(kinds)}: {exc.strerror or exc}")
+    def _refused_write(self, rec: ThreadRecord, kinds: List[str], exc: BaseException, result: ApplyResult) -> None:
+        """The kernel refused writes to a thread (the ledger took them back): said once, not
+        retried until the plan changes."""
+        if kinds == [AFFINITY] and getattr(exc, "errno", None) == errno.EINVAL and self.is_kernel_thread(rec):
+            # Kernel threads with PF_NO_SETAFFINITY (workqueue workers, per-CPU threads) refuse.
+            self._refused.add(rec.key)
+            result.unmovable += 1
+            self._stuck.setdefault(_refused_note(self.exclusive), []).append(rec.comm)
             return
         for kind in kinds:
-            result.bump(result.applied, kind)
+            result.bump(result.failed, kind)
+            self._failed.add((rec.key, kind))  # reported once; not retried until the plan changes
+        why = (exc.strerror if isinstance(exc, OSError) else None) or exc
+        result.errors.append(f"tid {rec.tid} ({rec.comm}): setting {'/'.join(kinds)}: {why}")
