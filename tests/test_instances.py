@@ -22,7 +22,7 @@ from test_rightsize_fixtures import WatchTemperd
 pytestmark = [pytest.mark.slow]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PHASE_S = 15.0
+PHASE_S = 8.0
 
 
 def start_redis(cgroup, binary, port, workdir):
