@@ -276,7 +276,7 @@ def test_pid_reuse_found_when_the_exit_event_is_lost(live, spawn):
 
 
 def test_overflowed_events_are_repaired_by_a_rescan(spawn):
-    inventory = Inventory(resync_min_interval_s=0)
+    inventory = Inventory(rcvbuf_bytes=1, resync_min_interval_s=0)  # the kernel's minimum: a handful of events
     if not inventory.start():
         pytest.skip(f"process events unavailable here: {inventory.unavailable_reason}")
     try:
@@ -288,7 +288,6 @@ def test_overflowed_events_are_repaired_by_a_rescan(spawn):
                           and inventory.thread(kept) is not None)
         reconciles = inventory.stats.reconciles
 
-        inventory.connector.set_rcvbuf(0)  # the kernel's minimum: a handful of events
         burst = [int(t) for t in child.command("burst 150 tmpd-b").split()]
         child.command(f"rename {kept} tmpd-kept")
         child.command(f"stop {gone}")

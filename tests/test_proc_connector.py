@@ -154,22 +154,28 @@ for _ in range(300):
 """
 
 
-def test_overflow_is_reported_and_events_continue(connector):
-    connector.set_rcvbuf(0)  # the kernel rounds up to its minimum: a handful of events
-    subprocess.run([sys.executable, "-c", BURST_CHILD], check=True, timeout=30)
-    events, overflowed = collect(connector, lambda evs: False, timeout=0.2)
-    assert overflowed, f"no ENOBUFS after a burst of 600 events ({len(events)} received)"
-    connector.set_rcvbuf(pc.DEFAULT_RCVBUF)
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait(timeout=10)
-    events, _ = collect(connector, lambda evs: any(e.kind == "exit" and e.pid == child.pid for e in evs))
-    assert any(e.kind == "fork" and e.pid == child.pid for e in events)
+def test_overflow_is_reported_and_events_continue():
+    connector = ProcConnector(rcvbuf_bytes=1)  # the kernel rounds up to its minimum: a handful of events
+    try:
+        connector.open()
+    except ConnectorUnavailable as exc:
+        pytest.skip(f"process events unavailable here: {exc}")
+    try:
+        subprocess.run([sys.executable, "-c", BURST_CHILD], check=True, timeout=30)
+        events, overflowed = collect(connector, lambda evs: False, timeout=0.2)
+        assert overflowed, f"no ENOBUFS after a burst of 600 events ({len(events)} received)"
+        # Read while the child runs: the socket's buffer still holds only a handful of events.
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.1)"])
+        events, _ = collect(connector, lambda evs: any(e.kind == "exit" and e.pid == child.pid for e in evs))
+        child.wait(timeout=10)
+        assert {"fork", "exit"} <= {e.kind for e in events if e.pid == child.pid}
+    finally:
+        connector.close()
 
 
 def test_close_unsubscribes(connector):
-    assert connector.is_open
+    assert connector.fileno() >= 0
     connector.close()
-    assert not connector.is_open
     with pytest.raises(ValueError):
         connector.fileno()
     connector.close()  # twice is harmless

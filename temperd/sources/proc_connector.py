@@ -48,10 +48,6 @@ class ProcConnector:
         self._overflow_pending = False
         self._buffer = bytearray(RECV_SIZE)  # each datagram is read into it: no allocation per event
 
-    @property
-    def is_open(self) -> bool:
-        return self._sock is not None
-
     def fileno(self) -> int:
         if self._sock is None:
             raise ValueError("process events socket is not open")
@@ -114,16 +110,6 @@ class ProcConnector:
             sock.setsockopt(socket.SOL_SOCKET, force, self.rcvbuf_bytes)
         except OSError:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf_bytes)
-
-    def set_rcvbuf(self, nbytes: int) -> None:
-        """Change the receive buffer of the open socket (a tiny one makes overflows easy to provoke)."""
-        self.rcvbuf_bytes = nbytes
-        if self._sock is not None:
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, nbytes)
-            try:
-                self._sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), nbytes)
-            except OSError:
-                pass
 
     def _wait_for_ack(self, sock: socket.socket, cookie: int, timeout_s: float) -> None:
         """The kernel answers LISTEN with an ack whose cn_msg.ack is our cookie + 1.
