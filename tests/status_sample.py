@@ -12,7 +12,7 @@ from temperd.backends.scx.status import ScxStatus
 from temperd.backends.select import BackendChoice
 from temperd.backends.status import BackendStatus
 from temperd.config.errors import ConfigProblem
-from temperd.control.status import ExitView, GapView, SupervisorView
+from temperd.control.status import ExitView, GapView, LearnerView, SupervisorView
 from temperd.daemon import status_report
 from temperd.daemon.reload import ReloadResult
 from temperd.observe.linter import LintReport, Violation
@@ -74,9 +74,8 @@ def daemon(scx: bool = True) -> SimpleNamespace:
                            bounded=0, event_filter="exec, exit")
     status = backend(scx)
     choice = BackendChoice("auto", "scx" if scx else "native", "scx_layered found" if scx else "no sched_ext")
-    watch = SimpleNamespace(describe=lambda: {"workloads": 2, "samples": 40, "sample_cpu_s_total": 0.5,
-                                              "last_sample_cpu_s": 0.01, "history_file": "history.json",
-                                              "history_bytes": 2048, "history": "history.json: 2 workload(s)"})
+    watch = SimpleNamespace(describe=lambda: LearnerView(2, 40, 0.5, 0.01, "history.json", 2048,
+                                                         "history.json: 2 workload(s)"))
     return SimpleNamespace(
         lock=contextlib.nullcontext(), state="running", started_at=0.0, config_dir="/etc/temper", generation=3,
         view=SimpleNamespace(profiles=profiles, shape=SimpleNamespace(describe=lambda: "4 CPUs, 2 cores")),

@@ -205,7 +205,7 @@ def test_linter_runqueue_latency_only_for_protected_layers_above_the_bound():
     assert [(v.invariant, v.layer) for v in found] == [(RUNQUEUE_LATENCY, "w.fast")]
     assert "p99 20.000 ms" in found[0].message and "bound 10 ms" in found[0].message
     assert lint(plan, _observation(report), read_shape()) == []  # no bound: not checked
-    assert LintReport(tuple(found)).summary()["by_invariant"] == {RUNQUEUE_LATENCY: 1}
+    assert LintReport(tuple(found)).summary().by_invariant == {RUNQUEUE_LATENCY: 1}
     daemon = status_sample.daemon()
     daemon.sampler.lint = LintReport(tuple(found))
     text = Metrics(status=lambda: status_report.build_status(daemon)).exposition().decode()

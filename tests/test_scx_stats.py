@@ -2,7 +2,7 @@
 
 from temperd.backends.scx.stats import LayerStats, SysStats, describe, layer_cpus, summarize_stats
 from temperd.backends.scx.status import ScxStatus
-from temperd.control.status import GapView, SupervisorView
+from temperd.control.status import GapView, LayerScxView, SupervisorView
 
 # A reply shaped like scx_layered 1.1.2's (fields trimmed; one it does not have yet).
 REPLY = {
@@ -46,10 +46,10 @@ def test_layer_view_puts_the_stats_beside_a_plan_layer():
                        supervisor=_idle_supervisor(), system_stats=summary["system"], layer_stats=summary["layers"],
                        layer_cpus={n: tuple(sorted(c)) for n, c in layer_cpus(stats).items()},
                        layer_text={n: describe(l) for n, l in stats.layers.items()})
-    assert status.layer_view("rest") == {"util_pct": 37.2, "tasks": 39, "cpus_held": 2, "cpus": [2, 3],
-                                         "text": "37% of a CPU on 2-3"}
+    assert status.layer_view("rest") == LayerScxView(util_pct=37.2, tasks=39, cpus_held=2, cpus=[2, 3],
+                                                     text="37% of a CPU on 2-3")
     assert status.layer_view("not.there") is None
-    assert status.as_dict()["scx_stats"]["layers"]["redis.event-loop"]["cpus"] == [0, 1]
+    assert status.view().scx_stats.layers["redis.event-loop"]["cpus"] == [0, 1]
 
 
 def _idle_supervisor() -> SupervisorView:

@@ -4,7 +4,7 @@ object (the daemon asks for it once per observation sample)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 if TYPE_CHECKING:
     from temperd.backends.scx.status import ScxStatus
@@ -25,7 +25,3 @@ class BackendStatus:
     def safe_mode(self) -> bool:
         """scx_layered given up on (a crash loop or a refusal): the native backend carries the plan."""
         return self.scx is not None and self.scx.safe_mode
-
-    def as_dict(self) -> Dict[str, Any]:
-        """The `backend` part of `temperctl status --json` and /observe (beside the backend choice)."""
-        return {"carried_by": self.carried_by, **(self.scx.as_dict() if self.scx is not None else {})}

@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from temperd import __version__
 from temperd.config import safe_regex
-from temperd.control.status import (ApplyView, BackendView, InventoryView, LayerScxView, LayerView, LintView,
-                                    ProblemView, ProfilesView, ReloadView, ScxView, Status,
-                                    LearnerView, WorkloadView)
+from temperd.control.status import (ApplyView, BackendView, InventoryView, LayerView, ProblemView,
+                                    ProfilesView, ReloadView, Status, WorkloadView)
 from temperd.control.typed_json import from_json, to_json
 
 if TYPE_CHECKING:
@@ -42,13 +41,13 @@ def build_status(daemon: "DaemonState") -> Optional[Status]:
             workloads=[workload_view(w) for w in daemon.match.workloads],
             layers=layer_views(daemon, backend),
             last_apply=_typed(ApplyView, daemon.last_apply),
-            lint=_view(LintView, sampler.lint.summary()),
+            lint=sampler.lint.summary(),
             telemetry=sampler.telemetry.describe(),
             overhead=observation.overhead if observation is not None else None,  # the observer measures an OverheadView
             inventory=_typed(InventoryView, daemon.inventory.stats),
             candidates=daemon.inventory.gate.describe,
             replans=daemon.replans,
-            learner=_view(LearnerView, daemon.learner.describe()) if daemon.learner is not None else None,
+            learner=daemon.learner.describe() if daemon.learner is not None else None,
             http=f"http://{http.address}" if http else None,  # where it really listens
         )
 
@@ -84,17 +83,14 @@ def layer_views(daemon: "DaemonState", backend: "BackendStatus") -> List[LayerVi
     scx = backend.scx
     carried = scx if scx is not None and scx.fallback_reason is None else None
 
-    def scx_of(name: str) -> Optional[LayerScxView]:
-        seen = carried.layer_view(name) if carried is not None else None
-        return _view(LayerScxView, seen) if seen is not None else None
-
     rows = [LayerView(name=l.name, kind=l.kind, treatment=l.treatment, ownership=l.holds_cpus, cpus=list(l.cpus),
-                      members=len(l.selector.tids), plan=True, scx=scx_of(l.name))
+                      members=len(l.selector.tids), plan=True,
+                      scx=carried.layer_view(l.name) if carried is not None else None)
             for l in (daemon.plan.layers if daemon.plan else ())]
     planned = {row.name for row in rows}
     if carried is not None:
         rows.extend(LayerView(name=name, kind="Open", treatment="catch-all", ownership=None, cpus=[], members=None,
-                              plan=False, scx=scx_of(name))
+                              plan=False, scx=carried.layer_view(name))
                     for name in sorted(carried.layer_stats) if name not in planned)
     return rows
 
@@ -105,7 +101,7 @@ def backend_view(daemon: "DaemonState", backend: "BackendStatus") -> BackendView
     assert choice is not None
     return BackendView(requested=choice.requested, active=choice.active, reason=choice.reason,
                        carried_by=backend.carried_by, drift=dict(backend.drift),
-                       scx=_view(ScxView, backend.scx.as_dict()) if backend.scx is not None else None)
+                       scx=backend.scx.view() if backend.scx is not None else None)
 
 
 def status_line(daemon: "DaemonState") -> str:

@@ -20,6 +20,7 @@ import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from temperd.config.daemon_config import LearnerSettings
+from temperd.control.status import LearnerView
 from temperd.decide.classify import Classification, Hints, classify
 from temperd.decide.rightsize import Declared, Recommendation, rightsize
 from temperd.decide.sizing import GroupDemand, group_demands
@@ -241,12 +242,10 @@ class WorkloadLearner:
 
     # ---- what readers ask -------------------------------------------------------------------------
 
-    def describe(self) -> dict:
+    def describe(self) -> LearnerView:
         """Its own cost and state, for temperctl status."""
-        return {"workloads": len(self.tracked), "samples": self.samples,
-                "sample_cpu_s_total": round(self.cpu_s_total, 6), "last_sample_cpu_s": round(self.last_sample_cpu_s, 6),
-                "history_file": self.history.path, "history_bytes": self.history_bytes,
-                "history": self.history.loaded_from}
+        return LearnerView(len(self.tracked), self.samples, round(self.cpu_s_total, 6), round(self.last_sample_cpu_s, 6),
+                           self.history.path, self.history_bytes, self.history.loaded_from)
 
     def _capacity(self, w) -> int:
         """The CPUs its threads may run on: the host's, or fewer where its cgroup's cpuset says so."""

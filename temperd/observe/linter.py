@@ -25,6 +25,7 @@ from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from temperd.backends.native.sched import POLICY_BY_NAME
 from temperd.backends.scx.kinds import is_owned, partial_cores
+from temperd.control.status import LintView
 from temperd.observe.observer import BUSY_RATIO, Observation
 from temperd.plan import CONFINED, EXCLUSIVE, FENCED, LATENCY, LayerPlan
 
@@ -54,10 +55,10 @@ class LintReport:
 
     violations: Tuple[Violation, ...] = ()
 
-    def summary(self) -> Dict[str, object]:
-        """{"total": n, "by_invariant": {invariant: n}}, only the invariants violated."""
+    def summary(self) -> LintView:
+        """The count of violations, and by invariant (only the invariants violated)."""
         counts = Counter(v.invariant for v in self.violations)
-        return {"total": len(self.violations), "by_invariant": {k: counts[k] for k in INVARIANTS if counts[k]}}
+        return LintView(len(self.violations), {k: counts[k] for k in INVARIANTS if counts[k]})
 
 
 def lint(plan: LayerPlan, observation: Observation, shape, match=None, *, check_treatment: bool = True,

@@ -5,10 +5,9 @@ SupervisorView (control/status.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Mapping, Optional, Tuple
 
-from temperd.control.status import SupervisorView
-from temperd.control.typed_json import to_json
+from temperd.control.status import LayerScxView, ScxStatsView, ScxView, SupervisorView
 
 IDLE = "idle"  # no config yet
 STARTING = "starting"  # process started, stats socket not answering yet
@@ -40,23 +39,16 @@ class ScxStatus:
     layer_cpus: Mapping[str, Tuple[int, ...]] = field(default_factory=dict)  # the CPUs each layer holds now
     layer_text: Mapping[str, str] = field(default_factory=dict)  # each layer as `temperctl status` shows it
 
-    def layer_view(self, name: str) -> Optional[Dict[str, Any]]:
+    def layer_view(self, name: str) -> Optional[LayerScxView]:
         """One layer's stats beside the plan (`temperctl status`, /observe); None if it reported none."""
         if name not in self.layer_stats:
             return None
         numbers = self.layer_stats[name]
-        return {"util_pct": numbers.get("util"), "tasks": numbers.get("tasks"), "cpus_held": numbers.get("cur_nr_cpus"),
-                "cpus": list(self.layer_cpus.get(name, ())), "text": self.layer_text.get(name, "-")}
+        return LayerScxView(numbers.get("util"), numbers.get("tasks"), numbers.get("cur_nr_cpus"),
+                            list(self.layer_cpus.get(name, ())), self.layer_text.get(name, "-"))
 
-    def as_dict(self) -> Dict[str, Any]:
-        return {
-            "fallback_reason": self.fallback_reason,
-            "safe_mode": self.safe_mode,
-            "safe_mode_reason": self.safe_mode_reason,
-            "render_notes": list(self.render_notes),
-            "render_problems": list(self.render_problems),
-            "scx_layered": to_json(self.supervisor),
-            "scx_stats": {"system": dict(self.system_stats),
-                          "layers": {k: {**dict(v), "cpus": list(self.layer_cpus.get(k, ()))}
-                                     for k, v in self.layer_stats.items()}},
-        }
+    def view(self) -> ScxView:
+        """As the Status carries it, inside the BackendView."""
+        layers = {k: {**dict(v), "cpus": list(self.layer_cpus.get(k, ()))} for k, v in self.layer_stats.items()}
+        return ScxView(self.fallback_reason, self.safe_mode, self.safe_mode_reason, list(self.render_notes),
+                       list(self.render_problems), self.supervisor, ScxStatsView(dict(self.system_stats), layers))
