@@ -61,6 +61,7 @@ class Host:
         self.plan = None
         self.generation = 0  # as the inventory's snapshots count them
         self.matched = {}  # pid -> the facts of the last replan
+        self.top = {}  # pid -> the highest tid its threads had
 
     def launch(self, name: str, threads, cgroup) -> None:
         """cgroup: True, one of its own; "/": the root's (its weight unsupported); else none."""
@@ -69,6 +70,7 @@ class Host:
             path = f"/tmpd/{name}-{len(self.facts.by_pid)}"
             _cgroup(self.root, path)
         proc = self.facts.process(name, threads=[name, *threads], cgroup=path)
+        self.top[proc.pid] = max(proc.threads)
         for t in proc.threads.values():
             self.kernel.add(t.tid, t.pid, t.start_time, t.comm)
 
@@ -134,7 +136,10 @@ def _act(host: Host, action: str, pick: int, name_pick: int):
         new = host.facts.processes[-1]
         return list(new.threads.values()), []
     if action == "thread":
-        grown = host.facts.add_threads(proc, [comm])
+        # A tid not used before (the kernel's come round only after millions; a reused one has
+        # another start time, which the facts here do not give it).
+        host.top[proc.pid] = max(max(proc.threads), host.top.get(proc.pid, 0)) + 1
+        grown = host.facts.add_threads(proc, [comm], first_tid=host.top[proc.pid])
         (tid,) = set(grown.threads) - set(proc.threads)
         t = grown.threads[tid]
         host.kernel.add(tid, t.pid, t.start_time, t.comm)
@@ -188,7 +193,8 @@ def test_batches_told_their_changed_processes_leave_the_host_as_one_whole_apply(
                 more, gone = _act(host, action, pick, name_pick)
                 fresh = [t for t in fresh if t.tid not in gone] + more
                 ended += gone
-            host.replan(fresh, ended, told=told)
+            live = host.threads()  # as the daemon reads them from the snapshot: renamed since they came
+            host.replan([live[t.tid] for t in fresh if t.tid in live], ended, told=told)
         _assert_as_one_whole_apply(host, kernel, root, patch, batches)
 
 
