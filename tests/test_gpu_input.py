@@ -11,6 +11,7 @@ import os
 
 from temperd.decide import classify as C
 from temperd.observe import workload_window as W
+from temperd.control.typed_json import from_json
 from temperd.sources.nvml import GpuReading, workload_gpu
 
 RECORDED = os.path.join(os.path.dirname(__file__), "fixtures", "nvml", "h200-resnet18-dataloader.json")
@@ -23,7 +24,7 @@ def recorded():
 
 def test_the_recorded_readings_give_the_trainers_own_gpu_share_over_the_window():
     run = recorded()[0]
-    readings = [GpuReading.from_json(r) for r in run["nvml_readings"]]
+    readings = [from_json(GpuReading, r) for r in run["nvml_readings"]]
     trainer, worker = run["trainer_pid"], run["trainer_pid"] + 27
     window = W.Window()
     counters = W.Counters(sampled=True, threads={trainer: W.ThreadTotals(pid=trainer), worker: W.ThreadTotals(pid=worker)})

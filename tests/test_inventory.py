@@ -101,7 +101,7 @@ def test_new_process_appears_with_its_facts(live, spawn):
     assert info.ppid == os.getpid()
     assert info.cgroup == own_cgroup_v2()
     assert not info.is_kernel_thread
-    leader = info.leader
+    leader = info.threads[child.pid]
     assert leader.comm == "tmpd-proc" and leader.pid == child.pid
     assert leader.affinity == frozenset(os.sched_getaffinity(child.pid))
     assert leader.nice == os.getpriority(os.PRIO_PROCESS, child.pid)
@@ -174,7 +174,7 @@ def test_leader_thread_exit_leaves_the_process(live, spawn):
     assert pump_until(inventory, lambda: inventory.thread(child.pid) is None
                       and getattr(inventory.thread(survivor), "comm", None) == "tmpd-survivor")
     assert recorder.has(EXIT, child.pid, child.pid) and not recorder.has(EXIT, child.pid)
-    assert inventory.process(child.pid).leader is None
+    assert child.pid not in inventory.process(child.pid).threads
 
     # Scans agree: the zombie leader is not a live thread; exe and cmdline come through the survivor.
     assert Change(EXIT, child.pid) not in inventory.reconcile().changes
@@ -378,7 +378,7 @@ def test_fallback_in_a_foreign_pid_namespace():
         "active = inv.start()\n"
         "me = inv.process(int(sys.argv[1]))\n"
         "print(json.dumps({'active': active, 'reason': inv.unavailable_reason,\n"
-        "                  'name': me and me.name, 'affinity': me and sorted(me.leader.affinity)}))\n"
+        "                  'name': me and me.name, 'affinity': me and sorted(me.threads[me.pid].affinity)}))\n"
     )
     probe = subprocess.run(
         [unshare, "--user", "--map-root-user", "--pid", "--fork", sys.executable, "-c", code, str(os.getpid())],

@@ -6,14 +6,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict
 
 from temperd.control.protocol import ControlError, Progress
-from temperd.daemon.trace_commands import _optional_pid, _optional_unit
+from temperd.daemon.trace_commands import pid_and_unit
 
 if TYPE_CHECKING:
     from temperd.daemon.state import DaemonState
-
-
-def _filters(request: Dict[str, Any]):
-    return _optional_pid(request), _optional_unit(request)
 
 
 class LearnerCommands:
@@ -29,14 +25,14 @@ class LearnerCommands:
 
     def classify(self, request: Dict[str, Any], progress: Progress) -> Dict[str, Any]:
         """{"cmd": "classify", "pid"?, "unit"?} -> {"classify": [workload-profile status, ...]}."""
-        pid, unit = _filters(request)
+        pid, unit = pid_and_unit(request)
         learner = self._learner("classify")
         return {"classify": [c.as_json() for c in learner.classifications(pid, unit)],
                 "window_goal_s": learner.settings.window_s}
 
     def rightsize(self, request: Dict[str, Any], progress: Progress) -> Dict[str, Any]:
         """{"cmd": "rightsize", "pid"?, "unit"?} -> {"rightsize": [recommendation, ...], "host": totals}."""
-        pid, unit = _filters(request)
+        pid, unit = pid_and_unit(request)
         learner = self._learner("rightsizing")
         recommendations = [r.as_json() for r in learner.recommendations(pid, unit)]
         savings = sum(max(0.0, r["savings_cpus"] or 0.0) for r in recommendations)

@@ -12,7 +12,7 @@ import grp
 import logging
 import os
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from temperd import paths
 from temperd.trace import capture as trace_capture
@@ -27,32 +27,27 @@ GROUP = "temper"
 log = logging.getLogger("temperd.trace")
 
 
-def _optional_pid(request: Dict[str, Any]) -> Optional[int]:
-    value = request.get("pid")
-    return None if value is None or value == "" else task_id(value, "pid")
-
-
-def _optional_unit(request: Dict[str, Any]) -> Optional[str]:
-    value = request.get("unit")
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str) or len(value) > 256 or "\0" in value:
-        raise ControlError(f"unit: expected a systemd unit name, found {shown(value)}")
-    return value
+def pid_and_unit(request: Dict[str, Any]) -> Tuple[Optional[int], Optional[str]]:
+    """The request's pid and unit filters, each None where not given (or given as "")."""
+    pid, unit = (None if request.get(key) == "" else request.get(key) for key in ("pid", "unit"))
+    pid = None if pid is None else task_id(pid, "pid")
+    if unit is not None and (not isinstance(unit, str) or len(unit) > 256 or "\0" in unit):
+        raise ControlError(f"unit: expected a systemd unit name, found {shown(unit)}")
+    return pid, unit
 
 
 def _limit(parse, value: Any, what: str) -> Any:
     """A duration or size through the capture's own parser; a value it cannot take at all
     (a list, a number too large for a float) is refused the same way."""
+    refusal = f"{what}: expected e.g. {'10s' if what == 'duration' else '64M'}, found {shown(value)}"
     if not isinstance(value, (str, int, float)) or isinstance(value, bool) or len(str(value)) > 64:
-        raise ControlError(f"{what}: expected e.g. {'10s' if what == 'duration' else '64M'}, found {shown(value)}")
+        raise ControlError(refusal)
     try:
         return parse(value)
     except TraceError as exc:
         raise ControlError(str(exc)) from None
     except (ValueError, OverflowError):
-        raise ControlError(f"{what}: expected e.g. {'10s' if what == 'duration' else '64M'}, "
-                           f"found {shown(value)}") from None
+        raise ControlError(refusal) from None
 
 
 def _prune(directory: str, keep: int) -> None:
@@ -96,8 +91,7 @@ def capture_request(request: Dict[str, Any], prefix: str, default_duration_s: fl
     """The capture a request asks for, written to a new file in TRACE_DIR (the oldest pruned)."""
     duration = _limit(parse_duration, request.get("duration", default_duration_s), "duration")
     max_bytes = _limit(parse_size, request.get("max_size", trace_capture.DEFAULT_MAX_BYTES), "max size")
-    pid = _optional_pid(request)
-    unit = _optional_unit(request)
+    pid, unit = pid_and_unit(request)
     directory = TRACE_DIR
     os.makedirs(directory, mode=0o750, exist_ok=True)
     _share(directory, 0o750)

@@ -153,7 +153,3 @@ class ProcessFacts:
     def title(self) -> str:
         """The command line as `ps` shows it; for PostgreSQL backends the process title."""
         return " ".join(self.cmdline)
-
-    @property
-    def leader(self) -> Optional[ThreadFacts]:
-        return self.threads.get(self.pid)

@@ -15,8 +15,10 @@ from __future__ import annotations
 import ctypes
 import glob
 import time
-from dataclasses import asdict, dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from temperd.control.typed_json import to_json
 
 LIBRARY = "libnvidia-ml.so.1"  # the name the driver package installs; what NVML users dlopen
 
@@ -68,13 +70,7 @@ class GpuReading:
     processes: Tuple[ProcessGpu, ...]
 
     def to_json(self) -> dict:
-        return {"at": self.at, "devices": [asdict(d) for d in self.devices],
-                "processes": [asdict(p) for p in self.processes]}
-
-    @classmethod
-    def from_json(cls, data: Mapping) -> "GpuReading":
-        return cls(float(data["at"]), tuple(DeviceGpu(**d) for d in data["devices"]),
-                   tuple(ProcessGpu(**p) for p in data["processes"]))
+        return to_json(self)
 
 
 @dataclass(frozen=True)
