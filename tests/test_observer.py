@@ -91,3 +91,31 @@ def test_a_new_plan_reads_every_member_again(pool, reads):
     changed = LayerPlan(layers=(dataclasses.replace(layer, policy="idle"),), reserve_cpus=(0,))
     observer.sample(changed, inventory.processes, MatchResult())  # the backend may have changed their settings
     assert {tid for pid, tid in reads if pid == child.pid} >= set(tids)
+
+
+def test_each_cpu_idle_share_is_read_from_proc_stat_over_the_window():
+    """The linter judges a spill by whether the layer's CPUs had room; a CPU kept busy by a thread
+    the observer does not read (here a spinner outside every plan) shows as busy all the same."""
+    import os
+    import subprocess
+
+    cpu = min(os.sched_getaffinity(0))
+    observer = Observer(read_shape())
+    plan = LayerPlan(layers=(), reserve_cpus=(cpu,))
+    assert observer.sample(plan, {}, MatchResult()).cpu_idle == {}  # no window yet
+    spinner = subprocess.Popen(["sh", "-c", "while :; do :; done"], preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    try:
+        observer.sample(plan, {}, MatchResult())
+        ticks = 0
+        deadline = time.monotonic() + 30
+        while ticks < 30 and time.monotonic() < deadline:  # until the spinner has had 0.3 s of CPU
+            fields = open(f"/proc/{spinner.pid}/stat").read().rsplit(")", 1)[1].split()
+            ticks = int(fields[11]) + int(fields[12])
+            time.sleep(0.05)
+        seen = observer.sample(plan, {}, MatchResult())
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert set(seen.cpu_idle) >= set(os.sched_getaffinity(0))
+    assert seen.cpu_idle[cpu] < 0.5, seen.cpu_idle
+    assert all(0.0 <= share <= 1.0 for share in seen.cpu_idle.values())

@@ -241,9 +241,9 @@ def test_linter_lets_an_owned_layer_spill_under_scx_layered_only_while_its_cpus_
         return ThreadSample(tid=tid, pid=tid, comm=f"t{tid}", cpu=cpu, util=0.9, wait=0.0, policy=0, nice=0,
                             affinity=tuple(shape.cpus), layer=layer_name, sibling_busy=sibling_busy)
 
-    def found(threads, confined_cpus, plan=plan):
+    def found(threads, confined_cpus, plan=plan, cpu_idle=None):
         observation = Observation(at=0.0, machine_shape={}, layers=[], threads=threads, psi=None,
-                                  overhead=OverheadView(0.0, 0.0, 0.0, 1.0))
+                                  overhead=OverheadView(0.0, 0.0, 0.0, 1.0), cpu_idle=cpu_idle or {})
         return sorted((v.invariant, v.tid) for v in lint(plan, observation, shape, check_treatment=False,
                                                           confined_cpus=confined_cpus))
 
@@ -254,6 +254,9 @@ def test_linter_lets_an_owned_layer_spill_under_scx_layered_only_while_its_cpus_
     assert found(crowded, None) == [("protected_fallback", 51), ("smt_collision", 50)]  # native: pinned, sibling kept
     alone = [seen(51, 2, "app.hot")]  # CPU 3 ran no busy thread: not a spill
     assert found(alone, on_scx) == [("protected_fallback", 51)]
+    # CPU 3 busy with a thread the observer did not read (/proc/stat: idle 10 % of the window): a spill
+    assert found(alone, on_scx, cpu_idle={3: 0.1}) == []
+    assert found(alone, on_scx, cpu_idle={3: 0.8}) == [("protected_fallback", 51)]  # idle: room it left
     fenced = LayerPlan(layers=(dataclasses.replace(hot, ownership=FENCED),), reserve_cpus=(0, 4))
     assert ("protected_fallback", 51) in found(crowded, on_scx, fenced)  # Confined under scx_layered too
 

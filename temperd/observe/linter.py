@@ -5,7 +5,8 @@
   layer's siblings are every layer's by design);
 - protected_fallback: a protected member last ran outside its layer's CPUs (under scx_layered an
   owned layer is Grouped: its threads run on its CPUs first and may spill onto others while every
-  CPU of its own is busy; only a member outside while one of its CPUs ran no busy thread counts);
+  CPU of its own is busy; only a member outside while one of its CPUs sat idle counts: no busy
+  thread last ran there and /proc/stat has it idle half the window or more);
 - open_reserve: a busy thread that is not a member ran on CPUs an exclusive layer fences (or on
   the idle siblings it keeps), eating into the reserve promised to that layer (owned CPUs may
   be borrowed while their owners sleep: not a violation);
@@ -39,6 +40,8 @@ RUNQUEUE_LATENCY = "runqueue_latency"
 INVARIANTS = (SMT_COLLISION, PROTECTED_FALLBACK, OPEN_RESERVE, LAYER_MISMATCH, RUNQUEUE_LATENCY)
 # A window with fewer wakeups than this says too little about a tail to call it a violation.
 LATENCY_MIN_WAKEUPS = 20
+# A CPU idle for at least this share of the window had room for a member that ran elsewhere.
+IDLE_CPU_RATIO = 0.5
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,10 @@ def lint(plan: LayerPlan, observation: Observation, shape, match=None, *, check_
                 fenced[cpu] = layer.name
     under_scx = confined_cpus is not None
     shared_siblings = under_scx and partial_cores(plan.layers)
-    busy_cpus = frozenset(t.cpu for t in observation.threads if t.util >= BUSY_RATIO)
+    # A CPU ran busy where a busy thread last ran on it, or where it sat idle less than half the
+    # window: the threads read are the plan's and the busiest others', not every thread there.
+    busy_cpus = frozenset(t.cpu for t in observation.threads if t.util >= BUSY_RATIO) | frozenset(
+        cpu for cpu, idle in observation.cpu_idle.items() if idle < IDLE_CPU_RATIO)
     for t in observation.threads:
         layer = layers.get(t.layer) if t.layer else None
         busy = t.util >= BUSY_RATIO
@@ -101,7 +107,7 @@ def lint(plan: LayerPlan, observation: Observation, shape, match=None, *, check_
             if outside and not (spills and mine <= busy_cpus):
                 out.append(Violation(PROTECTED_FALLBACK, layer.name, t.tid,
                                      f"{t.comm} ({t.tid}) of {layer.name} ran on CPU {t.cpu}, outside its CPUs {sorted(mine)}"
-                                     + (f" while CPU(s) {sorted(mine - busy_cpus)} of its own ran no busy thread" if spills else "")))
+                                     + (f" while CPU(s) {sorted(mine - busy_cpus)} of its own sat idle" if spills else "")))
             if busy and t.sibling_busy and not outside and not (shared_siblings and is_owned(layer)):
                 sibling_threads = [o for o in observation.threads if o.layer != layer.name and o.util >= BUSY_RATIO
                                    and o.cpu in shape.siblings(t.cpu)]

@@ -18,7 +18,7 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
 
 from temperd.control.status import OverheadView
 from temperd.observe.process_cpu import ProcessTicks
-from temperd.sources import procfs, psi
+from temperd.sources import host_cpu, procfs, psi
 from temperd.sources.runqlat import LatencyReport, Telemetry
 from temperd.plan import LayerPlan
 
@@ -68,6 +68,9 @@ class Observation:
     overhead: OverheadView
     unmanaged_busy: List[dict] = field(default_factory=list)
     latency: Optional[LatencyReport] = None  # scheduling delay per layer (sources.runqlat)
+    # The share of the window each CPU sat idle (/proc/stat), by CPU number; empty before a window.
+    # It sees what the threads read above do not: a CPU kept busy by a thread outside the plan.
+    cpu_idle: Dict[int, float] = field(default_factory=dict)
 
     def psi_avg10(self, kind: str) -> Optional[float]:
         """CPU pressure ("some" or "full") over the last 10 s, in percent; None where the kernel has none."""
@@ -99,6 +102,7 @@ class Observer:
         self.process_ticks = ProcessTicks()
         self._last_at: Optional[float] = None
         self._last_self_cpu = self._self_cpu()
+        self._last_idle: List[float] = []  # each CPU's idle seconds since boot at the previous sample
 
     @staticmethod
     def _self_cpu() -> float:
@@ -127,9 +131,18 @@ class Observer:
         layers = [self._layer_stats(layer, samples) for layer in plan.layers]
         latency = self.telemetry.end_window(plan) if self.telemetry is not None else None
         self._last_at = wall
+        cpu_idle = self._cpu_idle(window)
         overhead = self._overhead(cpu_start, window)
         return Observation(now if now is not None else time.time(), self._shape_json(), layers, samples,
-                           psi.host_fields("cpu"), overhead, unmanaged, latency)
+                           psi.host_fields("cpu"), overhead, unmanaged, latency, cpu_idle)
+
+    def _cpu_idle(self, window: float) -> Dict[int, float]:
+        idle = host_cpu.idle_seconds(host_cpu.read_stat())
+        before, self._last_idle = self._last_idle, idle
+        if window <= 0 or len(before) != len(idle):
+            return {}
+        return {cpu: round(min(1.0, max(0.0, (now - then) / window)), 3)
+                for cpu, (now, then) in enumerate(zip(idle, before))}
 
     def _busiest_unmanaged(self, plan: LayerPlan, processes: Mapping[int, object], window: float,
                            watched: Set[Tuple[int, int]]) -> Tuple[List[dict], Set[int]]:

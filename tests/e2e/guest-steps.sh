@@ -595,7 +595,7 @@ PY
   # beside the load) can exceed whatever the placement; it is printed, not judged, here.
   check "the linter (against scx_layered's CPU masks) reports no placement violation" \
     status_is 'sum(n for k, n in d["lint"]["by_invariant"].items() if k != "runqueue_latency") == 0' ||
-    ok=1
+    { ok=1; echo "lint (status) at that check: $($HELPER json 'd["lint"]' <"$W/status.now.json")"; }
   echo "lint (status) after the sampling: $(status_is 'd["lint"]')"
   [ "$ok" = 0 ] || curl_observe | $HELPER json 'd["lint"]'
   check "temperctl status and /observe show scx_layered's layers" \
