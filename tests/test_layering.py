@@ -265,6 +265,27 @@ def test_no_class_over_300_lines():
     assert large == {}, "split these: one concern per class"
 
 
+MAX_FUNCTION_LINES = 80
+
+
+def function_sizes(path: pathlib.Path, root: pathlib.Path = ROOT) -> dict:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {f"{path.relative_to(root)}:{node.lineno}:{node.name}": node.end_lineno - node.lineno + 1
+            for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def test_no_function_over_80_lines():
+    long = {name: lines for path in MODULES for name, lines in function_sizes(path).items()
+            if lines > MAX_FUNCTION_LINES}
+    assert long == {}, "split these: a function a reader holds in one view"
+
+
+def test_a_long_function_is_measured(tmp_path):
+    long = tmp_path / "long.py"
+    long.write_text("class C:\n    def f(self):\n" + "        x = 1\n" * MAX_FUNCTION_LINES)
+    assert function_sizes(long, tmp_path) == {"long.py:2:f": MAX_FUNCTION_LINES + 1}
+
+
 def test_a_large_class_is_measured(tmp_path):
     big = tmp_path / "big.py"
     big.write_text("class Big:\n" + "    x = 1\n" * MAX_CLASS_LINES)
