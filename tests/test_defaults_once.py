@@ -41,6 +41,7 @@ DAEMON_FIELDS = {
     "telemetry_bpf": (dc.TELEMETRY_SPEC, "bpf"),
 }
 WATCH_FIELDS = {"classify": (dc.CLASSIFY_SPEC, "enabled"), "window_s": (dc.CLASSIFY_SPEC, "window_s"),
+                "metrics_interval_s": (dc.CLASSIFY_SPEC, "metrics_interval_s"),
                 "rightsizing": (dc.RIGHTSIZING_SPEC, "enabled"),
                 **{key: (dc.RIGHTSIZING_SPEC, key) for key in dc.RIGHTSIZING_SPEC.fields if key != "enabled"}}
 

@@ -55,6 +55,9 @@ def test_a_label_names_the_program_and_a_digest_never_the_command_line():
 def test_metrics_and_observe_of_the_real_daemon_carry_no_argument(tmp_path):
     secret = f"TOPSECRET{uuid.uuid4().hex[:8]}"
     daemon = Temperd(tmp_path)
+    # /metrics' classes refreshed at each classification snapshot, not the default every 30 s
+    with open(daemon.config_dir / "temperd.toml", "a") as config:
+        config.write("[classify]\nmetrics_interval_s = 5.0\n")
     daemon.profiles.joinpath("tmpd-secretive.toml").write_text(PROFILE)
     # argv[0] "tpmc": a command line short enough that no bound on a label's length would cut it
     app = subprocess.Popen(["tpmc", "-c", "import sys;sys.stdin.read()", f"--requirepass={secret}", "tmpd-secretive-app"],

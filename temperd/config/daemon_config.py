@@ -112,6 +112,9 @@ CLASSIFY_SPEC = TableSpec("classify", "classify", {
     "enabled": Spec("bool", "Classify every tracked workload (temperctl classify, /observe, /metrics).", default=True),
     "window_s": Spec("float", "The sliding window a classification covers, in seconds.", minimum=10.0,
                      maximum=86400.0, default=600.0),
+    "metrics_interval_s": Spec("float", "Seconds between refreshes of the classes and rightsizing recommendations "
+                               "on /metrics (temperctl and /observe compute theirs when asked).", minimum=5.0,
+                               maximum=3600.0, default=30.0),
 })
 
 RIGHTSIZING_SPEC = TableSpec("rightsizing", "rightsizing", {
@@ -198,6 +201,7 @@ class LearnerSettings:
 
     classify: bool = CLASSIFY_SPEC.default_of("enabled")
     window_s: float = CLASSIFY_SPEC.default_of("window_s")
+    metrics_interval_s: float = CLASSIFY_SPEC.default_of("metrics_interval_s")
     rightsizing: bool = RIGHTSIZING_SPEC.default_of("enabled")
     margin: float = RIGHTSIZING_SPEC.default_of("margin")
     half_life_h: float = RIGHTSIZING_SPEC.default_of("half_life_h")
@@ -275,6 +279,7 @@ def config_from_document(doc: TomlDocument) -> DaemonConfig:
         lint_runqueue_latency_p99_ms=values["lint"]["runqueue_latency_p99_ms"],
         telemetry_bpf=values["telemetry"]["bpf"],
         learner=LearnerSettings(classify=values["classify"]["enabled"], window_s=values["classify"]["window_s"],
+                                metrics_interval_s=values["classify"]["metrics_interval_s"],
                                 rightsizing=values["rightsizing"]["enabled"],
                                 **{k: v for k, v in values["rightsizing"].items() if k != "enabled"}),
     )

@@ -38,7 +38,6 @@ from temperd.sources.shape import parse_cpulist
 log = logging.getLogger("temperd.learner")
 
 SNAPSHOT_S = 5.0
-METRICS_EVERY_S = 30.0  # /metrics' classes and recommendations (temperctl and /observe compute theirs when asked)
 SAVE_EVERY_S = 300.0
 # With no workload to sample, look again this often rather than every sample interval: an idle
 # host's temperd then wakes for nothing; a workload that appears waits at most this for its first sample.
@@ -211,7 +210,7 @@ class WorkloadLearner:
                                           self._own_cgroup(w, now))
         metrics_due = snapshot_due and now >= self._next_metrics
         if metrics_due and self.metrics is not None:
-            self._next_metrics = now + METRICS_EVERY_S
+            self._next_metrics = now + self.settings.metrics_interval_s
             self.metrics.update(self.classifications() if self.settings.classify else [],
                                 self.recommendations() if self.settings.rightsizing else [], self.history_bytes)
         self.last_sample_cpu_s = time.thread_time() - started
