@@ -138,3 +138,54 @@ def test_nothing_waits_for_the_disk_what_the_file_describes_ends_with_the_boot(t
     ledger.get(100, 5100).written[NICE] = 7
     ledger.save()  # appended
     assert _reloaded(tmp_path).get(100, 5100).written == {NICE: 7}
+
+
+def test_any_stream_of_changes_and_failed_writes_loads_as_the_records_stand(tmp_path, monkeypatch):
+    """Saves that append, compact, or fail (an append cut back, a whole write refused) in any
+    order: the file loads as the records stood at the last save that succeeded, and a save after
+    a failure writes what the failed one did not."""
+    import random
+
+    draw = random.Random(7)
+    ledger = _ledger(tmp_path, 20)
+    ledger.save()
+    real_append, real_whole = state_file.StateFile._append, state_file.StateFile._write_whole
+    failing = {"append": False, "whole": False}
+
+    def append(self, data, count):
+        if failing["append"]:
+            raise OSError(28, "No space left on device")
+        return real_append(self, data, count)
+
+    def whole(self, threads, sections):
+        if failing["whole"]:
+            raise OSError(28, "No space left on device")
+        return real_whole(self, threads, sections)
+
+    monkeypatch.setattr(state_file.StateFile, "_append", append)
+    monkeypatch.setattr(state_file.StateFile, "_write_whole", whole)
+    monkeypatch.setattr(state_file, "COMPACT_AFTER", 4)  # whole writes among the appends
+    next_tid = 200
+    for _ in range(400):
+        step = draw.random()
+        keys = sorted(ledger.records)
+        if step < 0.4 and keys:
+            ledger.get(*draw.choice(keys)).written[NICE] = draw.randrange(1, 20)  # marks it changed
+        elif step < 0.6 and keys:
+            ledger.forget(ledger.get(*draw.choice(keys)))
+        else:
+            ledger.add(_record(next_tid, 100, 9000 + next_tid, f"t{next_tid}", nice=draw.randrange(1, 20)))
+            next_tid += 1
+        failing["append"], failing["whole"] = draw.random() < 0.15, draw.random() < 0.15
+        if draw.random() < 0.05 and os.path.exists(ledger.path):
+            os.unlink(ledger.path)  # removed behind its back: written whole
+        try:
+            ledger.save()
+        except OSError:
+            continue
+        if ledger.is_empty():
+            assert not os.path.exists(ledger.path)
+            continue
+        again = _reloaded(tmp_path)
+        assert {key: rec.written for key, rec in again.records.items()} == \
+            {key: rec.written for key, rec in ledger.records.items() if rec.written}

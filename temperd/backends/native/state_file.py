@@ -112,19 +112,33 @@ class StateFile:
         lines: List[str] = []
         if changed is None or not self._complete:
             live = self._compare_all(records, lines)
+            count = len(live)
         else:
-            live = self._compare(records, changed, lines)
+            # Only the changed records' entries: the file's picture is updated in place once the
+            # lines are written (a copy of it at each save cost as much as the save at a
+            # thousand held threads, a fork storm's batch touching a few of them).
+            updates = self._compare(records, changed, lines)
+            live = None
+            count = len(self._threads) + sum((written is not None) - (key in self._threads)
+                                             for key, written in updates.items())
         now = {kind: {part: dict(values) for part, values in section.items() if values}
                for kind, section in sections.items() if section}
         lines.extend(_section_lines(self._sections, now))
-        if not live and not now:
+        if not count and not now:
             self.delete()
             return
         if not lines and os.path.exists(self.path):
             return  # unchanged: no write and no sync
-        entries = len(live) + sum(len(values) for section in now.values() for values in section.values())
+        entries = count + sum(len(values) for section in now.values() for values in section.values())
         data = "".join(lines).encode()
-        if self._appended + len(lines) > max(COMPACT_AFTER, 2 * entries) or not self._append(data, len(lines)):
+        compact = self._appended + len(lines) > max(COMPACT_AFTER, 2 * entries)
+        if live is None:
+            if not compact and self._append(data, len(lines)):
+                live = _updated(self._threads, updates)
+            else:  # a whole write that fails leaves the picture as the file still is
+                live = _updated(dict(self._threads), updates)
+                self._write_whole(live, now)
+        elif compact or not self._append(data, len(lines)):
             self._write_whole(live, now)
         self._threads, self._sections, self._complete = live, now, True
 
@@ -144,20 +158,23 @@ class StateFile:
         return live
 
     def _compare(self, records: Mapping[ThreadKey, Any], changed: Iterable[ThreadKey],
-                 lines: List[str]) -> Dict[ThreadKey, "_Written"]:
-        """_compare_all for the `changed` records alone (the others are as the file holds them)."""
-        live = dict(self._threads)  # the file's picture changes only once the lines are written
+                 lines: List[str]) -> Dict[ThreadKey, Optional["_Written"]]:
+        """_compare_all for the `changed` records alone (the others are as the file holds them):
+        what changes in the file's picture, by key (None: the entry goes)."""
+        held = self._threads
+        updates: Dict[ThreadKey, Optional[_Written]] = {}
         for key in changed:
             record = records.get(key)
             if record is None or not (record.written or record.drifted):
-                if live.pop(key, None) is not None:
+                if key in held and updates.get(key, held[key]) is not None:
+                    updates[key] = None
                     lines.append(_line({"gone": list(key)}))
                 continue
-            written = live.get(key)
+            written = updates.get(key, held.get(key))
             if written is None or not written.matches(record):
-                live[key] = written = _Written(record)
+                updates[key] = written = _Written(record)
                 lines.append(written.text)
-        return live
+        return updates
 
     def _append(self, data: bytes, count: int) -> bool:
         """Append `count` lines to the file as this object last wrote it; False where it did not
@@ -315,6 +332,16 @@ def _journal_lines(handle: BinaryIO) -> Iterator[Optional[bytes]]:
             yield _REST  # left unfinished at the read bound
             return
         yield None
+
+
+def _updated(threads: Dict[ThreadKey, _Written], updates: Mapping[ThreadKey, Optional[_Written]]) -> Dict[ThreadKey, _Written]:
+    """`threads` with these entries set (None: removed), changed in place."""
+    for key, written in updates.items():
+        if written is None:
+            threads.pop(key, None)
+        else:
+            threads[key] = written
+    return threads
 
 
 def _parse(line: bytes) -> Any:
