@@ -1,5 +1,5 @@
 """A running daemon's state made of the real typed parts (BackendStatus with scx_layered's,
-ReloadResult, ApplyResult, InventoryStats, OverheadView, LintReport, a plan), without a daemon: what
+ReloadView, ApplyResult, InventoryStats, OverheadView, LintReport, a plan), without a daemon: what
 status_report.build_status reads, for the typed status's tests."""
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from temperd.backends.scx.status import ScxStatus
 from temperd.backends.select import BackendChoice
 from temperd.backends.status import BackendStatus
 from temperd.config.errors import ConfigProblem
-from temperd.control.status import ExitView, GapView, LearnerView, SupervisorView
+from temperd.control.status import ExitView, GapView, LearnerView, ReloadView, SupervisorView
 from temperd.daemon import status_report
-from temperd.daemon.reload import ReloadResult
 from temperd.observe.linter import LintReport, Violation
 from temperd.control.status import OverheadView
 from temperd.plan import CONFINED, EXCLUSIVE, OPEN, OWNED, YIELD, Layer, LayerPlan, MemberSelector
@@ -81,7 +80,7 @@ def daemon(scx: bool = True) -> SimpleNamespace:
         view=SimpleNamespace(profiles=profiles, shape=SimpleNamespace(describe=lambda: "4 CPUs, 2 cores")),
         sampler=sampler, services=SimpleNamespace(http=SimpleNamespace(address="127.0.0.1:9464")),
         backend_choice=choice, backend_status=lambda: status,
-        last_reload=ReloadResult(False, 3, 1700000100.0, "SIGHUP", ["bad.toml: treatment"], "kept generation 3"),
+        last_reload=ReloadView(False, 3, 1700000100.0, "SIGHUP", ["bad.toml: treatment"], "kept generation 3"),
         match=SimpleNamespace(workloads=[workload, other]), plan=plan(),
         last_apply=ApplyResult(applied={"affinity": 3}, failed={"nice": 1}, notes=["a note"]),
         inventory=SimpleNamespace(stats=stats, gate=SimpleNamespace(describe="name, executable")),

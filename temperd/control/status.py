@@ -15,10 +15,10 @@ from temperd.control.typed_json import FLATTEN, from_json, to_json
 @dataclass(frozen=True)
 class ReloadView:
     """The last reload: adopted or refused, and why."""
-    ok: bool
+    ok: bool  # adopted; False: refused, the running configuration stays
     generation: int  # in force afterwards
     at: float
-    trigger: str
+    trigger: str  # "start", "SIGHUP", "file change", "CPU hotplug", "temperctl reload"
     problems: List[str]
     summary: str
 

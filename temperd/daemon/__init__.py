@@ -5,7 +5,7 @@
 - state: DaemonState, what the command modules and the status report read of the Daemon
 - main_loop: the poll() loop (and LoopHost, what it drives) and the requests other threads and
   signal handlers make of it
-- reload: the host view with the command line's overrides, and ReloadResult
+- reload: the host view with the command line's overrides, and what a reload refuses
 - services: the threads that serve and watch (control socket, HTTP, config and hotplug watchers)
 - control: the control socket's server (the protocol and temperctl's client: temperd/control)
 - control_commands: the commands served on it (status, reload, plan, explain) and the table of

@@ -41,9 +41,9 @@ class ControlCommands:
         return {"status": status.to_json()}
 
     def reload(self, request: Request, progress: Progress) -> Reply:
-        """Reload now, on this thread: {"reload": the ReloadResult}."""
+        """Reload now, on this thread: {"reload": the ReloadView}."""
         with self.daemon.lock:
-            return {"reload": self.daemon.reload("temperctl reload").as_dict()}
+            return {"reload": dataclasses.asdict(self.daemon.reload("temperctl reload"))}
 
     def plan(self, request: Request, progress: Progress) -> Reply:
         """The plan in force: {"machine_shape", "workloads", "plan"}."""

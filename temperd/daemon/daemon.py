@@ -28,14 +28,14 @@ from temperd.backends.select import BackendChoice, make_backend
 from temperd.config.daemon_config import DEFAULT_CONFIG_DIR, DaemonConfig
 from temperd.config.errors import ConfigError, ConfigProblem
 from temperd.config.label_key import load_label_key
-from temperd.control.status import Status
+from temperd.control.status import ReloadView, Status
 from temperd.daemon import status_report
 from temperd.daemon.control_commands import ControlCommands
 from temperd.daemon.instance_lock import AlreadyRunning, InstanceLock
 from temperd.daemon.main_loop import REPLAN, MainLoop, Requests
 from temperd.decide.sizing import NO_SIZING, GroupKey, Sizing, member_counts, sized_workloads
 from temperd.daemon.notify import Notifier
-from temperd.daemon.reload import ReloadResult, ViewLoader, restart_only_changes, summary_of
+from temperd.daemon.reload import ViewLoader, restart_only_changes, summary_of
 from temperd.daemon.services import Services
 from temperd.decide.hostview import HostView, all_profiles, decide, make_matcher
 from temperd.decide.planner import PlanMemo
@@ -86,7 +86,7 @@ class Daemon:
         self.plan: Optional[LayerPlan] = None
         self.plan_memo = PlanMemo()
         self.ranked = RankedProcesses()  # the processes of `busiest` groups' workloads, as of the last match
-        self.last_reload: Optional[ReloadResult] = None
+        self.last_reload: Optional[ReloadView] = None
         self.backend_choice: Optional[BackendChoice] = None
         self.backend: Optional[Backend] = None
         self.last_apply: Optional[Any] = None
@@ -114,8 +114,8 @@ class Daemon:
             view = _first_view(self.loader)
             self.view = view
             self.generation = 1
-            self.last_reload = ReloadResult(not view.problems, 1, time.time(), "start",
-                                            [str(p) for p in view.problems], summary_of(view))
+            self.last_reload = ReloadView(not view.problems, 1, time.time(), "start",
+                                          [str(p) for p in view.problems], summary_of(view))
             self._instance_lock = _lock_instance(self.config.state_dir)
             self.label_key = _label_key(view)
             _cleanup_stale_traces()
@@ -269,7 +269,7 @@ class Daemon:
         elif self.ranked.pids():
             self.replan("busiest re-ranked", [])
 
-    def reload(self, trigger: str) -> ReloadResult:
+    def reload(self, trigger: str) -> ReloadView:
         """Validate everything anew; adopt it only when it is whole, else keep the last good set.
         A new [http] address is bound before anything is adopted: if it cannot be had, the
         reload is refused and the old listener keeps serving. Settings that only a start takes
@@ -282,7 +282,7 @@ class Daemon:
             self.notifier.notify("READY=1")
             self._notify_status()
 
-    def _reload(self, trigger: str) -> ReloadResult:
+    def _reload(self, trigger: str) -> ReloadView:
         assert self.backend is not None and self.sampler is not None
         view, problems = self.loader.attempt()
         if view is not None and not problems:
@@ -291,8 +291,8 @@ class Daemon:
             for problem in problems:
                 log.error("reload (%s) refused, the running configuration stays: %s", trigger, problem)
             self.journal.reloaded(False, self.generation, trigger, problems=problems)
-            result = ReloadResult(False, self.generation, time.time(), trigger, problems,
-                                  f"kept generation {self.generation}")
+            result = ReloadView(False, self.generation, time.time(), trigger, problems,
+                                f"kept generation {self.generation}")
         else:
             assert view is not None
             old = self.view
@@ -309,7 +309,7 @@ class Daemon:
                 self.learner.settings = view.config.learner
             self.sampler.telemetry.set_bpf(view.config.telemetry_bpf)
             self.replan(f"reload ({trigger})")
-            result = ReloadResult(True, self.generation, time.time(), trigger, [], summary_of(view))
+            result = ReloadView(True, self.generation, time.time(), trigger, [], summary_of(view))
             self.journal.reloaded(True, self.generation, trigger, result.summary)
         self.last_reload = result
         return result

@@ -12,19 +12,6 @@ from temperd.decide.hostview import HostView, load_host_view
 from temperd.sources.shape import ShapeError
 
 
-@dataclasses.dataclass
-class ReloadResult:
-    ok: bool  # adopted; False: refused, the running configuration stays
-    generation: int  # the generation in force afterwards
-    at: float
-    trigger: str  # "start", "SIGHUP", "file change", "CPU hotplug", "temperctl reload"
-    problems: List[str]
-    summary: str
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
 class ViewLoader:
     """The host view from the configuration directory, with the command line's overrides
     (state_dir, http_port, control_socket; None: as the file says)."""

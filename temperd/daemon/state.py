@@ -9,8 +9,7 @@ from typing import Any, Dict, Optional, Protocol
 
 from temperd.backends.select import BackendChoice
 from temperd.backends.status import BackendStatus
-from temperd.control.status import Status
-from temperd.daemon.reload import ReloadResult
+from temperd.control.status import ReloadView, Status
 from temperd.daemon.services import Services
 from temperd.decide.hostview import HostView
 from temperd.decide.matcher import Matcher, MatchResult, RuntimeBinding
@@ -34,7 +33,7 @@ class DaemonState(Protocol):
     match: MatchResult
     plan: Optional[LayerPlan]
     runtime_bindings: Dict[int, RuntimeBinding]
-    last_reload: Optional[ReloadResult]
+    last_reload: Optional[ReloadView]
     last_apply: Optional[Any]
     replans: int
     backend_choice: Optional[BackendChoice]
@@ -45,7 +44,7 @@ class DaemonState(Protocol):
     def status(self) -> Optional[Status]:
         ...
 
-    def reload(self, trigger: str) -> ReloadResult:
+    def reload(self, trigger: str) -> ReloadView:
         ...
 
     def set_runtime_bindings(self, bindings: Dict[int, RuntimeBinding], trigger: str) -> None:

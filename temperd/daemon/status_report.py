@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from temperd import __version__
 from temperd.config import safe_regex
 from temperd.control.status import (ApplyView, BackendView, InventoryView, LayerView, ProblemView,
-                                    ProfilesView, ReloadView, Status, WorkloadView)
+                                    ProfilesView, Status, WorkloadView)
 from temperd.control.typed_json import from_json, to_json
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def build_status(daemon: "DaemonState") -> Optional[Status]:
             version=__version__, state=daemon.state, pid=os.getpid(),
             uptime_s=round(time.time() - daemon.started_at, 1), config_dir=daemon.config_dir,
             generation=daemon.generation,
-            last_reload=_view(ReloadView, daemon.last_reload.as_dict()) if daemon.last_reload else None,
+            last_reload=daemon.last_reload,
             backend=backend_view(daemon, backend), machine_shape=view.shape.describe(),
             profiles=ProfilesView(loaded=sorted(pset.active),
                                   failed=[_view(ProblemView, p.as_dict()) for p in pset.problems],
