@@ -8,11 +8,11 @@ import contextlib
 from types import SimpleNamespace
 
 from temperd.backends.result import ApplyResult
-from temperd.backends.scx.status import ScxStatus
 from temperd.backends.select import BackendChoice
 from temperd.backends.status import BackendStatus
 from temperd.config.errors import ConfigProblem
-from temperd.control.status import ExitView, GapView, LearnerView, ReloadView, SupervisorView
+from temperd.control.status import (ExitView, GapView, LayerScxView, LearnerView, ReloadView, ScxStatsView, ScxView,
+                                    SupervisorView)
 from temperd.daemon import status_report
 from temperd.observe.linter import LintReport, Violation
 from temperd.control.status import OverheadView
@@ -34,13 +34,14 @@ def supervisor() -> SupervisorView:
 def backend(scx: bool = True) -> BackendStatus:
     if not scx:
         return BackendStatus(carried_by="native", drift={"nice": 2})
-    status = ScxStatus(fallback_reason=None, safe_mode=False, safe_mode_reason=None, render_notes=("one note",),
-                       render_problems=(), supervisor=supervisor(), system_stats={"busy": 42.5},
-                       layer_stats={"web.hot": {"util": 150.0, "tasks": 4, "cur_nr_cpus": 2},
-                                    "catchall": {"util": 20.0, "tasks": 90, "cur_nr_cpus": 1}},
-                       layer_cpus={"web.hot": (2, 3)}, layer_text={"web.hot": "1.50 CPUs on 2,3"})
-    return BackendStatus(carried_by="scx", drift={"nice": 2, "affinity": 1}, scx=status)
-
+    status = ScxView(fallback_reason=None, safe_mode=False, safe_mode_reason=None, render_notes=["one note"],
+                     render_problems=[], scx_layered=supervisor(),
+                     scx_stats=ScxStatsView({"busy": 42.5},
+                                            {"web.hot": {"util": 150.0, "tasks": 4, "cur_nr_cpus": 2, "cpus": [2, 3]},
+                                             "catchall": {"util": 20.0, "tasks": 90, "cur_nr_cpus": 1, "cpus": []}}))
+    layers = {"web.hot": LayerScxView(150.0, 4, 2, [2, 3], "1.50 CPUs on 2,3"),
+              "catchall": LayerScxView(20.0, 90, 1, [], "-")}
+    return BackendStatus(carried_by="scx", drift={"nice": 2, "affinity": 1}, scx=status, scx_layers=layers)
 
 def plan() -> LayerPlan:
     return LayerPlan(layers=(

@@ -32,12 +32,11 @@ from temperd.backends.native.backend import scan_threads
 from temperd.backends.scx.backend import NATIVE, SCX, ScxBackend
 from temperd.backends.scx.restarts import RestartPolicy
 from temperd.backends.scx.stats import SysStats, layer_cpus
-from temperd.backends.scx.status import ScxStatus
 from temperd.backends.scx.supervisor import ScxSupervisor
 from temperd.backends.select import make_backend
 from temperd.backends.status import BackendStatus
 from temperd.config.daemon_config import DaemonConfig, ScxSettings
-from temperd.control.status import GapView
+from temperd.control.status import GapView, ScxStatsView, ScxView
 from temperd.control.typed_json import to_json
 from temperd.daemon import status_report
 from temperd.daemon.daemon import Daemon
@@ -140,9 +139,9 @@ def test_scx_layered_carries_the_plan_and_leaves_threads_alone(standin, scx_back
     assert nice_of(kid.pid, kid.threads["sb-rest"]) == 0
     status = backend.status()
     assert status.carried_by == SCX and status.scx.fallback_reason is None and not status.scx.safe_mode
-    assert list(to_json(status.scx.view())) == ["fallback_reason", "safe_mode", "safe_mode_reason", "render_notes",
-                                                "render_problems", "scx_layered", "scx_stats"]  # as temperctl status shows it
-    wait_for(lambda: backend.status().scx.layer_stats.get("app.hot"), WAIT_S, "stats read")
+    assert list(to_json(status.scx)) == ["fallback_reason", "safe_mode", "safe_mode_reason", "render_notes",
+                                           "render_problems", "scx_layered", "scx_stats"]  # as temperctl status shows it
+    wait_for(lambda: backend.status().scx.scx_stats.layers.get("app.hot"), WAIT_S, "stats read")
     assert backend.layer_cpus()["app.hot"] == frozenset({1})  # the stand-in hands out CPUs from the top
 
 
@@ -159,7 +158,7 @@ def test_unexpressible_plan_is_carried_natively_and_says_why(standin, scx_backen
     # settings are put back.
     backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))
     assert backend.carried_by == NATIVE and nice_of(kid.pid, kid.threads["sb-rest"]) == -4
-    wait_for(lambda: backend.status().scx.supervisor.state == "running", WAIT_S, "scx_layered attached")
+    wait_for(lambda: backend.status().scx.scx_layered.state == "running", WAIT_S, "scx_layered attached")
     result = backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))
     assert backend.carried_by == SCX and result.restored.get("nice") == 2
     assert nice_of(kid.pid, kid.threads["sb-rest"]) == 0
@@ -178,7 +177,7 @@ def test_refusal_beside_another_scheduler_falls_back_with_its_name(standin, scx_
     backend.apply(two_layer_plan(kid), scan_threads([kid.pid]))  # what the daemon's replan does
     assert backend.carried_by == NATIVE and "'minimal'" in backend.fallback_reason
     assert nice_of(kid.pid, kid.threads["sb-rest"]) == -4
-    assert backend.status().scx.supervisor.refusals == 1 and standin.attaches() == []
+    assert backend.status().scx.scx_layered.refusals == 1 and standin.attaches() == []
 
 
 def test_make_backend_chooses_scx_only_where_it_can_run(standin, tmp_path):
@@ -265,15 +264,15 @@ def test_scx_metrics_count_restarts_and_expose_layer_stats(tmp_path):
     idle = ScxSupervisor(STANDIN, str(tmp_path)).status()
     supervisor = dataclasses.replace(idle, state="running", restarts=2, starts=3, crashes=1, refusals=0,
                                      default_scheduler_gap_s=GapView(0.2, 0.5))
-    status = ScxStatus(fallback_reason=None, safe_mode=False, safe_mode_reason=None, render_notes=(),
-                       render_problems=(), supervisor=supervisor, system_stats={},
-                       layer_stats={"app.hot": {"util": 150.0, "tasks": 4, "cur_nr_cpus": 2}})
+    status = ScxView(fallback_reason=None, safe_mode=False, safe_mode_reason=None, render_notes=[],
+                     render_problems=[], scx_layered=supervisor,
+                     scx_stats=ScxStatsView({}, {"app.hot": {"util": 150.0, "tasks": 4, "cur_nr_cpus": 2}}))
     daemon = status_sample.daemon()
     daemon.backend_status = lambda: BackendStatus(carried_by="scx", scx=status)
     metrics = Metrics(status=lambda: status_report.build_status(daemon))  # read at each scrape
     metrics.exposition()
     # the supervisor's running totals, as they are at the next scrape
-    status = dataclasses.replace(status, supervisor=dataclasses.replace(supervisor, restarts=3))
+    status = dataclasses.replace(status, scx_layered=dataclasses.replace(supervisor, restarts=3))
     text = metrics.exposition().decode()
     assert "temperd_scx_restarts_total 3.0" in text and "temperd_scx_crashes_total 1.0" in text
     assert "temperd_scx_default_scheduler_seconds_total 0.5" in text
@@ -326,7 +325,7 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
         # The native backend holds the plan while scx_layered loads; its attach asks for the replan
         # that hands the plan over.
         wait_for(lambda: daemon.backend_status().carried_by == "scx", WAIT_S, "scx_layered attached and carrying")
-        assert daemon.backend_status().scx.supervisor.state == "running"
+        assert daemon.backend_status().scx.scx_layered.state == "running"
         first = standin.attaches()[0]["specs"]
         (hot_spec,) = [s["kind"][CONFINED] for s in first if s["name"].endswith(".hot")]
         assert hot_spec["cpus_range"] == [1, 1] and hot_spec["protected"] and hot_spec["exclusive"]
@@ -379,7 +378,7 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
         standin.monkeypatch.delenv("FAKE_SCX_CRASH_AFTER")
         assert temperctl("reload", "--socket", socket_path).returncode == 0
         wait_for(lambda: daemon.backend_status().carried_by == "scx", WAIT_S, "scx_layered carrying again")
-        assert daemon.backend_status().scx.supervisor.state == "running" and not daemon.backend_status().safe_mode
+        assert daemon.backend_status().scx.scx_layered.state == "running" and not daemon.backend_status().safe_mode
         assert nice_of(app.pid, app.pid) == 0  # the native fallback's settings put back
     finally:
         daemon.request("stop", "test")

@@ -1,8 +1,7 @@
 """scx_layered's stats reply as temperd reads it (typed after its stats.rs) and shows it."""
 
-from temperd.backends.scx.stats import LayerStats, SysStats, describe, layer_cpus, summarize_stats
-from temperd.backends.scx.status import ScxStatus
-from temperd.control.status import GapView, LayerScxView, SupervisorView
+from temperd.backends.scx.stats import LayerStats, SysStats, describe, layer_cpus, layer_views, stats_view
+from temperd.control.status import LayerScxView
 
 # A reply shaped like scx_layered 1.1.2's (fields trimmed; one it does not have yet).
 REPLY = {
@@ -25,9 +24,9 @@ def test_the_reply_becomes_typed_stats():
     assert layer_cpus(stats) == {"redis.event-loop": frozenset({0, 1}), "spinners.tier": frozenset(),
                                  "rest": frozenset({2, 3})}
     # the numbers behind /metrics: scx_layered's own names, no lists, no masks
-    assert summarize_stats(stats)["layers"]["redis.event-loop"] == {"util": 24.7, "tasks": 1, "cur_nr_cpus": 2,
-                                                                    "util_protected_frac": 0.0}
-    assert "some_future_field" not in summarize_stats(stats)["system"]
+    assert stats_view(stats).layers["redis.event-loop"] == {"util": 24.7, "tasks": 1, "cur_nr_cpus": 2,
+                                                            "util_protected_frac": 0.0, "cpus": [0, 1]}
+    assert "some_future_field" not in stats_view(stats).system
 
 
 def test_each_layer_described_as_status_shows_it():
@@ -40,22 +39,6 @@ def test_each_layer_described_as_status_shows_it():
 
 
 def test_layer_view_puts_the_stats_beside_a_plan_layer():
-    stats = SysStats.from_json(REPLY)
-    summary = summarize_stats(stats)
-    status = ScxStatus(fallback_reason=None, safe_mode=False, safe_mode_reason=None, render_notes=(), render_problems=(),
-                       supervisor=_idle_supervisor(), system_stats=summary["system"], layer_stats=summary["layers"],
-                       layer_cpus={n: tuple(sorted(c)) for n, c in layer_cpus(stats).items()},
-                       layer_text={n: describe(l) for n, l in stats.layers.items()})
-    assert status.layer_view("rest") == LayerScxView(util_pct=37.2, tasks=39, cpus_held=2, cpus=[2, 3],
-                                                     text="37% of a CPU on 2-3")
-    assert status.layer_view("not.there") is None
-    assert status.view().scx_stats.layers["redis.event-loop"]["cpus"] == [0, 1]
-
-
-def _idle_supervisor() -> SupervisorView:
-    return SupervisorView(
-        state="running", pid=1, binary="scx_layered", args=[], config_path="c", log_path="l", stats_socket="s",
-        uptime_s=1.0, pending_change=False, next_restart_in_s=None, safe_mode=False, safe_mode_reason=None,
-        crashes_in_window=0, last_exit=None, default_scheduler_gap_s=GapView(None, 0.0),
-        stats_age_s=0.5, stats_error=None, starts=1, restarts=0, crash_restarts=0, crashes=0, outside_stops=0,
-        coalesced_changes=0, refusals=0, stats_reads=3, stats_errors=0, safe_mode_entries=0)
+    views = layer_views(SysStats.from_json(REPLY))
+    assert views["rest"] == LayerScxView(util_pct=37.2, tasks=39, cpus_held=2, cpus=[2, 3], text="37% of a CPU on 2-3")
+    assert "not.there" not in views and layer_views(None) == {}

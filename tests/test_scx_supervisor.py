@@ -23,10 +23,11 @@ from thread_children import holds
 from temperd.backends.scx.detect import detect_sched_ext
 from temperd.backends.scx.backend import restart_policy
 from temperd.backends.scx.restarts import RestartPolicy
-from temperd.backends.scx.stats import StatsClient, StatsError, SysStats, summarize_stats
+from temperd.backends.scx.stats import StatsClient, StatsError, SysStats, stats_view
 from temperd.backends.scx.status import BACKOFF, IDLE, REFUSED, RUNNING, SAFE_MODE, STOPPED
 from temperd.backends.scx.supervisor import ScxConfigError, ScxSupervisor
 from temperd.config.daemon_config import ScxSettings
+from temperd.control.status import ScxStatsView
 from temperd.control.typed_json import to_json
 
 STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standins", "fake_scx_layered.py")
@@ -185,16 +186,16 @@ def test_start_writes_config_and_reads_stats_over_one_connection(env):
     assert len(env.events("stats-connect")) == 1
     assert 0 <= stats.total < 1000
     assert status.stats_age_s < 5
-    summary = summarize_stats(stats)
-    assert summary["system"]["busy"] == stats.busy and summary["layers"]["db"]["cur_nr_cpus"] == 2
-    assert "l_runq_lat_hist" not in summary["layers"]["db"]  # lists are not metrics
-    assert "cpus" not in summary["layers"]["db"] and stats.layers["db"].cpus is not None
+    summary = stats_view(stats)
+    assert summary.system["busy"] == stats.busy and summary.layers["db"]["cur_nr_cpus"] == 2
+    assert "l_runq_lat_hist" not in summary.layers["db"]  # lists are not metrics
+    assert summary.layers["db"]["cpus"] == sorted(stats.layers["db"].cpus)
 
 
 def test_stats_reply_tolerates_missing_and_unknown_fields():
-    assert summarize_stats(None) == {"system": {}, "layers": {}}
+    assert stats_view(None) == ScxStatsView({}, {})
     stats = SysStats.from_json({"busy": 1.5, "new_field": 3, "antistall": True, "layers": {"a": {"tasks": 4, "x": 1}}})
-    assert summarize_stats(stats) == {"system": {"busy": 1.5}, "layers": {"a": {"tasks": 4}}}
+    assert stats_view(stats) == ScxStatsView({"busy": 1.5}, {"a": {"tasks": 4, "cpus": []}})
     assert stats.antistall is None and stats.layers["a"].cpus is None  # a bool is not a count; no mask: unknown
     assert SysStats.from_json("garbage") == SysStats() and SysStats.from_json({"layers": []}).layers == {}
 

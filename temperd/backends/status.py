@@ -4,10 +4,9 @@ object (the daemon asks for it once per observation sample)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import Mapping, Optional
 
-if TYPE_CHECKING:
-    from temperd.backends.scx.status import ScxStatus
+from temperd.control.status import LayerScxView, ScxView
 
 NATIVE = "native"
 SCX = "scx"
@@ -19,7 +18,8 @@ class BackendStatus:
     # Settings temperd made that someone else changed afterwards, by kind, since the backend
     # started (cumulative; temperd leaves them as found). The native backend keeps this count.
     drift: Mapping[str, int] = field(default_factory=dict)
-    scx: Optional["ScxStatus"] = None  # the scx backend's own state; None under the native backend
+    scx: Optional[ScxView] = None  # the scx backend's own state; None under the native backend
+    scx_layers: Mapping[str, LayerScxView] = field(default_factory=dict)  # what scx_layered reports of each layer
 
     @property
     def safe_mode(self) -> bool:

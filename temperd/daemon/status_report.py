@@ -80,18 +80,17 @@ def layer_views(daemon: "DaemonState", backend: "BackendStatus") -> List[LayerVi
     """The plan's layers, each with what scx_layered reports of it (`scx`: its CPU use, the CPUs
     it holds) while scx_layered carries the plan; then the layers scx_layered has beyond the plan
     (the catch-all for every other task), marked `plan: false`."""
-    scx = backend.scx
-    carried = scx if scx is not None and scx.fallback_reason is None else None
+    carried = backend.scx_layers if backend.scx is not None and backend.scx.fallback_reason is None else None
 
     rows = [LayerView(name=l.name, kind=l.kind, treatment=l.treatment, ownership=l.holds_cpus, cpus=list(l.cpus),
                       members=len(l.selector.tids), plan=True,
-                      scx=carried.layer_view(l.name) if carried is not None else None)
+                      scx=carried.get(l.name) if carried is not None else None)
             for l in (daemon.plan.layers if daemon.plan else ())]
     planned = {row.name for row in rows}
     if carried is not None:
         rows.extend(LayerView(name=name, kind="Open", treatment="catch-all", ownership=None, cpus=[], members=None,
-                              plan=False, scx=carried.layer_view(name))
-                    for name in sorted(carried.layer_stats) if name not in planned)
+                              plan=False, scx=carried[name])
+                    for name in sorted(carried) if name not in planned)
     return rows
 
 
@@ -101,7 +100,7 @@ def backend_view(daemon: "DaemonState", backend: "BackendStatus") -> BackendView
     assert choice is not None
     return BackendView(requested=choice.requested, active=choice.active, reason=choice.reason,
                        carried_by=backend.carried_by, drift=dict(backend.drift),
-                       scx=backend.scx.view() if backend.scx is not None else None)
+                       scx=backend.scx)
 
 
 def status_line(daemon: "DaemonState") -> str:

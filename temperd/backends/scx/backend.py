@@ -30,10 +30,11 @@ from temperd.backends.native.backend import NativeBackend
 from temperd.backends.result import ApplyResult
 from temperd.backends.scx.render import Rendered, RenderError, render_plan
 from temperd.backends.scx.restarts import RestartPolicy
-from temperd.backends.scx.stats import describe, layer_cpus, summarize_stats
-from temperd.backends.scx.status import BACKOFF, RUNNING, ScxStatus
+from temperd.backends.scx.stats import layer_cpus, layer_views, stats_view
+from temperd.backends.scx.status import BACKOFF, RUNNING
 from temperd.backends.scx.supervisor import ScxConfigError, ScxSupervisor
 from temperd.backends.status import NATIVE, SCX, BackendStatus
+from temperd.control.status import ScxView
 
 log = logging.getLogger("temperd.backend")
 
@@ -133,20 +134,17 @@ class ScxBackend:
 
     def status(self) -> BackendStatus:
         latest = self.supervisor.stats()
-        stats = summarize_stats(latest)
-        scx = ScxStatus(
+        scx = ScxView(
             fallback_reason=self.fallback_reason,
             safe_mode=self.supervisor.safe_mode,
             safe_mode_reason=self.supervisor.safe_mode_reason,
-            render_notes=tuple(str(note) for note in self.rendered.notes) if self.rendered else (),
-            render_problems=tuple(self.render_problems),
-            supervisor=self.supervisor.status(),
-            system_stats=stats["system"],
-            layer_stats=stats["layers"],
-            layer_cpus={name: tuple(sorted(cpus)) for name, cpus in layer_cpus(latest).items()},
-            layer_text={name: describe(layer) for name, layer in (latest.layers if latest else {}).items()},
+            render_notes=[str(note) for note in self.rendered.notes] if self.rendered else [],
+            render_problems=list(self.render_problems),
+            scx_layered=self.supervisor.status(),
+            scx_stats=stats_view(latest),
         )
-        return BackendStatus(carried_by=self.carried_by, drift=self.native.drift_counts, scx=scx)
+        return BackendStatus(carried_by=self.carried_by, drift=self.native.drift_counts, scx=scx,
+                             scx_layers=layer_views(latest))
 
     # ---- falling back ----------------------------------------------------------------------------
 

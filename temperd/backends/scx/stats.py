@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional
 
+from temperd.control.status import LayerScxView, ScxStatsView
 from temperd.sources.shape import format_cpulist
 
 STATS_REQUEST = {"req": "stats", "args": {"target": "top"}}
@@ -94,12 +95,20 @@ class SysStats:
         return _numbers(self)
 
 
-def summarize_stats(stats: Optional[SysStats]) -> Dict[str, Any]:
-    """The numeric fields, {"system": {field: value}, "layers": {name: {field: value}}}, by
-    scx_layered's own field names, present where it reported them (for JSON and /metrics)."""
+def stats_view(stats: Optional[SysStats]) -> ScxStatsView:
+    """The numeric fields by scx_layered's own names, present where it reported them, host-wide
+    and per layer with the CPUs it holds (for JSON and /metrics)."""
     if stats is None:
-        return {"system": {}, "layers": {}}
-    return {"system": stats.numbers(), "layers": {name: layer.numbers() for name, layer in stats.layers.items()}}
+        return ScxStatsView({}, {})
+    return ScxStatsView(stats.numbers(), {name: {**layer.numbers(), "cpus": sorted(layer.cpus or ())}
+                                          for name, layer in stats.layers.items()})
+
+
+def layer_views(stats: Optional[SysStats]) -> Dict[str, LayerScxView]:
+    """Each layer's stats as shown beside the plan (`temperctl status`, /observe)."""
+    layers = stats.layers if stats is not None else {}
+    return {name: LayerScxView(layer.util, layer.tasks, layer.cur_nr_cpus, sorted(layer.cpus or ()), describe(layer))
+            for name, layer in layers.items()}
 
 
 def layer_cpus(stats: Optional[SysStats]) -> Dict[str, FrozenSet[int]]:
