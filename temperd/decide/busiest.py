@@ -39,6 +39,3 @@ class RankedProcesses:
 
     def pids(self) -> List[int]:
         return [pid for pids in self._pids.values() for pid in pids]
-
-
-__all__ = ["RankedProcesses"]

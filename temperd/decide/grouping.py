@@ -109,6 +109,3 @@ class Grouping:
             root = parent
             parent = procs[root].ppid
         return f"{pid_of}:pid{root}"
-
-
-__all__ = ["Grouping"]

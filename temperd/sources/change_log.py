@@ -38,6 +38,3 @@ class ChangeLog:
             out.update(pids)
             want = base
         return frozenset(out) if want == generation else None
-
-
-__all__ = ["ChangeLog"]
