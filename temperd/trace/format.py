@@ -42,9 +42,9 @@ HEADER_FIRST_LINE = "# tracer: nop"
 UNKNOWN_COMM = "<...>"
 UNKNOWN_TGID = "-------"
 
-# A line as the kernel prints it (trace and trace_pipe, with record-tgid on or off).
-KERNEL_LINE = re.compile(
-    r"^\s*(.*)-(\d+)\s+(?:\(\s*(\d+|-+)\)\s+)?\[(\d+)\]\s+(?:([a-zA-Z0-9.]{1,6})\s+)?(\d+\.\d+): ([^\s:]+): ?(.*)$")
+# A line's head as the kernel prints it (trace and trace_pipe, record-tgid on or off), the event's fields after
+# it; the comm is matched lazily up to the first "-TID (" or "-TID [" so names with dashes survive.
+LINE_HEAD = re.compile(r"\s*(.*?)-(\d+)\s+(?:\(\s*(\d+|-+)\)\s+)?\[(\d+)\]\s+(?:([a-zA-Z0-9.]{1,6})\s+)?(\d+)\.(\d+): ([^\s:]+): ?")
 
 # trace_pipe reports ring-buffer overruns in-line.
 LOST_LINE = re.compile(r"^CPU:(\d+) \[LOST (\d+) EVENTS\]")
@@ -224,13 +224,14 @@ class TraceWriter:
 
     def feed(self, line: str) -> None:
         """One kernel line (without its newline)."""
-        m = KERNEL_LINE.match(line)
+        m = LINE_HEAD.match(line)
         if m is None:
             lost = LOST_LINE.match(line)
             if lost:
                 self.stats.lost_events += int(lost.group(2))
             return
-        comm, tid_s, tgid_s, cpu_s, flags, ts, event, fields = m.groups()
+        comm, tid_s, tgid_s, cpu_s, flags, sec, frac, event = m.groups()
+        ts, fields = f"{sec}.{frac}", line[m.end():]
         tid = int(tid_s)
         names = self.names
         names.learn(event, fields)

@@ -14,11 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, IO, Iterable, List, Optional, Tuple, Union
 
-from temperd.trace.format import (FORK_FIELDS, RENAME_FIELDS, SWITCH_FIELDS, WAKE_FIELDS, event_lines, open_text)
+from temperd.trace.format import FORK_FIELDS, LINE_HEAD, RENAME_FIELDS, SWITCH_FIELDS, WAKE_FIELDS, event_lines, open_text
 
-# Line head: comm-tid, optional (tgid), [cpu], optional flags, seconds.fraction, event name.
-# The comm is matched lazily up to the first "-TID (" or "-TID [" so names with dashes survive.
-_HEAD = re.compile(r" *(.+?)-(\d+) +(?:\( *(\d+|-+)\) +)?\[(\d+)\] +(?:([a-zA-Z0-9.]{1,6}) +)?(\d+)\.(\d+): ([^\s:]+): ")
 _MIGRATE_FIELDS = re.compile(r"comm=.* pid=(\d+) prio=-?\d+ orig_cpu=(\d+) dest_cpu=(\d+)")
 # Third flag character: the event ran in hard or soft interrupt (or NMI) context.
 _IRQ_FLAGS = frozenset("hHsSzZ")
@@ -99,7 +96,7 @@ def _parse(lines: Union[IO[str], Iterable[str]]) -> TraceSummary:
     """One pass: each line's head read here, its event's fields by the _Parser's handler."""
     parser = _Parser()
     switch, waking, wakeup, lifecycle = parser.switch, parser.waking, parser.wakeup, parser.lifecycle
-    head_match = _HEAD.match
+    head_match = LINE_HEAD.match
     by_event, threads = parser.summary.by_event, parser.threads
     scale_for: Dict[int, int] = {}
     events = 0
