@@ -211,3 +211,52 @@ def test_only_workloads_or_layers_that_are_other_objects_are_looked_at(monkeypat
     b2 = workload("b.service", threads=6)
     journal.applied(MatchResult(workloads=[a, b2]), LayerPlan(layers=(layer_a, plan_for(b2).layers[0]), reserve_cpus=(0,)), Result())
     assert described == ["b.service"]
+
+
+class _Unwalked(list):
+    """A match's workloads that must not be walked over (the match says what it built again)."""
+
+    def __iter__(self):
+        raise AssertionError("the journal walked every workload")
+
+
+def test_a_match_that_says_what_it_built_again_gives_the_lines_of_a_full_comparison():
+    """Where a match follows the one of the last apply (its `since`), the journal reads its
+    `updated` and `ended` instead of every workload, and says exactly what comparing every one says."""
+    import random
+
+    draw = random.Random(3)
+    by_delta = Journal(logging.getLogger("test-journal-delta"), clock=Clock())
+    by_walk = Journal(logging.getLogger("test-journal-walk"), clock=Clock())
+    live, layers_of, listed = {}, {}, None
+    for step in range(300):
+        updated, ended = [], []
+        for key in sorted(live):
+            roll = draw.random()
+            if roll < 0.1:
+                del live[key], layers_of[key]
+                ended.append(key)
+            elif roll < 0.25:
+                live[key] = workload(key, threads=draw.randrange(1, 5))
+                layers_of[key] = plan_for(live[key], cpus=(draw.randrange(1, 3),)).layers
+                updated.append(live[key])
+            elif roll < 0.3:
+                updated.append(live[key])  # built again into the very object it was
+        for _ in range(draw.randrange(0, 3)):
+            key = f"w{draw.randrange(40)}.service"
+            if key not in live:
+                live[key] = workload(key, threads=draw.randrange(1, 5))
+                layers_of[key] = plan_for(live[key]).layers
+                updated.append(live[key])
+                if key in ended:
+                    ended.remove(key)
+        workloads = [live[key] for key in sorted(live)]
+        plan = LayerPlan(layers=tuple(layer for key in sorted(live) for layer in layers_of[key]), reserve_cpus=(0,))
+        restored = Result(restored={"nice": 1} if ended else None)
+        delta = MatchResult(workloads=_Unwalked(workloads) if listed is not None else workloads,
+                            since=listed, updated=tuple(updated), ended=tuple(ended))
+        said = by_delta.applied(delta, plan, restored)
+        assert said == by_walk.applied(MatchResult(workloads=list(workloads)), plan, restored), step
+        listed = delta.workloads
+        by_delta.clock.now += 7
+        by_walk.clock.now += 7

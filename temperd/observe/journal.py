@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Container, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from temperd.plan import CONFINED, EXCLUSIVE, YIELD, Layer, LayerPlan, layer_changes
 from temperd.sources.shape import format_cpulist
@@ -60,15 +60,6 @@ def describe_layer(layer: Layer) -> str:
     return ", ".join(parts)
 
 
-def _layers_by_workload(plan: LayerPlan, keys: Container[str]) -> Dict[str, List[Layer]]:
-    """These workloads' layers, in plan order: one pass over the plan per apply, not one per workload."""
-    out: Dict[str, List[Layer]] = {}
-    for layer in plan.layers:
-        if layer.workload in keys:
-            out.setdefault(layer.workload, []).append(layer)
-    return out
-
-
 def _treatment(workload, layers: Sequence[Layer]) -> Tuple[Tuple[str, int, str], ...]:
     out = []
     for layer in layers:
@@ -96,24 +87,26 @@ class Journal:
         self._suppressed = 0
         self._plan = LayerPlan(layers=(), reserve_cpus=())  # the last apply's plan
         self._workloads: Dict[str, Any] = {}  # the last apply's workloads, by key
+        self._listed: Optional[list] = None  # the last apply's match.workloads (the next match's `since`)
+        self._layers: Dict[str, List[Layer]] = {}  # the last apply's plan's layers, by workload, in plan order
 
     # ---- the events -----------------------------------------------------------------------------
 
     def applied(self, match, plan: LayerPlan, result=None, trigger: str = "") -> List[str]:
         """After an apply: workloads matched, treated (or treated differently), left; drift."""
         lines: List[Tuple[Tuple[str, str], str]] = []
-        current = {w.key: w for w in match.workloads}
         # Only workloads that are other objects than at the last apply, or whose layers are, can
         # have news (a match and a plan hand back the very objects they did not rebuild): the
-        # others are not looked at.
+        # others are not looked at, nor walked over where the match says what it built again.
         removed, added = layer_changes(self._plan, plan)
-        touched = {key for key, workload in current.items() if self._workloads.get(key) is not workload}
+        touched, ended = self._changed_workloads(match)
         touched.update(layer.workload for layer in (*removed, *added))
-        self._workloads = current
-        layers = _layers_by_workload(plan, touched)
+        self._index_layers(removed, added)
+        current, layers = self._workloads, self._layers
         said = set()  # workloads whose matched/left line already says their layers came or went
-        for key, workload in current.items():
-            if key not in touched:
+        for key in sorted(touched):
+            workload = current.get(key)
+            if workload is None:
                 continue
             before = self._seen.get(key)
             seen = _Seen(workload.profile_id, workload.tier, workload.source, _treatment(workload, layers.get(key, ())))
@@ -137,7 +130,7 @@ class Journal:
                                                  f"(was {before.profile or 'none'}, {before.tier})"))
             self._seen[key] = seen
         restored = dict(getattr(result, "restored", None) or {})
-        for key in [k for k in self._seen if k not in current]:
+        for key in ended:
             del self._seen[key]
             said.add(key)
             what = f"{_counts(restored)} setting(s) restored" if restored else "nothing left to restore"
@@ -151,6 +144,39 @@ class Journal:
             # keyed by what changed: a different change is news at once, the same one again is not
             lines.append(((change, "plan"), f"plan changed ({trigger or 'replan'}): {change}"))
         return self._emit(lines)
+
+    def _changed_workloads(self, match) -> Tuple[set, List[str]]:
+        """(the keys of workloads that are other objects than at the last apply, the keys of
+        those reported before that ended); the last apply's workloads kept up to date. From the
+        match's own account where it follows the last apply's match, else by comparing every one."""
+        since = getattr(match, "since", None)
+        if since is not None and since is self._listed:
+            updated = {w.key: w for w in match.updated}
+            touched = {key for key, w in updated.items() if self._workloads.get(key) is not w}
+            self._workloads.update(updated)
+            for key in match.ended:
+                self._workloads.pop(key, None)
+            ended = sorted(key for key in match.ended if key in self._seen and key not in updated)
+        else:
+            current = {w.key: w for w in match.workloads}
+            touched = {key for key, w in current.items() if self._workloads.get(key) is not w}
+            self._workloads = current
+            ended = sorted(key for key in self._seen if key not in current)
+        self._listed = match.workloads
+        return touched, ended
+
+    def _index_layers(self, removed: Sequence[Layer], added: Sequence[Layer]) -> None:
+        """Each workload's layers, kept from the last apply's by the plan's changes (plan order:
+        a plan appends the layers it makes)."""
+        gone = {id(layer) for layer in removed}
+        for key in {layer.workload for layer in removed}:
+            kept = [layer for layer in self._layers.get(key, ()) if id(layer) not in gone]
+            if kept:
+                self._layers[key] = kept
+            else:
+                self._layers.pop(key, None)
+        for layer in added:
+            self._layers.setdefault(layer.workload, []).append(layer)
 
     def reloaded(self, ok: bool, generation: int, trigger: str, summary: str = "",
                  problems: Sequence[str] = ()) -> List[str]:
