@@ -1,5 +1,5 @@
 """A running daemon's state made of the real typed parts (BackendStatus with scx_layered's,
-ReloadView, ApplyResult, InventoryStats, OverheadView, LintReport, a plan), without a daemon: what
+ReloadView, ApplyResult, InventoryView, OverheadView, LintReport, a plan), without a daemon: what
 status_report.build_status reads, for the typed status's tests."""
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ from temperd.backends.result import ApplyResult
 from temperd.backends.select import BackendChoice
 from temperd.backends.status import BackendStatus
 from temperd.config.errors import ConfigProblem
-from temperd.control.status import (ExitView, GapView, LayerScxView, LearnerView, ReloadView, ScxStatsView, ScxView,
-                                    SupervisorView)
+from temperd.control.status import (ExitView, GapView, InventoryView, LayerScxView, LearnerView, ReloadView,
+                                    ScxStatsView, ScxView, SupervisorView)
 from temperd.daemon import status_report
 from temperd.observe.linter import LintReport, Violation
 from temperd.control.status import OverheadView
 from temperd.plan import CONFINED, EXCLUSIVE, OPEN, OWNED, YIELD, Layer, LayerPlan, MemberSelector
-from temperd.sources.changes import InventoryStats
 
 
 def supervisor() -> SupervisorView:
@@ -68,10 +67,10 @@ def daemon(scx: bool = True) -> SimpleNamespace:
                          Violation("smt_collision", "web.hot", 102, "sibling busy"),
                          Violation("layer_mismatch", "web.rest", 100, "policy other"))),
         telemetry=SimpleNamespace(describe=lambda: "schedstat (bcc: not installed)"))
-    stats = InventoryStats(events_active=True, events_received=1234, events_lost=1, vanished=5, reconciles=3,
-                           last_reconcile_duration_s=0.05, last_reconcile_cpu_s=0.04, processes=12, threads=340,
-                           last_event_lag_s=0.001, max_event_lag_s=0.02, untracked=300, untracked_seen=900,
-                           bounded=0, event_filter="exec, exit")
+    stats = InventoryView(events_active=True, events_received=1234, events_lost=1, vanished=5, reconciles=3,
+                          last_reconcile_duration_s=0.05, last_reconcile_cpu_s=0.04, processes=12, threads=340,
+                          last_event_lag_s=0.001, max_event_lag_s=0.02, untracked=300, untracked_seen=900,
+                          bounded=0, event_filter="exec, exit")
     status = backend(scx)
     choice = BackendChoice("auto", "scx" if scx else "native", "scx_layered found" if scx else "no sched_ext")
     watch = SimpleNamespace(describe=lambda: LearnerView(2, 40, 0.5, 0.01, "history.json", 2048,

@@ -13,10 +13,9 @@ from click.testing import CliRunner
 import status_sample
 from temperctl import daemon_cmd
 from temperd.backends.result import ApplyResult
-from temperd.control.status import (ApplyView, InventoryView, OverheadView, ReloadView, Status, SupervisorView,
+from temperd.control.status import (ApplyView, OverheadView, ReloadView, Status, SupervisorView,
                                     WorkloadView)
 from temperd.control.typed_json import from_json, json_keys, to_json
-from temperd.sources.changes import InventoryStats
 
 TEXT = """\
 temperd 1.2.3: running (pid 77, up 60 s)
@@ -110,7 +109,7 @@ def test_the_daemon_side_refuses_a_field_its_view_would_drop():
 
 
 @pytest.mark.parametrize("view, source", [
-    (ApplyView, ApplyResult), (InventoryView, InventoryStats),
+    (ApplyView, ApplyResult),
 ], ids=lambda c: c.__name__)
 def test_each_view_has_the_fields_of_what_it_shows(view, source):
     assert json_keys(view) == tuple(f.name for f in dataclasses.fields(source))

@@ -185,22 +185,22 @@ class OverheadView:
 
 @dataclass(frozen=True)
 class InventoryView:
-    """Process events and /proc scans (sources/changes.py's InventoryStats)."""
+    """Process events and /proc scans, as the inventory (sources/inventory.py) counts them."""
     events_active: bool
     events_received: int
-    events_lost: int
-    vanished: int
+    events_lost: int  # receive-buffer overflows (ENOBUFS); each lost an unknown number of events
+    vanished: int  # tasks gone between event or listing and read: normal, counted only
     reconciles: int
     last_reconcile_duration_s: float
     last_reconcile_cpu_s: float
     processes: int
     threads: int
-    last_event_lag_s: float
+    last_event_lag_s: float  # kernel timestamp of the last event to its handling
     max_event_lag_s: float
-    untracked: int = 0
-    untracked_seen: int = 0
-    bounded: int = 0
-    event_filter: str = ""
+    untracked: int = 0  # processes no profile, binding or marker can match: known by their leader only
+    untracked_seen: int = 0  # programs turned down since start (each look cost the reads the candidate index asks, no plan)
+    bounded: int = 0  # an untrusted owner's processes and threads not read (sources/tracking.py's bounds)
+    event_filter: str = ""  # which process events the kernel delivers (proc_connector)
 
 
 @dataclass(frozen=True)

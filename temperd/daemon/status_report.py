@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from temperd import __version__
 from temperd.config import safe_regex
-from temperd.control.status import (ApplyView, BackendView, InventoryView, LayerView, ProblemView,
+from temperd.control.status import (ApplyView, BackendView, LayerView, ProblemView,
                                     ProfilesView, Status, WorkloadView)
 from temperd.control.typed_json import from_json, to_json
 
@@ -44,7 +44,7 @@ def build_status(daemon: "DaemonState") -> Optional[Status]:
             lint=sampler.lint.summary(),
             telemetry=sampler.telemetry.describe(),
             overhead=observation.overhead if observation is not None else None,  # the observer measures an OverheadView
-            inventory=_typed(InventoryView, daemon.inventory.stats),
+            inventory=daemon.inventory.stats,
             candidates=daemon.inventory.gate.describe,
             replans=daemon.replans,
             learner=daemon.learner.describe() if daemon.learner is not None else None,
@@ -127,5 +127,5 @@ def _view(cls, data) -> Any:
 
 
 def _typed(cls, value) -> Any:
-    """A dataclass of another layer (ApplyResult, InventoryStats) as its view; None stays None."""
+    """A dataclass of another layer (ApplyResult) as its view; None stays None."""
     return _view(cls, dataclasses.asdict(value)) if value is not None else None

@@ -1,6 +1,6 @@
 """What the inventory reports: after each batch of events or scan, the changes it made to the
-store (one kind per way a process or thread can come, go or change) and a scan's summary; and
-its counters (InventoryStats)."""
+store (one kind per way a process or thread can come, go or change) and a scan's summary. Its
+counters are the typed status's InventoryView (control/status.py)."""
 
 from __future__ import annotations
 
@@ -45,22 +45,3 @@ class ReconcileSummary:
             f"{self.processes} processes, {self.threads} threads; {counts or 'no changes'}; "
             f"{self.cpu_s * 1e3:.1f} ms CPU"
         )
-
-
-@dataclass(frozen=True)
-class InventoryStats:
-    events_active: bool
-    events_received: int
-    events_lost: int  # receive-buffer overflows (ENOBUFS); each lost an unknown number of events
-    vanished: int  # tasks gone between event or listing and read: normal, counted only
-    reconciles: int
-    last_reconcile_duration_s: float
-    last_reconcile_cpu_s: float
-    processes: int
-    threads: int
-    last_event_lag_s: float  # kernel timestamp of the last event to its handling
-    max_event_lag_s: float
-    untracked: int = 0  # processes no profile, binding or marker can match: known by their leader only
-    untracked_seen: int = 0  # programs turned down since start (each look cost the reads the candidate index asks, no plan)
-    bounded: int = 0  # an untrusted owner's processes and threads not read (sources/tracking.py's bounds)
-    event_filter: str = ""  # which process events the kernel delivers (proc_connector)

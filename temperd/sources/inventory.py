@@ -20,9 +20,10 @@ import logging
 import time
 from typing import Callable, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
+from temperd.control.status import InventoryView
 from temperd.sources import procfs
 from temperd.sources.changes import (CHANGE_KINDS, EXEC, EXIT, NEW_PROCESS, NEW_THREAD, RENAME, REUSED, UPDATE,
-                                     Change, InventoryStats, ReconcileSummary)
+                                     Change, ReconcileSummary)
 from temperd.sources.facts import ProcessFacts, ThreadFacts
 from temperd.sources.process_store import InventorySnapshot, ProcessRecord, ProcessStore
 from temperd.sources.proc_connector import Batch, ConnectorUnavailable, ProcConnector, ProcEvent
@@ -33,7 +34,7 @@ from temperd.sources.tracking import Tracker
 from temperd.sources.title_rechecks import TITLE_RECHECKS_S, TitleRechecks
 
 __all__ = ["CHANGE_KINDS", "EXEC", "EXIT", "NEW_PROCESS", "NEW_THREAD", "RENAME", "REUSED", "UPDATE", "Change",
-           "Inventory", "InventoryStats", "ReconcileSummary"]
+           "Inventory", "ReconcileSummary"]
 
 log = logging.getLogger("temperd.sources.inventory")
 
@@ -192,8 +193,8 @@ class Inventory:
         return self._store.changed_since(generation)
 
     @property
-    def stats(self) -> InventoryStats:
-        return InventoryStats(
+    def stats(self) -> InventoryView:
+        return InventoryView(
             events_active=self.events_active,
             events_received=self._events_received,
             events_lost=self._events_lost,
