@@ -37,7 +37,8 @@ from typing import Dict, List, Optional, Sequence
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (HostMonitor, NoiseLimits, host_description, median, running_temperd,  # noqa: E402
                     tree_command, wait_for_quiet)
-from interleaved import arguments, arm_order, daemon_counts, grown, needs_root, num, quieter_of_two, report  # noqa: E402
+from interleaved import (arguments, arm_order, daemon_counts, grown, needs_root, num, quieter_of_two,  # noqa: E402
+                         ratio_verdict, report)
 
 SPEED_GOAL = 0.98
 CACHE = os.path.join(os.path.expanduser("~"), ".cache", "temperd-bench", "src")
@@ -201,9 +202,7 @@ def verdicts(runs: Sequence[Dict[str, object]]) -> List[str]:
     ours = [r for r in runs if r["arm"] == "temperd" and r["daemon_cpu_s"] is not None]
     out = []
     if ratios:
-        out.append(f"build speed with temperd >= {SPEED_GOAL}x stock's: "
-                   f"{'PASS' if median(ratios) >= SPEED_GOAL else 'MISS'} (median {median(ratios):.3f}x; rounds "
-                   f"{', '.join(f'{x:.3f}' for x in ratios)})")
+        out.append(ratio_verdict("build speed", SPEED_GOAL, ratios))
     if ours:
         cpu = [float(r["daemon_cpu_s"]) for r in ours]  # type: ignore[arg-type]
         share = [float(r["daemon_share_of_build_pct"]) for r in ours]  # type: ignore[arg-type]

@@ -47,7 +47,8 @@ from typing import Dict, List, Optional, Sequence
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (HostMonitor, NoiseLimits, host_description, median, running_temperd,  # noqa: E402
                     tree_command, wait_for_quiet)
-from interleaved import arguments, arm_order, daemon_counts, grown, needs_root, num, quieter_of_two, report  # noqa: E402
+from interleaved import (arguments, arm_order, daemon_counts, grown, needs_root, num, quieter_of_two,  # noqa: E402
+                         ratio_verdict, report)
 import servers as S  # noqa: E402  (tests/servers.py: real servers on loopback; common puts tests/ on sys.path)
 
 from temperd.control import client  # noqa: E402
@@ -350,8 +351,7 @@ def verdicts(runs: Sequence[Dict[str, object]]) -> List[str]:
     within = sum(int(r[f"{kind}_within"]) for r in ours for kind in ("slow", "fast"))  # type: ignore[arg-type]
     out = []
     if ratios:
-        out.append(f"tps with temperd >= {TPS_GOAL}x stock's: {'PASS' if median(ratios) >= TPS_GOAL else 'MISS'} "
-                   f"(median {median(ratios):.3f}x; rounds {', '.join(f'{x:.3f}' for x in ratios)})")
+        out.append(ratio_verdict("tps", TPS_GOAL, ratios))
     if cpu:
         out.append(f"temperd <= {CPU_GOAL_PCT:g} % of a core: {'PASS' if max(cpu) <= CPU_GOAL_PCT else 'MISS'} "
                    f"(median {median(cpu):.1f} %, max {max(cpu):.1f} %)")

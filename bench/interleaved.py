@@ -11,7 +11,7 @@ import subprocess
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from common import host_description, wait_for_quiet
+from common import host_description, median, wait_for_quiet
 
 ARMS = ("stock", "temperd")
 
@@ -66,6 +66,12 @@ def grown(before: Dict[str, Optional[int]], after: Dict[str, Optional[int]]) -> 
 
 def num(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
+
+
+def ratio_verdict(what: str, goal: float, ratios: Sequence[float]) -> str:
+    """The goal on the median of the rounds' temperd/stock ratios, with each round's."""
+    return (f"{what} with temperd >= {goal}x stock's: {'PASS' if median(ratios) >= goal else 'MISS'} "
+            f"(median {median(ratios):.3f}x; rounds {', '.join(f'{x:.3f}' for x in ratios)})")
 
 
 def needs_root() -> bool:
