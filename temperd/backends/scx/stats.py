@@ -51,14 +51,8 @@ class LayerStats:
 
     @classmethod
     def from_json(cls, data: Any) -> "LayerStats":
-        if not isinstance(data, Mapping):
-            return cls()
-        values = {f.name: _number(data.get(f.name)) for f in fields(cls) if f.name != "cpus"}
-        return cls(**values, cpus=_mask(data.get("cpus")))
-
-    def numbers(self) -> Dict[str, float]:
-        """The numeric fields it reported, by scx_layered's own names (for /metrics and JSON)."""
-        return _numbers(self)
+        data = data if isinstance(data, Mapping) else {}
+        return cls(**_read_numbers(cls, data, "cpus"), cpus=_mask(data.get("cpus")))
 
 
 @dataclass(frozen=True)
@@ -84,15 +78,10 @@ class SysStats:
 
     @classmethod
     def from_json(cls, data: Any) -> "SysStats":
-        if not isinstance(data, Mapping):
-            return cls()
-        values = {f.name: _number(data.get(f.name)) for f in fields(cls) if f.name != "layers"}
+        data = data if isinstance(data, Mapping) else {}
         layers = data.get("layers")
         parsed = {str(k): LayerStats.from_json(v) for k, v in sorted(layers.items())} if isinstance(layers, Mapping) else {}
-        return cls(**values, layers=parsed)
-
-    def numbers(self) -> Dict[str, float]:
-        return _numbers(self)
+        return cls(**_read_numbers(cls, data, "layers"), layers=parsed)
 
 
 def stats_view(stats: Optional[SysStats]) -> ScxStatsView:
@@ -100,7 +89,7 @@ def stats_view(stats: Optional[SysStats]) -> ScxStatsView:
     and per layer with the CPUs it holds (for JSON and /metrics)."""
     if stats is None:
         return ScxStatsView({}, {})
-    return ScxStatsView(stats.numbers(), {name: {**layer.numbers(), "cpus": sorted(layer.cpus or ())}
+    return ScxStatsView(_numbers(stats), {name: {**_numbers(layer), "cpus": sorted(layer.cpus or ())}
                                           for name, layer in stats.layers.items()})
 
 
@@ -131,7 +120,13 @@ def _number(value: Any) -> Optional[float]:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _read_numbers(cls: type, data: Mapping, other: str) -> Dict[str, Optional[float]]:
+    """A reply's numeric fields, each None where missing or not a number; `other` is read apart."""
+    return {f.name: _number(data.get(f.name)) for f in fields(cls) if f.name != other}
+
+
 def _numbers(stats: Any) -> Dict[str, float]:
+    """The numeric fields it reported, by scx_layered's own names (for /metrics and JSON)."""
     return {f.name: getattr(stats, f.name) for f in fields(stats) if _number(getattr(stats, f.name)) is not None}
 
 
