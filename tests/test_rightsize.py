@@ -154,7 +154,8 @@ def _asleep_for_good(pid: int) -> None:
     busy host it may still be on its way from the print into time.sleep when the line arrives)."""
     def runtime_if_asleep():
         stat = procfs.read_process_stat(pid)
-        return procfs.read_runtime_ns(pid, pid) if stat is not None and stat.state == "S" else None
+        schedstat = procfs.read_schedstat(pid, pid) if stat is not None and stat.state == "S" else None
+        return schedstat.run_ns if schedstat is not None else None
     seen = [runtime_if_asleep()]
 
     def settled():

@@ -150,12 +150,12 @@ class ProcessStore:
                 continue
             changed = False
             for tid, info in list(proc.threads.items()):
-                runtime = procfs.read_runtime_ns(pid, tid)
-                if runtime is None:
+                stat = procfs.read_schedstat(pid, tid)
+                if stat is None:
                     vanished += 1
                     continue
-                if runtime != info.runtime_ns:
-                    proc.threads[tid] = dataclasses.replace(info, runtime_ns=runtime)
+                if stat.run_ns != info.runtime_ns:
+                    proc.threads[tid] = dataclasses.replace(info, runtime_ns=stat.run_ns)
                     changed = True
             if changed:
                 self.touch(proc)

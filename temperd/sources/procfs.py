@@ -265,12 +265,6 @@ def read_thread_stats(pid: int) -> Optional[Dict[int, TaskStat]]:
     return stats
 
 
-def read_runtime_ns(pid: int, tid: int) -> Optional[int]:
-    """Time the thread has run on a CPU, in ns (first field of schedstat)."""
-    stat = read_schedstat(pid, tid)
-    return stat[0] if stat else None
-
-
 class Schedstat(NamedTuple):
     """/proc/PID/task/TID/schedstat: the thread's time on a CPU and waiting on a runqueue."""
 
