@@ -2,8 +2,7 @@
 (`status`) and a training observation are written and read with (a dict keyed by int comes
 back with int keys). Fields keep their declared order; a dataclass field marked
 FLATTEN writes its fields into its parent's object (absent where it is None). Reading ignores
-keys it does not know (a newer sender's) unless strict, and a missing key without a default is
-a KeyError."""
+keys it does not know (a newer sender's), and a missing key without a default is a KeyError."""
 
 from __future__ import annotations
 
@@ -35,14 +34,11 @@ def to_json(value: Any) -> Any:
     return value
 
 
-def from_json(cls: Type[T], data: Any, strict: bool = False) -> T:
+def from_json(cls: Type[T], data: Any) -> T:
     """An instance of the dataclass cls from what to_json() wrote. KeyError, TypeError or
-    ValueError where data is not one; strict: a key cls has no field for is a KeyError too
-    (the sender's own view of its data, which must not lose a field)."""
+    ValueError where data is not one."""
     if not isinstance(data, dict):
         raise TypeError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
-    if strict and set(data) - set(json_keys(cls)):
-        raise KeyError(f"{cls.__name__} has no field for {sorted(set(data) - set(json_keys(cls)))}")
     hints = _hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
@@ -50,9 +46,9 @@ def from_json(cls: Type[T], data: Any, strict: bool = False) -> T:
             inner = _optional_of(hints[f.name])
             first = dataclasses.fields(inner)[0].name
             own = {k: v for k, v in data.items() if k in json_keys(inner)}
-            kwargs[f.name] = from_json(inner, own, strict) if first in data else None
+            kwargs[f.name] = from_json(inner, own) if first in data else None
         elif f.name in data:
-            kwargs[f.name] = _decode(hints[f.name], data[f.name], f.name, strict)
+            kwargs[f.name] = _decode(hints[f.name], data[f.name], f.name)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
             raise KeyError(f"{cls.__name__}.{f.name}")
     return cls(**kwargs)  # type: ignore[call-arg]
@@ -67,23 +63,23 @@ def json_keys(cls: type) -> Tuple[str, ...]:
     return tuple(keys)
 
 
-def _decode(tp: Any, value: Any, where: str, strict: bool) -> Any:
+def _decode(tp: Any, value: Any, where: str) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Union:
         if value is None and type(None) in args:
             return None
-        return _decode(_optional_of(tp), value, where, strict)
+        return _decode(_optional_of(tp), value, where)
     if dataclasses.is_dataclass(tp):
-        return from_json(tp, value, strict)
+        return from_json(tp, value)
     if origin in (list, tuple):
         if not isinstance(value, list):
             raise TypeError(f"{where}: expected a list, got {type(value).__name__}")
-        return [_decode(args[0], v, where, strict) for v in value] if args else list(value)
+        return [_decode(args[0], v, where) for v in value] if args else list(value)
     if origin is dict:
         if not isinstance(value, dict):
             raise TypeError(f"{where}: expected an object, got {type(value).__name__}")
         key = int if args and args[0] is int else str  # JSON's keys are strings
-        return {key(k): _decode(args[1], v, where, strict) for k, v in value.items()} if args else dict(value)
+        return {key(k): _decode(args[1], v, where) for k, v in value.items()} if args else dict(value)
     if tp in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise TypeError(f"{where}: expected a number, got {type(value).__name__}")
     if tp is str and not isinstance(value, str):

@@ -13,7 +13,7 @@ from temperd import __version__
 from temperd.config import safe_regex
 from temperd.control.status import (ApplyView, BackendView, LayerView, ProblemView,
                                     ProfilesView, Status, WorkloadView)
-from temperd.control.typed_json import from_json, to_json
+from temperd.control.typed_json import to_json
 
 if TYPE_CHECKING:
     from temperd.backends.status import BackendStatus
@@ -36,11 +36,11 @@ def build_status(daemon: "DaemonState") -> Optional[Status]:
             last_reload=daemon.last_reload,
             backend=backend_view(daemon, backend), machine_shape=view.shape.describe(),
             profiles=ProfilesView(loaded=sorted(pset.active),
-                                  failed=[_view(ProblemView, p.as_dict()) for p in pset.problems],
+                                  failed=[ProblemView(**p.as_dict()) for p in pset.problems],
                                   disabled_patterns=dict(safe_regex.disabled_patterns())),
             workloads=[workload_view(w) for w in daemon.match.workloads],
             layers=layer_views(daemon, backend),
-            last_apply=_typed(ApplyView, daemon.last_apply),
+            last_apply=ApplyView(**dataclasses.asdict(daemon.last_apply)) if daemon.last_apply is not None else None,
             lint=sampler.lint.summary(),
             telemetry=sampler.telemetry.describe(),
             overhead=observation.overhead if observation is not None else None,  # the observer measures an OverheadView
@@ -119,13 +119,3 @@ def workload_view(workload) -> WorkloadView:
     return WorkloadView(key=workload.key, profile=workload.profile_id, tier=workload.tier, budget=workload.budget,
                         source=workload.source, reason=workload.reason, pids=list(workload.pids),
                         threads=len(workload.threads), groups=groups)
-
-
-def _view(cls, data) -> Any:
-    """A part of the daemon's state as its view: a field the view lacks is an error, never dropped."""
-    return from_json(cls, data, strict=True)
-
-
-def _typed(cls, value) -> Any:
-    """A dataclass of another layer (ApplyResult) as its view; None stays None."""
-    return _view(cls, dataclasses.asdict(value)) if value is not None else None
