@@ -21,7 +21,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from temperd.sources.inventory import RENAME, Inventory  # noqa: E402
+from temperd.sources.changes import RENAME  # noqa: E402
+from temperd.sources.inventory import Inventory  # noqa: E402
 from temperd.sources.shape import online_cpus  # noqa: E402
 
 HOLDER = r"""

@@ -19,7 +19,8 @@ import pytest
 from driven import spawn_at_pid
 from temperd.sources import procfs
 from temperd.sources.facts import system_unit_of, unit_from_cgroup
-from temperd.sources.inventory import (EXEC, EXIT, NEW_PROCESS, NEW_THREAD, RENAME, REUSED, UPDATE, Change, Inventory)
+from temperd.sources.changes import EXEC, EXIT, NEW_PROCESS, NEW_THREAD, RENAME, REUSED, UPDATE, Change
+from temperd.sources.inventory import Inventory
 from temperd.sources.proc_connector import ConnectorUnavailable, ProcConnector
 from thread_children import wait_until
 

@@ -559,7 +559,7 @@ def test_ended_threads_leave_the_backends_picture_between_whole_applies(backends
     """Under an unchanged plan the host's picture (what the autogroup pass walks) keeps the size
     of the host: threads that ended are dropped, not kept until the next whole apply."""
     from temperd.daemon.daemon import _ended_threads
-    from temperd.sources.inventory import EXIT, NEW_PROCESS, Change
+    from temperd.sources.changes import EXIT, NEW_PROCESS, Change
 
     srv, job, batch, other = server
     backend = backends(tmp_path)

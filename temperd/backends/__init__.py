@@ -53,6 +53,3 @@ class Backend(Protocol):
 
     def retry(self) -> bool:
         """After a reload: try again what was given up (scx safe mode). True when something was."""
-
-
-__all__ = ["ApplyResult", "Backend", "BackendStatus"]

@@ -26,7 +26,7 @@ from temperd import __version__
 from temperd.backends import Backend, BackendStatus
 from temperd.backends.select import BackendChoice, make_backend
 from temperd.config.daemon_config import DEFAULT_CONFIG_DIR, DaemonConfig
-from temperd.config.errors import ConfigError, ConfigProblem
+from temperd.config.errors import ConfigError
 from temperd.config.label_key import load_label_key
 from temperd.control.status import ReloadView, Status
 from temperd.daemon import status_report
@@ -446,6 +446,3 @@ def _new_threads(changes, snapshot) -> List[Any]:
             if proc is not None:
                 out.update(proc.threads)
     return list(out.values())
-
-
-__all__ = ["Daemon", "StartupError", "ConfigProblem", "describe_error"]

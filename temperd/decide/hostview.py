@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable, Collection, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from temperd.config.daemon_config import (DEFAULT_CONFIG_DIR, DaemonConfig, check_binding_profiles, load_config)
-from temperd.config.errors import ConfigError, ConfigProblem
+from temperd.config.errors import ConfigProblem
 from temperd.decide.trust import trust_policy
 from temperd.decide.matcher import Matcher, MatchResult, Workload
 from temperd.plan import LayerPlan
@@ -78,6 +78,3 @@ def decide(view: HostView, matcher: Matcher, processes: Iterable,
 def all_profiles(view: HostView, matcher: Matcher) -> Dict[str, Profile]:
     """The profiles a plan is made of: the host's and the runtime bindings' (per process)."""
     return {**view.profiles.active, **matcher.runtime_profiles()}
-
-
-__all__ = ["ConfigError", "HostView", "all_profiles", "decide", "load_host_view", "make_matcher", "planner_settings"]

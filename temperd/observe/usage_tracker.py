@@ -29,8 +29,8 @@ from temperd.observe import workload_window as W
 from temperd.observe.usage_history import ThreadSample, UsageHistory
 from temperd.sources import cgroups, nvml, procfs, psi, rapl
 from temperd.sources.proc_io import read_process_io
-from temperd.sources.procfs import read_affinity
-from temperd.sources.task_counters import CLOCK_TICKS, read_process_counters, read_task_counters
+from temperd.sources.procfs import CLOCK_TICKS, read_affinity
+from temperd.sources.task_counters import read_process_counters, read_task_counters
 
 RERANK_S = 60.0
 # A workload whose own cgroup used no CPU for this long rests (module docstring): longer than the idle

@@ -12,7 +12,7 @@ from temperd.decide import classify as C
 from temperd.sources.nvml import WorkloadGpu
 from temperd.sources.psi import PressureTotals
 from temperd.sources.rapl import Energy
-from temperd.sources.task_counters import CLOCK_TICKS
+from temperd.sources.procfs import CLOCK_TICKS
 
 ACTIVE_THREAD_CPUS = 0.01  # a thread using less than 1 % of a CPU does not count toward capacity
 STALLED_THREAD_SHARE = 0.25  # a busy thread sampled in D this often stalls rather than computes

@@ -22,8 +22,7 @@ from typing import Callable, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from temperd.control.status import InventoryView
 from temperd.sources import procfs
-from temperd.sources.changes import (CHANGE_KINDS, EXEC, EXIT, NEW_PROCESS, NEW_THREAD, RENAME, REUSED, UPDATE,
-                                     Change, ReconcileSummary)
+from temperd.sources.changes import Change, ReconcileSummary
 from temperd.sources.facts import ProcessFacts, ThreadFacts
 from temperd.sources.process_store import InventorySnapshot, ProcessRecord, ProcessStore
 from temperd.sources.proc_connector import Batch, ConnectorUnavailable, ProcConnector, ProcEvent
@@ -32,9 +31,6 @@ from temperd.sources.light import Gate
 from temperd.sources.scan import scan
 from temperd.sources.tracking import Tracker
 from temperd.sources.title_rechecks import TITLE_RECHECKS_S, TitleRechecks
-
-__all__ = ["CHANGE_KINDS", "EXEC", "EXIT", "NEW_PROCESS", "NEW_THREAD", "RENAME", "REUSED", "UPDATE", "Change",
-           "Inventory", "ReconcileSummary"]
 
 log = logging.getLogger("temperd.sources.inventory")
 
@@ -302,4 +298,3 @@ class Inventory:
             return
         for listener in list(self._listeners):
             listener(changes)
-

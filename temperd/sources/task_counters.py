@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 from temperd.sources import procfs
-from temperd.sources.procfs import CLOCK_TICKS
 
 
 class TaskCounters(NamedTuple):
@@ -36,6 +35,3 @@ def read_process_counters(pid: int) -> Optional[TaskCounters]:
     """The whole process (its state is the leader's)."""
     data = procfs.read_bytes(f"{procfs.PROC}/{pid}/stat", 2048, single=True)
     return parse_counters(data) if data else None
-
-
-__all__ = ["CLOCK_TICKS", "TaskCounters", "parse_counters", "read_process_counters", "read_task_counters"]
