@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from temperctl.scx_cmd import scx
-from temperd.backends.scx.validate import ERROR, RULES, WARNING, validate_config, validate_file
+from temperd.backends.scx.checks.problems import ERROR, RULES, WARNING
+from temperd.backends.scx.validate import validate_config, validate_file
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 EXAMPLES = sorted(glob.glob(os.path.join(FIXTURES, "scx_examples", "*.json")))

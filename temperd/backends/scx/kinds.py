@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from temperd.backends.scx.validate import MAX_WEIGHT
+from temperd.backends.scx.checks.spec import MAX_WEIGHT
 from temperd.plan import CONFINED, EXCLUSIVE, GROUPED, LATENCY, OPEN, OWNED, YIELD, Layer
 
 FIXED_UTIL_RANGE = [0.0, 1.0]  # required for Confined/Grouped; with min = max CPUs it never resizes

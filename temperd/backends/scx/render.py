@@ -39,7 +39,8 @@ from typing import List, Optional, Sequence, Tuple
 
 from temperd.plan import OPEN, Layer, LayerPlan
 from temperd.backends.scx.kinds import exclusive_count, partial_cores, render_kind
-from temperd.backends.scx.validate import MAX_COMM_BYTES, MAX_LAYERS, MAX_ORS, errors_of, validate_config
+from temperd.backends.scx.checks.spec import MAX_COMM_BYTES, MAX_LAYERS, MAX_ORS
+from temperd.backends.scx.validate import errors_of, validate_config
 
 CATCH_ALL_NAME = "rest"
 GLOB_CHARS = "*?["

@@ -18,15 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from temperd.backends.scx.checks.problems import ERROR, RULES, WARNING, Problem
-from temperd.backends.scx.checks.spec import (MAX_ANDS, MAX_CGROUP_REGEXES, MAX_COMM_BYTES, MAX_HINT, MAX_LAYERS,
-                                              MAX_NAME_BYTES, MAX_ORS, MAX_PATH_BYTES, MAX_PERF, MAX_WEIGHT)
+from temperd.backends.scx.checks.problems import RULES, Problem  # RULES: temperctl lists them from here
 from temperd.backends.scx.checks.top_level import check_config
-
-# What callers import from here (render.py and kinds.py take the limits, temperctl the rules).
-__all__ = ["ERROR", "WARNING", "RULES", "Problem", "MAX_ANDS", "MAX_CGROUP_REGEXES", "MAX_COMM_BYTES", "MAX_HINT",
-           "MAX_LAYERS", "MAX_NAME_BYTES", "MAX_ORS", "MAX_PATH_BYTES", "MAX_PERF", "MAX_WEIGHT", "parse_text",
-           "validate_text", "validate_file", "validate_config", "errors_of"]
 
 
 class _DuplicateKey(ValueError):
