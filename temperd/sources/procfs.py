@@ -337,14 +337,15 @@ def read_affinity(tid: int, pid: Optional[int] = None) -> Optional[FrozenSet[int
             if exc.errno in _QUIET:
                 return None
             raise
-    data = read_bytes(f"{PROC}/{pid if pid is not None else tid}/task/{tid}/status")
-    if not data:
-        return None
-    marker = data.find(b"Cpus_allowed_list:")
-    if marker < 0:
-        return None
-    line = data[marker + len(b"Cpus_allowed_list:") :].split(b"\n", 1)[0]
-    return frozenset(parse_cpulist(line.decode("ascii", "replace")))
+    path = f"{PROC}/{pid if pid is not None else tid}/task/{tid}/status"
+    cpus = status_fields(read_bytes(path)).get(b"Cpus_allowed_list")
+    return frozenset(parse_cpulist(cpus.decode("ascii", "replace"))) if cpus is not None else None
+
+
+def status_fields(data: Optional[bytes]) -> Dict[bytes, bytes]:
+    """A status file's `Key:\tvalue` lines as {Key: value}; {} for None."""
+    pairs = (line.split(b":", 1) for line in kernel_lines(data or b"") if b":" in line)
+    return {key: value.strip() for key, value in pairs}
 
 
 # The system calls that make a process or thread, by machine (the generic table: arm64, riscv64, ...).

@@ -34,7 +34,6 @@ import shutil
 from dataclasses import dataclass, field
 from typing import IO, Dict, Iterable, Iterator, Optional, Set, Tuple
 
-from temperd.files import kernel_lines
 from temperd.sources import procfs
 from temperd.text import printable, printable_lines
 
@@ -109,14 +108,9 @@ class NameBook:
 def _tgid_from_proc(tid: int) -> Optional[int]:
     if tid == 0:
         return 0
-    data = procfs.read_bytes(f"{procfs.PROC}/{tid}/status")
-    if not data:
-        return None
-    marker = data.find(b"\nTgid:")
-    if marker < 0:
-        return None
+    tgid = procfs.status_fields(procfs.read_bytes(f"{procfs.PROC}/{tid}/status")).get(b"Tgid")
     try:
-        return int(data[marker + 6:].split(b"\n", 1)[0])
+        return int(tgid) if tgid is not None else None
     except ValueError:
         return None
 
@@ -147,10 +141,9 @@ def header(notes: Dict[str, str]) -> str:
 def process_row(pid: int, names: "NameBook") -> str:
     """One PROCESS DUMP row: Perfetto takes the 2nd and 3rd tokens as pid and ppid, the 9th as
     the process name and the rest as its command line; the columns between are placeholders."""
-    status = procfs.read_bytes(f"{procfs.PROC}/{pid}/status") or b""
-    found = dict(line.split(b":", 1) for line in kernel_lines(status) if b":" in line)
-    name = (found.get(b"Name", b"").strip().decode("utf-8", "replace") or names.comm.get(pid) or f"pid{pid}")
-    ppid = int(found.get(b"PPid", b"0").strip() or 0)
+    found = procfs.status_fields(procfs.read_bytes(f"{procfs.PROC}/{pid}/status"))
+    name = (found.get(b"Name", b"").decode("utf-8", "replace") or names.comm.get(pid) or f"pid{pid}")
+    ppid = int(found.get(b"PPid", b"0") or 0)
     try:
         user = pwd.getpwuid(int(found.get(b"Uid", b"0").split()[0])).pw_name
     except (KeyError, ValueError, IndexError):

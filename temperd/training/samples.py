@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from temperd.files import kernel_lines
 from temperd.sources import procfs
 from temperd.sources.cgroups import cpu_quota
 
@@ -75,14 +74,8 @@ def workload_pids(root_pid: Optional[int], unit: Optional[str]) -> List[int]:
 
 
 def _switches(pid: int, tid: int) -> tuple:
-    data = procfs.read_bytes(f"{procfs.PROC}/{pid}/task/{tid}/status", 4096)
-    voluntary = involuntary = 0
-    for line in kernel_lines(data or b""):
-        if line.startswith(b"voluntary_ctxt_switches:"):
-            voluntary = int(line.split()[1])
-        elif line.startswith(b"nonvoluntary_ctxt_switches:"):
-            involuntary = int(line.split()[1])
-    return voluntary, involuntary
+    found = procfs.status_fields(procfs.read_bytes(f"{procfs.PROC}/{pid}/task/{tid}/status", 4096))
+    return int(found.get(b"voluntary_ctxt_switches", 0)), int(found.get(b"nonvoluntary_ctxt_switches", 0))
 
 
 class Sampler:
