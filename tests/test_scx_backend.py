@@ -365,7 +365,7 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
         os.kill(killed, signal.SIGKILL)
         wait_for(lambda: not alive(killed), WAIT_S, "the killed scx_layered gone")
         fake_sysfs(standin.sysfs, "disabled")  # what the kernel does when a BPF scheduler's process dies
-        wait_for(lambda: daemon.backend_status().safe_mode, 30, "safe mode")
+        wait_for(lambda: daemon.backend_status().scx.safe_mode, 30, "safe mode")
         wait_for(lambda: nice_of(app.pid, app.pid) == -6, WAIT_S, "the native backend treating the rest group")
         status = json.loads(temperctl("status", "--json", "--socket", socket_path).stdout)
         assert status["backend"]["carried_by"] == "native" and "exited 2 times" in status["backend"]["fallback_reason"]
@@ -378,7 +378,7 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
         standin.monkeypatch.delenv("FAKE_SCX_CRASH_AFTER")
         assert temperctl("reload", "--socket", socket_path).returncode == 0
         wait_for(lambda: daemon.backend_status().carried_by == "scx", WAIT_S, "scx_layered carrying again")
-        assert daemon.backend_status().scx.scx_layered.state == "running" and not daemon.backend_status().safe_mode
+        assert daemon.backend_status().scx.scx_layered.state == "running" and not daemon.backend_status().scx.safe_mode
         assert nice_of(app.pid, app.pid) == 0  # the native fallback's settings put back
     finally:
         daemon.request("stop", "test")

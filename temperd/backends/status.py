@@ -20,8 +20,3 @@ class BackendStatus:
     drift: Mapping[str, int] = field(default_factory=dict)
     scx: Optional[ScxView] = None  # the scx backend's own state; None under the native backend
     scx_layers: Mapping[str, LayerScxView] = field(default_factory=dict)  # what scx_layered reports of each layer
-
-    @property
-    def safe_mode(self) -> bool:
-        """scx_layered given up on (a crash loop or a refusal): the native backend carries the plan."""
-        return self.scx is not None and self.scx.safe_mode

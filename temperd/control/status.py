@@ -100,6 +100,7 @@ class BackendView:
 
     @property
     def safe_mode(self) -> bool:
+        """scx_layered given up on (a crash loop or a refusal): the native backend carries the plan."""
         return self.scx is not None and self.scx.safe_mode
 
 
