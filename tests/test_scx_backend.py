@@ -357,7 +357,7 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
         second = standin.attaches()[1]["specs"]
         (hot_kind,) = [s["kind"] for s in second if s["name"].endswith(".hot")]
         assert list(hot_kind) == ["Open"] and hot_kind["Open"]["preempt"] is True
-        wait_for(lambda: "temperd_scx_restarts_total 1.0" in daemon.metrics_text().decode(), WAIT_S, "the restart metric")
+        wait_for(lambda: "temperd_scx_restarts_total 1.0" in daemon.metrics.exposition().decode(), WAIT_S, "the restart metric")
 
         # Crash loop: the running scx_layered is killed, the next one crashes right after attaching.
         standin.monkeypatch.setenv("FAKE_SCX_CRASH_AFTER", "0.1")
@@ -370,8 +370,8 @@ def test_daemon_runs_scx_layered_restarts_on_change_and_falls_back_after_a_crash
         status = json.loads(temperctl("status", "--json", "--socket", socket_path).stdout)
         assert status["backend"]["carried_by"] == "native" and "exited 2 times" in status["backend"]["fallback_reason"]
         assert "SAFE MODE" in temperctl("status", "--socket", socket_path).stdout
-        wait_for(lambda: "temperd_safe_mode 1.0" in daemon.metrics_text().decode(), WAIT_S, "the safe-mode metric")
-        assert 'temperd_backend_info{backend="native"} 1.0' in daemon.metrics_text().decode()
+        wait_for(lambda: "temperd_safe_mode 1.0" in daemon.metrics.exposition().decode(), WAIT_S, "the safe-mode metric")
+        assert 'temperd_backend_info{backend="native"} 1.0' in daemon.metrics.exposition().decode()
         assert daemon.observe_json()["backend"]["carried_by"] == "native"
 
         # The operator fixes the cause and reloads: scx_layered carries the plan again.

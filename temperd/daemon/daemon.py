@@ -120,7 +120,7 @@ class Daemon:
             self.label_key = _label_key(view)
             _cleanup_stale_traces()
             try:
-                self.services.bind(self.config, ControlCommands(self).handlers(), self.metrics_text,
+                self.services.bind(self.config, ControlCommands(self).handlers(), self.metrics.exposition,
                                    self.observe_json)
             except OSError as exc:
                 raise StartupError(f"error: {exc.strerror or exc}") from None
@@ -345,9 +345,6 @@ class Daemon:
             if self.sampler is not None and self.sampler.observation is None:
                 self.observe(wait=True)
             return status_report.observe_json(self)
-
-    def metrics_text(self) -> bytes:
-        return self.metrics.exposition()
 
     def backend_status(self) -> BackendStatus:
         with self.lock:
