@@ -1,6 +1,6 @@
 """scx_layered's stats reply as temperd reads it (typed after its stats.rs) and shows it."""
 
-from temperd.backends.scx.stats import LayerStats, SysStats, describe, layer_cpus, layer_views, stats_view
+from temperd.backends.scx.stats import LayerStats, SysStats, describe, layer_cpus, scx_layer_views, stats_view
 from temperd.control.status import LayerScxView
 
 # A reply shaped like scx_layered 1.1.2's (fields trimmed; one it does not have yet).
@@ -39,6 +39,6 @@ def test_each_layer_described_as_status_shows_it():
 
 
 def test_layer_view_puts_the_stats_beside_a_plan_layer():
-    views = layer_views(SysStats.from_json(REPLY))
+    views = scx_layer_views(SysStats.from_json(REPLY))
     assert views["rest"] == LayerScxView(util_pct=37.2, tasks=39, cpus_held=2, cpus=[2, 3], text="37% of a CPU on 2-3")
-    assert "not.there" not in views and layer_views(None) == {}
+    assert "not.there" not in views and scx_layer_views(None) == {}

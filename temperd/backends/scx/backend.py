@@ -30,7 +30,7 @@ from temperd.backends.native.backend import NativeBackend
 from temperd.backends.result import ApplyResult
 from temperd.backends.scx.render import Rendered, RenderError, render_plan
 from temperd.backends.scx.restarts import RestartPolicy
-from temperd.backends.scx.stats import layer_cpus, layer_views, stats_view
+from temperd.backends.scx.stats import layer_cpus, scx_layer_views, stats_view
 from temperd.backends.scx.status import BACKOFF, RUNNING
 from temperd.backends.scx.supervisor import ScxConfigError, ScxSupervisor
 from temperd.backends.status import NATIVE, SCX, BackendStatus
@@ -144,7 +144,7 @@ class ScxBackend:
             scx_stats=stats_view(latest),
         )
         return BackendStatus(carried_by=self.carried_by, drift=self.native.drift_counts, scx=scx,
-                             scx_layers=layer_views(latest))
+                             scx_layers=scx_layer_views(latest))
 
     # ---- falling back ----------------------------------------------------------------------------
 

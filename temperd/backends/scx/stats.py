@@ -93,7 +93,7 @@ def stats_view(stats: Optional[SysStats]) -> ScxStatsView:
                                           for name, layer in stats.layers.items()})
 
 
-def layer_views(stats: Optional[SysStats]) -> Dict[str, LayerScxView]:
+def scx_layer_views(stats: Optional[SysStats]) -> Dict[str, LayerScxView]:
     """Each layer's stats as shown beside the plan (`temperctl status`, /observe)."""
     layers = stats.layers if stats is not None else {}
     return {name: LayerScxView(layer.util, layer.tasks, layer.cur_nr_cpus, sorted(layer.cpus or ()), describe(layer))
