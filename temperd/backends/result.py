@@ -47,10 +47,6 @@ class ApplyResult:
                     said.add(text)
                     self.unsupported.append(text)
 
-    @property
-    def ok(self) -> bool:
-        return not self.failed
-
     def summary(self) -> str:
         def fmt(table: Dict[str, int]) -> str:
             return ", ".join(f"{k} {v}" for k, v in sorted(table.items())) or "none"
@@ -72,7 +68,3 @@ class DriftRecord:
     def add(self, found: Mapping[str, int]) -> None:
         for kind, n in found.items():
             _add(self.counts, kind, n)
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
