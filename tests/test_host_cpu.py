@@ -33,3 +33,16 @@ def test_this_host():
     stat = host_cpu.read_stat()
     assert len(stat.total) == 8 and stat.per_cpu and stat.boot_time > 0
 
+
+
+def test_idle_shares_are_a_window_of_idle_seconds(monkeypatch):
+    """The learner's and the observer's reading of each CPU's idle share since their last sample."""
+    readings = iter([host_cpu.parse_stat(STAT), host_cpu.parse_stat(STAT.replace(b"cpu2 5 1 3 300", b"cpu2 5 1 3 %d" % (300 + CLOCK_TICKS // 2))),
+                     host_cpu.parse_stat(STAT)])
+    monkeypatch.setattr(host_cpu, "read_stat", lambda: next(readings))
+    times = iter([10.0, 11.0, 11.0])
+    shares = host_cpu.IdleShares(clock=lambda: next(times))
+    assert shares() is None  # no window yet
+    second = shares()
+    assert second == [0.0, 0.0, 0.5]  # CPU 2 idle half of the second between; CPU 1 is not online
+    assert shares() is None  # no time passed: no window

@@ -83,7 +83,7 @@ class WorkloadLearner:
         self._next_metrics = 0.0
         self._saved_at = time.monotonic()
         self._short_warned_at = -SHORT_WARN_EVERY_S
-        self._idle_mark: Optional[Tuple[List[float], float]] = None  # (idle seconds per CPU, monotonic time) at the last sample
+        self._idle_shares = host_cpu.IdleShares()  # each CPU's idle share since the last sample
         self.last_sample_cpu_s = 0.0
         self.cpu_s_total = 0.0  # this thread's CPU for samples since start (its whole cost)
         self.samples = 0
@@ -171,17 +171,9 @@ class WorkloadLearner:
 
     # ---- one sample -----------------------------------------------------------------------------
 
-    def _idle_by_cpu(self) -> Optional[List[float]]:
-        """Each CPU's idle share since the previous sample (None at the first)."""
-        idle, at = host_cpu.idle_seconds(host_cpu.read_stat()), time.monotonic()
-        before, self._idle_mark = self._idle_mark, (idle, at)
-        if before is None or at <= before[1] or len(before[0]) != len(idle):
-            return None
-        return [max(0.0, min(1.0, (now - then) / (at - before[1]))) for now, then in zip(idle, before[0])]
-
     def sample_once(self, now: float) -> None:
         started = time.thread_time()
-        idle_by_cpu = self._idle_by_cpu()
+        idle_by_cpu = self._idle_shares()
         workloads, plan, profiles = self.current()
         with self.lock:
             self._labels = workload_labels(workloads, lambda w: self._own_cgroup(w, now))

@@ -102,7 +102,7 @@ class Observer:
         self.process_ticks = ProcessTicks()
         self._last_at: Optional[float] = None
         self._last_self_cpu = self._self_cpu()
-        self._last_idle: List[float] = []  # each CPU's idle seconds since boot at the previous sample
+        self._idle_shares = host_cpu.IdleShares()
 
     @staticmethod
     def _self_cpu() -> float:
@@ -131,18 +131,11 @@ class Observer:
         layers = [self._layer_stats(layer, samples) for layer in plan.layers]
         latency = self.telemetry.end_window(plan) if self.telemetry is not None else None
         self._last_at = wall
-        cpu_idle = self._cpu_idle(window)
+        shares = self._idle_shares()
         overhead = self._overhead(cpu_start, window)
         return Observation(now if now is not None else time.time(), self._shape_json(), layers, samples,
-                           psi.host_fields("cpu"), overhead, unmanaged, latency, cpu_idle)
-
-    def _cpu_idle(self, window: float) -> Dict[int, float]:
-        idle = host_cpu.idle_seconds(host_cpu.read_stat())
-        before, self._last_idle = self._last_idle, idle
-        if window <= 0 or len(before) != len(idle):
-            return {}
-        return {cpu: round(min(1.0, max(0.0, (now - then) / window)), 3)
-                for cpu, (now, then) in enumerate(zip(idle, before))}
+                           psi.host_fields("cpu"), overhead, unmanaged, latency,
+                           dict(enumerate(shares)) if shares else {})
 
     def _busiest_unmanaged(self, plan: LayerPlan, processes: Mapping[int, object], window: float,
                            watched: Set[Tuple[int, int]]) -> Tuple[List[dict], Set[int]]:

@@ -4,8 +4,9 @@ one) and when the host booted. The one reader of the file."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from temperd.files import kernel_lines
 from temperd.sources.procfs import CLOCK_TICKS, PROC, read_file
@@ -48,3 +49,19 @@ def idle_seconds(stat: HostStat) -> List[float]:
     size = max(stat.per_cpu, default=-1) + 1
     return [(stat.per_cpu[cpu][IDLE] + stat.per_cpu[cpu][IOWAIT]) / CLOCK_TICKS if cpu in stat.per_cpu else 0.0
             for cpu in range(size)]
+
+
+class IdleShares:
+    """Each CPU's share of the time since the previous call that it sat idle, by CPU number:
+    idle_seconds read as a window. None at the first call, or where CPUs came or went between."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._mark: Optional[Tuple[List[float], float]] = None  # (idle seconds per CPU, clock) at the last call
+
+    def __call__(self) -> Optional[List[float]]:
+        idle, at = idle_seconds(read_stat()), self._clock()
+        before, self._mark = self._mark, (idle, at)
+        if before is None or at <= before[1] or len(before[0]) != len(idle):
+            return None
+        return [max(0.0, min(1.0, (now - then) / (at - before[1]))) for now, then in zip(idle, before[0])]
