@@ -215,11 +215,19 @@ def test_wait_meter_adds_up_schedstat_and_sees_a_crowded_cpu():
 def test_wait_meter_keeps_a_process_that_exited():
     meter = T.WaitMeter()
     meter.start()
-    proc = subprocess.Popen([sys.executable, "-c", SPIN, "0.3"])
+    # The child spins 0.3 s, says so, and exits only when told: the meter's last reading while it lives
+    # is taken after the spin, however late this process gets the CPU on a crowded host.
+    child = SPIN + "print('spun', flush=True)\nsys.stdin.read()\n"
+    proc = subprocess.Popen([sys.executable, "-c", child, "0.3"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
     meter.follow("client", proc.pid)
-    while proc.poll() is None:
-        meter.sample()
-        time.sleep(0.02)
+    meter.sample()
+    assert proc.stdout.readline() == "spun\n"
+    meter.sample()
+    proc.stdin.close()
+    proc.wait(timeout=10)
+    proc.stdout.close()
+    meter.sample()
     found = meter.stop()["client"]
     # It spun for 0.3 s of wall time: running or waiting for a CPU all along, read before it exited.
     assert found.run_s > 0.01 and found.run_s + found.wait_s > 0.2, found
