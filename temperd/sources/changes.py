@@ -16,12 +16,11 @@ RENAME = "rename"
 EXIT = "exit"
 REUSED = "reused"
 UPDATE = "update"
-CHANGE_KINDS = (NEW_PROCESS, NEW_THREAD, EXEC, RENAME, EXIT, REUSED, UPDATE)
 
 
 @dataclass(frozen=True)
 class Change:
-    kind: str  # one of CHANGE_KINDS
+    kind: str  # one of the kinds above
     pid: int
     tid: Optional[int] = None  # None: the change concerns the whole process
     comm: Optional[str] = None  # new_thread, rename: the thread's name
@@ -38,10 +37,3 @@ class ReconcileSummary:
 
     def count(self, kind: str) -> int:
         return sum(1 for change in self.changes if change.kind == kind)
-
-    def describe(self) -> str:
-        counts = ", ".join(f"{k} {self.count(k)}" for k in CHANGE_KINDS if self.count(k))
-        return (
-            f"{self.processes} processes, {self.threads} threads; {counts or 'no changes'}; "
-            f"{self.cpu_s * 1e3:.1f} ms CPU"
-        )
