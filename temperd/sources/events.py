@@ -74,7 +74,6 @@ class EventApplier:
 
     def _on_process_appeared(self, pid: int, changes: List[Change]) -> None:
         old = self._store.procs.get(pid)
-        leader = None
         if old is not None:
             leader = procfs.read_task_stat(pid, pid)
             if leader is None:
@@ -82,16 +81,7 @@ class EventApplier:
                 return
             if old.start_time == leader.start_time:
                 return  # already known (a scan saw it first)
-            proc = self._store.read_process(pid)
-        else:
-            proc = self._tracker.read_new(pid)
-            if proc is LIGHT:
-                return
-        if proc is None:
-            self.vanished += 1
-            return
-        self._store.install(proc)  # type: ignore[arg-type]
-        changes.append(Change(REUSED if old is not None else NEW_PROCESS, pid))
+        self._on_exec(pid, changes)  # read whole as at an exec: a new process, or its pid reused
 
     def _on_exec(self, pid: int, changes: List[Change]) -> None:
         old = self._store.procs.get(pid)
