@@ -42,43 +42,32 @@ def pressure_fields(text: str) -> Dict[str, Dict[str, float]]:
     return out
 
 
-def host_fields(resource: str = "cpu", directory: str = HOST_DIR) -> Optional[Dict[str, Dict[str, float]]]:
-    """The host's pressure file for one resource, every field (averages and totals); None where
-    the kernel has none or it cannot be read."""
-    text = read_stripped(os.path.join(directory, resource))
-    try:
-        return pressure_fields(text) if text else None
-    except ValueError:
-        return None
-
-
-def _read(path: str) -> Optional[PressureTotals]:
+def _parsed(path: str, parse):
+    """A pressure file parsed; None where the kernel has none, it cannot be read or holds garbage."""
     text = read_stripped(path)
     try:
-        return parse_pressure(text) if text else None
+        return parse(text) if text else None
     except ValueError:
         return None
+
+
+def host_fields(resource: str = "cpu", directory: str = HOST_DIR) -> Optional[Dict[str, Dict[str, float]]]:
+    """The host's pressure file for one resource, every field (averages and totals)."""
+    return _parsed(os.path.join(directory, resource), pressure_fields)
+
+
+def _totals(directory: str, suffix: str) -> Dict[str, PressureTotals]:
+    totals = {resource: _parsed(os.path.join(directory, resource + suffix), parse_pressure) for resource in RESOURCES}
+    return {resource: value for resource, value in totals.items() if value is not None}
 
 
 def host_pressure(directory: str = HOST_DIR) -> Dict[str, PressureTotals]:
     """resource -> totals; empty where the kernel has no PSI (psi=0, CONFIG_PSI off)."""
-    out = {}
-    for resource in RESOURCES:
-        totals = _read(os.path.join(directory, resource))
-        if totals is not None:
-            out[resource] = totals
-    return out
+    return _totals(directory, "")
 
 
 def cgroup_pressure(cgroup: str, root: str = CGROUP_ROOT) -> Dict[str, PressureTotals]:
     """resource -> totals of one cgroup (its v2 path); empty where it has no pressure files
     (no cgroup v2 tree, the root cgroup, a kernel without PSI)."""
     directory = v2_dir(cgroup, root)
-    if directory is None:
-        return {}
-    out = {}
-    for resource in RESOURCES:
-        totals = _read(os.path.join(directory, f"{resource}.pressure"))
-        if totals is not None:
-            out[resource] = totals
-    return out
+    return _totals(directory, ".pressure") if directory is not None else {}
