@@ -21,7 +21,6 @@ from temperd.observe import usage_tracker, learner
 from temperd.observe.usage_history import ThreadSample, UsageHistory
 from temperd.observe.learner import WorkloadLearner
 from temperd.sources import procfs
-from temperd.sources.task_counters import TaskCounters
 
 DAY = 86400.0
 
@@ -326,9 +325,10 @@ def test_a_process_is_timed_by_its_own_read_not_by_the_late_samplers_pass(tmp_pa
 
     def counters(pid):
         read_at[0] = next(reads)
-        return TaskCounters("R", int(round(read_at[0] * usage_tracker.CLOCK_TICKS)), 0, 0, 1, "app")
+        return procfs.TaskStat(comm="app", state="R", ppid=1, flags=0, nice=0, start_time=1, last_cpu=0, policy=0,
+                               cpu_ticks=int(round(read_at[0] * usage_tracker.CLOCK_TICKS)))
 
-    monkeypatch.setattr(usage_tracker, "read_process_counters", counters)
+    monkeypatch.setattr(usage_tracker, "read_process_stat", counters)
     monkeypatch.setattr(usage_tracker.cgroups, "cpu_usage_us", lambda cgroup: None)
     history = UsageHistory(str(tmp_path / "h.json"), DAY, 16)
     settings = LearnerSettings(history_file=str(tmp_path / "h.json"), rightsizing=True)

@@ -29,8 +29,7 @@ from temperd.observe import workload_window as W
 from temperd.observe.usage_history import ThreadSample, UsageHistory
 from temperd.sources import cgroups, nvml, procfs, psi, rapl
 from temperd.sources.proc_io import read_process_io
-from temperd.sources.procfs import CLOCK_TICKS, read_affinity
-from temperd.sources.task_counters import read_process_counters, read_task_counters
+from temperd.sources.procfs import CLOCK_TICKS, read_affinity, read_process_stat, read_task_stat
 
 RERANK_S = 60.0
 # A workload whose own cgroup used no CPU for this long rests (module docstring): longer than the idle
@@ -190,7 +189,7 @@ class UsageTracker:
         residual = 0.0
         elapsed = None
         for pid in w.pids:
-            counters = read_process_counters(pid)
+            counters = read_process_stat(pid)
             if counters is None:
                 t.processes.pop(pid, None)
                 continue
@@ -241,7 +240,7 @@ class UsageTracker:
         cpus = run_cpus = asked = 0.0
         hungry = False
         sched = procfs.read_schedstat(thread.pid, tid)
-        task = read_task_counters(thread.pid, tid)
+        task = read_task_stat(thread.pid, tid)
         if sched is None or task is None or task.start_time != thread.start_time:
             return None
         read_at = self.clock()  # this thread's own interval: the sampler itself may be delayed
@@ -295,7 +294,7 @@ class UsageTracker:
                 kept[tid] = t.kept[tid]
                 continue
             pid, comm, group = groups[tid]
-            task = read_task_counters(pid, tid)
+            task = read_task_stat(pid, tid)
             if task is not None:
                 kept[tid] = _Thread(pid, task.start_time, comm, group)
         t.kept = kept

@@ -1,5 +1,5 @@
 """Delay accounting (kernel.task_delayacct): whether the kernel counts each task's block I/O delay
-(the delayacct_blkio_ticks of its stat, read by task_counters). temperd never switches it on: it
+(the delayacct_blkio_ticks of its stat, read by procfs). temperd never switches it on: it
 costs every task switch on the host, and that is the operator's choice (sysctl, or the
 `delayacct` boot option)."""
 

@@ -198,30 +198,28 @@ def parse_stat(data: bytes) -> TaskStat:
     )
 
 
+def _read_stat(path: str) -> Optional[TaskStat]:
+    """A stat file parsed; None if the task is gone, the file not ours to read or not a stat line."""
+    try:
+        return parse_stat(read_file(path, 2048, single=True))
+    except (ProcReadError, ValueError, IndexError):
+        return None
+
+
 def read_process_stat(pid: int) -> Optional[TaskStat]:
     """/proc/PID/stat: the whole process (its CPU ticks count every thread, dead ones too; its
-    state is the leader's); None if gone or not a stat line."""
-    data = read_bytes(f"{PROC}/{pid}/stat", 2048, single=True)
-    if not data:
-        return None
-    try:
-        return parse_stat(data)
-    except (ValueError, IndexError):
-        return None
+    state is the leader's)."""
+    return _read_stat(f"{PROC}/{pid}/stat")
 
 
 def read_thread_stat(tid: int) -> Optional[TaskStat]:
-    """stat of a thread known only by its id (/proc/TID resolves any thread id); None if gone."""
-    data = read_bytes(f"{PROC}/{tid}/stat", 2048, single=True)
-    return parse_stat(data) if data else None
+    """stat of a thread known only by its id (/proc/TID resolves any thread id)."""
+    return _read_stat(f"{PROC}/{tid}/stat")
 
 
 def read_task_stat(pid: int, tid: int) -> Optional[TaskStat]:
     """stat of one thread (the per-task file: /proc/PID/stat sums over all threads and costs more)."""
-    data = read_bytes(f"{PROC}/{pid}/task/{tid}/stat", 2048, single=True)
-    if not data:
-        return None
-    return parse_stat(data)
+    return _read_stat(f"{PROC}/{pid}/task/{tid}/stat")
 
 
 def read_thread_stats(pid: int) -> Optional[Dict[int, TaskStat]]:
