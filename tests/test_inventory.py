@@ -4,6 +4,7 @@ and repaired by scans."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -550,13 +551,12 @@ def test_parse_stat_with_an_awkward_name():
 
 
 def test_a_cgroups_quota_is_read_once_between_scans_and_again_after_one():
-    from temperd.sources.cgroups import QuotaCache
     from temperd.sources.process_store import ProcessStore
     from temperd.sources.scan import scan
 
     reads = []
     store = ProcessStore()
-    store.quotas = QuotaCache(lambda cgroup: reads.append(cgroup) or 1.5)
+    store.quotas = functools.cache(lambda cgroup: reads.append(cgroup) or 1.5)
     scan(store)
     mine = store.procs[os.getpid()]
     assert mine.on_demand.cpu_quota("/a") == 1.5 and mine.on_demand.cpu_quota("/a") == 1.5

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Callable, Dict, FrozenSet, Optional, Tuple
+from typing import FrozenSet, Optional, Tuple
 
 from temperd.files import kernel_lines, read_stripped
 
@@ -43,25 +43,6 @@ def cpu_quota(cgroup: str, root: str = CGROUP_ROOT) -> Optional[float]:
                 return None
             return q / p if q > 0 and p > 0 else None
     return None
-
-
-class QuotaCache:
-    """Each cgroup's CPU quota, read once between scans: the processes of a fork storm share a
-    cgroup, and each new one otherwise opened up to four files for it. The scan clears it (an
-    operator may have set a quota since)."""
-
-    def __init__(self, read: Callable[[str], Optional[float]] = cpu_quota) -> None:
-        self._read = read
-        self._known: Dict[str, Optional[float]] = {}
-
-    def __call__(self, cgroup: str) -> Optional[float]:
-        if cgroup not in self._known:
-            self._known[cgroup] = self._read(cgroup)
-        return self._known[cgroup]
-
-    def clear(self) -> None:
-        self._known.clear()
-
 
 
 def v2_dir(cgroup: str, root: str = CGROUP_ROOT) -> Optional[str]:

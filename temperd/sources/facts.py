@@ -15,9 +15,9 @@ from typing import Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 class OnDemand:
     """The facts of one program image that only some decisions need, read the first time one
     asks: a variable of its environment (an environment binding; kept), and its cgroup's CPU
-    quota (a workload's budget; kept per cgroup by the inventory's cgroups.QuotaCache, which a
-    scan clears: an operator may change it). The inventory makes one per (pid, start time, exec
-    count), so an exec reads the new environment."""
+    quota (a workload's budget; kept per cgroup by the inventory's store, which a scan clears: an
+    operator may change it). The inventory makes one per (pid, start time, exec count), so an
+    exec reads the new environment."""
 
     __slots__ = ("_read_environ", "_read_quota", "_environ")
 

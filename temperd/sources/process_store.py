@@ -44,7 +44,10 @@ class ProcessStore:
         self._cached: Optional[InventorySnapshot] = None
         self._changed: Set[int] = set()  # pids touched, installed or removed since the cached snapshot
         self._log = ChangeLog()  # the pids each snapshot made again: changed_since's
-        self.quotas = cgroups.QuotaCache()
+        # Each cgroup's CPU quota, read once between scans (a scan clears it: an operator may have
+        # set one since): the processes of a fork storm share a cgroup, and each new one otherwise
+        # opened up to four files for it.
+        self.quotas = functools.cache(cgroups.cpu_quota)
         self.light: Dict[int, LightRecord] = {}  # processes not tracked: no thread of theirs is read
         self.removed: Callable[[int], None] = lambda pid: None  # told of each tracked process removed
 
@@ -217,7 +220,7 @@ class ProcessRecord:
         self.execs = 0
         self.threads: Dict[int, ThreadFacts] = {}
         self.frozen: Optional[ProcessFacts] = None
-        self.quotas = quotas  # the store's, shared: cgroups.QuotaCache
+        self.quotas = quotas  # the store's, shared
         self.on_demand = _on_demand(pid, quotas)
         self.unreadable: Tuple[str, ...] = ()
 

@@ -21,7 +21,7 @@ def scan(store: ProcessStore, tracker: Optional[Tracker] = None) -> List[Change]
     tracker = tracker if tracker is not None else Tracker(store)
     changes: List[Change] = []
     seen = set()
-    store.quotas.clear()  # an operator may have set one since
+    store.quotas.cache_clear()  # an operator may have set one since
     for pid in procfs.list_pids():
         old = store.procs.get(pid)
         if old is not None:
