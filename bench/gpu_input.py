@@ -116,6 +116,7 @@ def tracked_workload(root: int):
 
 def run(workers: int, seconds: float, cpu: bool, settle: float) -> dict:
     from temperd.config.daemon_config import LearnerSettings
+    from temperd.control.typed_json import to_json
     from temperd.observe.learner import WorkloadLearner
     from temperd.sources import nvml
     from temperd.sources.shape import online_cpus
@@ -136,7 +137,7 @@ def run(workers: int, seconds: float, cpu: bool, settle: float) -> dict:
         time.sleep(2.5)
         if reader is not None:
             try:
-                readings.append(reader.read().to_json())
+                readings.append(to_json(reader.read()))
             except nvml.NvmlError as exc:
                 why, reader = f"read failed: {exc}", None
         if time.monotonic() - started >= seconds - 4:  # while it still trains

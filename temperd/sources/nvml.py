@@ -6,8 +6,8 @@ memory-bandwidth use (the share of time device memory was read or written), both
 sample period; and per process holding a device, its own shares over the samples since the
 previous reading (nvmlDeviceGetProcessUtilization) and the device memory it holds. Where the
 driver keeps no per-process samples (NOT_SUPPORTED: MIG, some vGPUs) a device's figures go to its
-one process, and a device shared by several is left unattributed. Readings turn into JSON and back,
-so a recorded one can stand in for a GPU in tests.
+one process, and a device shared by several is left unattributed. Readings turn into JSON and back
+(control/typed_json), so a recorded one can stand in for a GPU in tests.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ import glob
 import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
-
-from temperd.control.typed_json import to_json
 
 LIBRARY = "libnvidia-ml.so.1"  # the name the driver package installs; what NVML users dlopen
 
@@ -68,9 +66,6 @@ class GpuReading:
     at: float  # wall-clock seconds
     devices: Tuple[DeviceGpu, ...]
     processes: Tuple[ProcessGpu, ...]
-
-    def to_json(self) -> dict:
-        return to_json(self)
 
 
 @dataclass(frozen=True)
