@@ -38,9 +38,8 @@ class ConnectorUnavailable(Exception):
 class ProcConnector:
     """A subscribed process-events socket. Not thread-safe; one per inventory."""
 
-    def __init__(self, rcvbuf_bytes: int = DEFAULT_RCVBUF, event_filter: bool = True):
+    def __init__(self, rcvbuf_bytes: int = DEFAULT_RCVBUF):
         self.rcvbuf_bytes = rcvbuf_bytes
-        self.want_filter = event_filter
         self.filter = "none"  # which event types the kernel delivers to this socket, said for status
         self._filtered = False
         self._sock: Optional[socket.socket] = None
@@ -85,9 +84,7 @@ class ProcConnector:
         sock.send(_control_message(PROC_CN_MCAST_LISTEN, cookie))
         self._wait_for_ack(sock, cookie, ack_timeout_s)
         release = kernel_release()
-        if not self.want_filter:
-            self.filter = "none (not asked for)"
-        elif release < FILTER_SINCE:
+        if release < FILTER_SINCE:
             self.filter = (f"none: Linux {release[0]}.{release[1]} has no event-type filter (since "
                            f"{FILTER_SINCE[0]}.{FILTER_SINCE[1]}); every event type delivered")
         else:
@@ -198,10 +195,3 @@ class ProcConnector:
         except OSError:
             pass
         sock.close()
-
-    def __enter__(self) -> "ProcConnector":
-        self.open()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
