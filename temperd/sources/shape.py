@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
 from temperd.files import kernel_lines
 
@@ -21,6 +21,7 @@ UNKNOWN_MODEL = "unknown"
 
 _CPULIST_ITEM = re.compile(r"^(\d+)(?:-(\d+))?$")
 
+T = TypeVar("T")
 SYSFS_ROOT = "/sys"  # where the CPU topology is read; tests and `--sysfs` give a fixture tree
 
 
@@ -120,18 +121,11 @@ def _read(path: str, expected: str) -> str:
         raise ShapeError(f"{path}: cannot read ({exc.strerror}); expected {expected}") from None
 
 
-def _read_int(path: str, expected: str) -> int:
+def _read_as(parse: Callable[[str], T], path: str, expected: str) -> T:
+    """The file's content parsed (int, parse_cpulist); ShapeError naming the file where it is not that."""
     text = _read(path, expected)
     try:
-        return int(text)
-    except ValueError:
-        raise ShapeError(f"{path}: expected {expected}, found {text[:60]!r}") from None
-
-
-def _read_cpulist(path: str, expected: str = "a CPU list like '0-3,8'") -> Tuple[int, ...]:
-    text = _read(path, expected)
-    try:
-        return parse_cpulist(text)
+        return parse(text)
     except ValueError:
         raise ShapeError(f"{path}: expected {expected}, found {text[:60]!r}") from None
 
@@ -141,13 +135,13 @@ def _read_cores(cpu_dir: str, online: Sequence[int]) -> Tuple[Core, ...]:
     by_siblings: Dict[Tuple[int, ...], Tuple[int, int]] = {}
     for cpu in online:
         topo = os.path.join(cpu_dir, f"cpu{cpu}", "topology")
-        core_id = _read_int(os.path.join(topo, "core_id"), "the core id (an integer)")
-        package = _read_int(os.path.join(topo, "physical_package_id"), "the package id (an integer)")
+        core_id = _read_as(int, os.path.join(topo, "core_id"), "the core id (an integer)")
+        package = _read_as(int, os.path.join(topo, "physical_package_id"), "the package id (an integer)")
         # core_cpus_list is the current name; thread_siblings_list is what older kernels have.
         siblings_file = os.path.join(topo, "core_cpus_list")
         if not os.path.exists(siblings_file):
             siblings_file = os.path.join(topo, "thread_siblings_list")
-        siblings = tuple(c for c in _read_cpulist(siblings_file, "the CPU list of this CPU's SMT siblings")
+        siblings = tuple(c for c in _read_as(parse_cpulist, siblings_file, "the CPU list of this CPU's SMT siblings")
                          if c in online_set)
         if cpu not in siblings:
             raise ShapeError(f"{siblings_file}: expected a sibling list that contains CPU {cpu}, "
@@ -199,7 +193,7 @@ def online_cpus(sysfs_root: str = SYSFS_ROOT) -> Tuple[int, ...]:
     cpu_dir = os.path.join(sysfs_root, CPU_DIR)
     if not os.path.isdir(cpu_dir):
         raise ShapeError(f"{cpu_dir}: missing; expected the sysfs CPU directory")
-    online = _read_cpulist(os.path.join(cpu_dir, "online"), "the list of online CPUs like '0-3'")
+    online = _read_as(parse_cpulist, os.path.join(cpu_dir, "online"), "the list of online CPUs like '0-3'")
     if not online:
         raise ShapeError(f"{os.path.join(cpu_dir, 'online')}: expected at least one online CPU, found none")
     return online
