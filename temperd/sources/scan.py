@@ -78,12 +78,13 @@ def rescan_process(store: ProcessStore, proc: ProcessRecord, leader: procfs.Task
         # setuid() without an exec sends no event: the scan sees the new owner
         uid = procfs.read_uid(pid, via)
         uid = proc.uid if uid is None else uid
+        changed = cmdline != proc.cmdline or new_cgroup != old_cgroup or uid != proc.uid
         if exe != proc.exe:
             whole = EXEC  # an exec whose event was lost
             proc.exec_seen()
-        elif cmdline != proc.cmdline or new_cgroup != old_cgroup or uid != proc.uid:
+        elif changed:
             changes.append(Change(UPDATE, pid))
-        if whole is not None or cmdline != proc.cmdline or new_cgroup != old_cgroup or uid != proc.uid:
+        if whole is not None or changed:
             proc.exe = exe
             proc.cmdline = cmdline
             proc.uid = uid
