@@ -42,8 +42,7 @@ def uid_of(name: str) -> Optional[int]:
 def uids_of(users: Iterable[str], groups: Iterable[str]) -> FrozenSet[int]:
     """The uids of the named users and of every member (primary or listed) of the named groups;
     names that do not exist (yet) contribute nothing."""
-    out = set()
-    out.update(uid for uid in map(uid_of, users) if uid is not None)
+    out = {uid for uid in map(uid_of, users) if uid is not None}
     gids, members = set(), set()
     for name in groups:
         try:
