@@ -58,22 +58,19 @@ class ScxSupervisor:
                  gpu_support: bool = False, on_safe_mode: Optional[Callable[[str], None]] = None,
                  on_attach: Optional[Callable[[bool], None]] = None):
         self.binary = binary
-        self.state_dir = state_dir
-        self.stats_socket_path = stats_socket_path
-        self.sysfs_root = sysfs_root
-        self.clock = clock
         self.policy = policy
         self.args = tuple(args) + (("--enable-gpu-support",) if gpu_support and "--enable-gpu-support" not in args else ())
-        self.env = dict(env) if env is not None else None
         self.cpu_count = cpu_count
         self.gpu_support = gpu_support
         self.on_safe_mode = on_safe_mode
         self.on_attach = on_attach  # True when scx_layered attached, False when an attached one exited
 
-        self._life = ScxLifecycle(binary, self.args, self.env, state_dir, stats_socket_path, sysfs_root, policy,
-                                  clock, self._entered_safe_mode, self._attach_changed)
+        # on_safe_mode and on_attach are read at each call: the backend sets them after this is made.
+        self._life = ScxLifecycle(binary, self.args, dict(env or {}), state_dir, stats_socket_path, sysfs_root,
+                                  policy, clock,
+                                  lambda reason: _tell(self.on_safe_mode, reason, "safe-mode"),
+                                  lambda attached: _tell(self.on_attach, attached, "attach"))
         self.config_path = self._life.config_path
-        self.log_path = self._life.log_path
         self._tick_lock = threading.Lock()  # one tick at a time
         self._thread: Optional[threading.Thread] = None
         self._stopping = threading.Event()
@@ -156,12 +153,6 @@ class ScxSupervisor:
         with self._tick_lock:
             if not (self._stopping.is_set() and self._thread is not None):  # stop() takes over
                 self._life.tick()
-
-    def _attach_changed(self, attached: bool) -> None:
-        _tell(self.on_attach, attached, "attach")
-
-    def _entered_safe_mode(self, reason: str) -> None:
-        _tell(self.on_safe_mode, reason, "safe-mode")
 
 
 def _tell(callback: Optional[Callable[[Any], None]], value: Any, what: str) -> None:
