@@ -19,7 +19,7 @@ from temperd.backends.scx.detect import SchedExtGate, binary_trust_problem
 from temperd.backends.scx.process import STOPPED_BY_SIGNAL, exit_reason, keep_crash_log, spawn, terminate
 from temperd.backends.scx.restarts import CrashHistory, DefaultSchedulerGap, PlanChanges, RestartPolicy, ScxRun
 from temperd.backends.scx.stats import StatsReader
-from temperd.backends.scx.status import BACKOFF, COUNTERS, IDLE, REFUSED, RUNNING, SAFE_MODE, STARTING, STOPPED
+from temperd.backends.scx.status import BACKOFF, IDLE, REFUSED, RUNNING, SAFE_MODE, STARTING, STOPPED
 from temperd.control.status import ExitView, GapView, SupervisorView
 from temperd.files import write_atomically
 
@@ -29,8 +29,8 @@ log = logging.getLogger("temperd.backends.scx.supervisor")
 CONFIG_FILE = "scx_layered.json"
 LOG_FILE = "scx_layered.log"
 CRASH_LOG_FILE = "scx_layered.crash.log"
-# The counts kept here; the stats reader and the plan changes keep the others.
-_OWN_COUNTERS = tuple(c for c in COUNTERS if c not in ("stats_reads", "stats_errors", "coalesced_changes"))
+# SupervisorView's counts kept here; the stats reader and the plan changes keep the others.
+_OWN_COUNTERS = ("starts", "restarts", "crash_restarts", "crashes", "outside_stops", "refusals", "safe_mode_entries")
 
 
 class ScxLifecycle:
@@ -203,13 +203,10 @@ class ScxLifecycle:
         log.info("scx_layered attached (pid %d)", self.pid or -1)
         self.on_attach(True)
 
-    def _terminate(self, requested: bool, reason: Optional[str] = None) -> Optional[int]:
+    def _terminate(self, requested: bool, reason: Optional[str] = None) -> None:
         proc = self._proc
-        if proc is None:
-            return None
-        terminate(proc, self.policy.stop_timeout_s)
-        self._on_exit(proc.returncode, requested=requested, reason=reason)
-        return proc.returncode
+        if proc is not None:
+            self._on_exit(terminate(proc, self.policy.stop_timeout_s), requested=requested, reason=reason)
 
     def _on_exit(self, code: int, requested: bool, reason: Optional[str] = None) -> None:
         self.stats.detach()
