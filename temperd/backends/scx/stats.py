@@ -199,7 +199,6 @@ class StatsReader:
     others read `latest` (an immutable SysStats), `error` and the counts."""
 
     def __init__(self, path: str, timeout_s: float, interval_s: float, clock: Callable[[], float]):
-        self.path = path
         self.interval_s = interval_s
         self.clock = clock
         self.latest: Optional[SysStats] = None
@@ -241,11 +240,7 @@ class StatsReader:
         self._client.close()
         self.latest = None
 
-    @property
-    def age_s(self) -> Optional[float]:
-        return round(time.time() - self._wall, 3) if self._wall else None
-
     def report(self) -> Dict[str, Any]:
         """Its part of the supervisor's status: SupervisorView's stats_* fields."""
-        return {"stats_age_s": self.age_s, "stats_error": self.error, "stats_reads": self.reads,
-                "stats_errors": self.errors}
+        age_s = round(time.time() - self._wall, 3) if self._wall else None
+        return {"stats_age_s": age_s, "stats_error": self.error, "stats_reads": self.reads, "stats_errors": self.errors}

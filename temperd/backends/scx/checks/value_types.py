@@ -21,10 +21,6 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_number(value: Any) -> bool:
-    return (is_int(value) or isinstance(value, float)) and not isinstance(value, bool)
-
-
 def found(value: Any) -> str:
     if isinstance(value, bool):
         return f"found {show(value)} (a boolean)"
@@ -58,7 +54,7 @@ def i32(value: Any) -> Optional[str]:
 
 
 def f64(value: Any) -> Optional[str]:
-    if is_number(value) and math.isfinite(value):
+    if (is_int(value) or isinstance(value, float)) and math.isfinite(value):
         return None
     return f"expected a number, {found(value)}"
 
