@@ -139,7 +139,6 @@ class _LayerRender:
 
     def matches(self) -> List[List[dict]]:
         sel = self.layer.selector
-        cgroup = cgroup_prefix(sel.cgroup)
         if sel.title_patterns:
             self.notes.append("process titles (" + ", ".join(repr(p) for p in sel.title_patterns) + ") have no "
                               "scx_layered match: matched by the processes the planner saw")
@@ -171,27 +170,28 @@ class _LayerRender:
             if dropped:
                 self.notes.append("left out " + ", ".join(repr(p) for p in dropped) + ": threads matching only those "
                                   "fall to later layers")
-            if cgroup:
-                return [[{"CgroupPrefix": cgroup}, {"CommPrefix": p}] for p in prefixes]
-            if not sel.pids:
-                self.errors.append("the workload has neither a cgroup nor processes to match")
-                return []
-            return [[{"TGIDEquals": pid}, {"CommPrefix": p}] for pid in sel.pids for p in prefixes]
+            return self._in_workload([[{"CommPrefix": p}] for p in prefixes])
         if sel.catch_all and (sel.excluded_tids or sel.excluded_comm_patterns or sel.excluded_title_patterns):
             self.notes.append("another group of the workload has no layer (not granted, or no members): its "
                               "threads are left alone, so this catch-all is matched by the member threads the "
                               "planner saw")
             return self._by_ids(threads_only=True)
         if sel.catch_all:
-            if cgroup:
-                return [[{"CgroupPrefix": cgroup}]]
-            if not sel.pids:
-                self.errors.append("the workload has neither a cgroup nor processes to match")
-                return []
-            return [[{"TGIDEquals": pid}] for pid in sel.pids]
+            return self._in_workload([[]])
         self.notes.append("members chosen by runtime (busiest threads) have no scx_layered match: matched by the "
                           "thread ids the planner chose")
         return self._by_ids(threads_only=True)
+
+    def _in_workload(self, blocks: List[List[dict]]) -> List[List[dict]]:
+        """Each AND block within the workload: its cgroup, else each of its processes."""
+        sel = self.layer.selector
+        cgroup = cgroup_prefix(sel.cgroup)
+        if cgroup:
+            return [[{"CgroupPrefix": cgroup}, *block] for block in blocks]
+        if not sel.pids:
+            self.errors.append("the workload has neither a cgroup nor processes to match")
+            return []
+        return [[{"TGIDEquals": pid}, *block] for pid in sel.pids for block in blocks]
 
     def _by_ids(self, threads_only: bool = False) -> List[List[dict]]:
         """A whole process by TGIDEquals where a member is its leader, else the thread by PIDEquals."""
@@ -202,9 +202,6 @@ class _LayerRender:
         if not leaders and not threads:
             self.errors.append("no member threads to match")
         return [[{"TGIDEquals": t}] for t in leaders] + [[{"PIDEquals": t}] for t in threads]
-
-    def kind(self, cpu_count: int, partial: bool) -> dict:
-        return render_kind(self.layer, cpu_count, self.notes, self.errors, partial)
 
 
 def _comment(layer: Layer) -> str:
@@ -236,7 +233,7 @@ def render_plan(plan: LayerPlan, shape_cpu_count: int, *, gpu_support: bool = Fa
     for layer in ordered:
         part = _LayerRender(layer)
         matches = part.matches()
-        kind = part.kind(shape_cpu_count, partial)
+        kind = render_kind(layer, shape_cpu_count, part.notes, part.errors, partial)
         if len(matches) > MAX_ORS:
             part.errors.append(f"needs {len(matches)} OR blocks, scx_layered takes at most {MAX_ORS} "
                                "(too many processes or thread-name globs for one layer)")
