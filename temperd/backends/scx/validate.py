@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from temperd.backends.scx.checks.problems import RULES, Problem  # RULES: temperctl lists them from here
-from temperd.backends.scx.checks.top_level import check_config
+from temperd.backends.scx.checks.problems import RULES, Findings, Problem  # RULES: temperctl lists them from here
+from temperd.backends.scx.checks.top_level import ConfigChecker
 
 
 class _DuplicateKey(ValueError):
@@ -68,11 +68,13 @@ def validate_file(path: str, *, cpu_count: Optional[int] = None, gpu_support: bo
 
 
 def validate_config(data: Any, *, cpu_count: Optional[int] = None, gpu_support: bool = False) -> List[Problem]:
-    """All problems of one scx_layered config (the parsed JSON), errors and warnings.
+    """All problems of one scx_layered config (the parsed JSON), errors and warnings, in the order of the file.
 
     cpu_count: the host's CPU count, to check cpus_range against; gpu_support: whether
     scx_layered will run with --enable-gpu-support."""
-    return check_config(data, cpu_count, gpu_support)
+    findings = Findings()
+    ConfigChecker(findings, cpu_count, gpu_support).run(data)
+    return findings.problems
 
 
 def errors_of(problems: Sequence[Problem]) -> List[Problem]:

@@ -3,27 +3,20 @@ comment, template); its kind and its matches go to their own checkers."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from temperd.backends.scx.checks.layer_kind import check_kind
 from temperd.backends.scx.checks.matches import MatchChecker
-from temperd.backends.scx.checks.problems import WARNING, Findings, Problem
+from temperd.backends.scx.checks.problems import WARNING, Findings
 from temperd.backends.scx.checks.spec import LAYER_KEYS, MAX_CGROUP_REGEXES, MAX_LAYERS, MAX_NAME_BYTES, TEMPLATE_MATCHES
 from temperd.backends.scx.checks.value_types import found, optional, show, string
 
 
-def check_config(data: Any, cpu_count: Optional[int], gpu_support: bool) -> List[Problem]:
-    """Every problem of one parsed config, in the order of the file."""
-    findings = Findings()
-    ConfigChecker(findings, cpu_count, MatchChecker(findings, gpu_support)).run(data)
-    return findings.problems
-
-
 class ConfigChecker:
-    def __init__(self, findings: Findings, cpu_count: Optional[int], matches: MatchChecker):
+    def __init__(self, findings: Findings, cpu_count: Optional[int], gpu_support: bool):
         self.findings = findings
         self.cpu_count = cpu_count
-        self.matches = matches
+        self.matches = MatchChecker(findings, gpu_support)
 
     def run(self, data: Any) -> None:
         add = self.findings.add
