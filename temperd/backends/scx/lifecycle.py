@@ -245,7 +245,7 @@ class ScxLifecycle:
             self.counters["crashes"] += 1
             crashes = self._crashes.record(now)
             self._after_crash = True
-        if self._crashes.too_many(crashes):
+        if crashes >= self.policy.crash_limit:
             self._enter_safe_mode(SAFE_MODE, f"scx_layered exited {crashes} times within "
                                              f"{self.policy.crash_window_s:g} s (last: {reason}); "
                                              "the native backend carries the plan")

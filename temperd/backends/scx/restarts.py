@@ -50,9 +50,6 @@ class CrashHistory:
     def __len__(self) -> int:
         return len(self._times)
 
-    def too_many(self, crashes: int) -> bool:
-        return crashes >= self.policy.crash_limit
-
     def backoff_s(self, crashes: int) -> float:
         """Doubling per crash in the window, capped."""
         return min(self.policy.max_backoff_s, self.policy.crash_backoff_s * 2 ** (crashes - 1))
