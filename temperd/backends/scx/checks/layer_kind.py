@@ -43,15 +43,13 @@ def check_kind_fields(findings: Findings, path: str, kind: str, body: Dict[str, 
     fields = KIND_FIELDS[kind]
     for key, value in body.items():
         fpath = f"{path}.{key}"
-        if key in fields:
-            problem = fields[key](value)
+        check = fields.get(key) or DEPRECATED_FIELDS.get(key)
+        if check is not None:
+            problem = check(value)
             if problem:
                 findings.add(fpath, "field-type", problem)
-        elif key in DEPRECATED_FIELDS:
-            problem = DEPRECATED_FIELDS[key](value)
-            if problem:
-                findings.add(fpath, "field-type", problem)
-            findings.add(fpath, "deprecated-key", f"{key} is deprecated: scx_layered accepts and ignores it", WARNING)
+            if key not in fields:
+                findings.add(fpath, "deprecated-key", f"{key} is deprecated: scx_layered accepts and ignores it", WARNING)
         elif key in RENAMED_FIELDS:
             findings.add(fpath, "renamed-key", f"expected {RENAMED_FIELDS[key]!r}, found the old name {key!r} "
                                                "(scx_layered ignores it silently)")
