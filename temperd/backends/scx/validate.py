@@ -39,22 +39,16 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def parse_text(text: str) -> Tuple[Any, List[Problem]]:
-    """JSON as serde_json reads it: duplicate keys and NaN/Infinity are errors."""
-    try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants), []
-    except _DuplicateKey as exc:
-        return None, [Problem("(top level)", "duplicate-key", f"key {str(exc)!r} appears twice in one object")]
-    except json.JSONDecodeError as exc:
-        return None, [Problem(f"line {exc.lineno} column {exc.colno}", "json-syntax", f"not valid JSON: {exc.msg}")]
-    except ValueError as exc:
-        return None, [Problem("(top level)", "json-syntax", f"not valid JSON: {exc}")]
-
-
 def validate_text(text: str, *, cpu_count: Optional[int] = None, gpu_support: bool = False) -> List[Problem]:
-    data, problems = parse_text(text)
-    if problems:
-        return problems
+    """The text read as serde_json reads it (duplicate keys and NaN/Infinity are errors), then checked."""
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+    except _DuplicateKey as exc:
+        return [Problem("(top level)", "duplicate-key", f"key {str(exc)!r} appears twice in one object")]
+    except json.JSONDecodeError as exc:
+        return [Problem(f"line {exc.lineno} column {exc.colno}", "json-syntax", f"not valid JSON: {exc.msg}")]
+    except ValueError as exc:
+        return [Problem("(top level)", "json-syntax", f"not valid JSON: {exc}")]
     return validate_config(data, cpu_count=cpu_count, gpu_support=gpu_support)
 
 
