@@ -74,8 +74,7 @@ class ScxBackend:
             rendered = render_plan(plan, self.cpu_count, gpu_support=self.supervisor.gpu_support)
         except RenderError as exc:
             self.rendered, self.render_problems = None, exc.problems
-            return self._carry_natively(plan, threads, "the plan cannot be expressed as a scx_layered config: "
-                                        + "; ".join(exc.problems), changed)
+            return self._carry_natively(plan, threads, str(exc), changed)
         self.rendered, self.render_problems = rendered, ()
         if self.supervisor.safe_mode:
             return self._carry_natively(plan, threads, self.supervisor.safe_mode_reason or "scx_layered safe mode",

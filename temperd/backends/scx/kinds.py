@@ -138,10 +138,10 @@ def render_kind(layer: Layer, cpu_count: int, notes: List[str], errors: List[str
             notes.append("a Grouped layer without CPUs is rendered as Open")
         if level == PREEMPTING:
             body["preempt"] = True
-    if layer.slice_us and level != LOW_FALLBACK:
+    if level == LOW_FALLBACK:
+        body["slice_us"] = min(int(layer.slice_us or YIELD_SLICE_US), YIELD_SLICE_US)
+    elif layer.slice_us:
         body["slice_us"] = int(layer.slice_us)
-    elif level == LOW_FALLBACK:
-        body["slice_us"] = min(int(layer.slice_us), YIELD_SLICE_US) if layer.slice_us else YIELD_SLICE_US
     if layer.idle_resume_us == 0:
         # scx_layered writes its bound to pm_qos_resume_latency_us as a number, and the file reads
         # "0" as no constraint (a bound of 0 is "n/a"): rendered, it would set nothing.
