@@ -32,12 +32,10 @@ def kernel_lines(data: Text) -> List[Text]:
     return lines
 
 
-def write_atomically(path: str, data: Union[str, bytes], mode: int = 0o644, sync_dir: bool = False,
-                     durable: bool = True) -> None:
+def write_atomically(path: str, data: Union[str, bytes], mode: int = 0o644, durable: bool = True) -> None:
     """Replace path with data so that a reader (or a restart after a crash) sees the old file or
-    the new one, never a part: temp file in the same directory, fsync, rename; the directory
-    entry itself is synced on request (state that must survive a power cut). durable False: no
-    fsync at all, for state that ends with the boot (a killed writer's data is in the page cache)."""
+    the new one, never a part: temp file in the same directory, fsync, rename. durable False: no
+    fsync, for state that ends with the boot (a killed writer's data is in the page cache)."""
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=directory)
     try:
@@ -54,12 +52,6 @@ def write_atomically(path: str, data: Union[str, bytes], mode: int = 0o644, sync
         except OSError:
             pass
         raise
-    if sync_dir and durable:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 def remove_unfinished_writes(path: str, older_prefixes: Sequence[str] = ()) -> List[str]:
