@@ -36,7 +36,7 @@ _OWN_COUNTERS = ("starts", "restarts", "crash_restarts", "crashes", "outside_sto
 class ScxLifecycle:
     """scx_layered's process and its restart state machine: tick() moves it on, status() reports it."""
 
-    def __init__(self, binary: str, args: Sequence[str], env: Optional[Mapping[str, str]], state_dir: str,
+    def __init__(self, binary: str, args: Sequence[str], env: Mapping[str, str], state_dir: str,
                  stats_socket_path: str, sysfs_root: str, policy: RestartPolicy, clock: Callable[[], float],
                  on_safe_mode: Callable[[str], None], on_attach: Callable[[bool], None]):
         self.binary = binary
@@ -168,7 +168,7 @@ class ScxLifecycle:
         write_atomically(self.config_path, run.config)
         argv = [self.binary, *self.args, *self._options(run), f"f:{self.config_path}"]
         try:
-            proc = spawn(argv, self.log_path, self.env or {})
+            proc = spawn(argv, self.log_path, self.env)
         except OSError as exc:
             self._enter_safe_mode(SAFE_MODE, f"cannot run {self.binary}: {exc}")
             return
