@@ -249,7 +249,7 @@ def test_a_history_loaded_at_start_sizes_the_first_plan(tmp_path):
                        keep=16)
     earlier.save()
     watch = WorkloadLearner(LearnerSettings(history_file=str(tmp_path / "h.json")), 2, lambda: ((), None, {}))
-    watch.load()
+    watch.history.load()
     demand = watch.group_demands([w])[(w.key, "workers")]
     assert demand.samples >= MIN_SAMPLES and 1.7 <= demand.cpus <= 2.0  # histogram buckets: a few % coarse
     sized = workers(plan(load_fixture_shape("gcp-c2-standard-8"), [w], {"pool": parse_profile(POOL, "pool.toml")},

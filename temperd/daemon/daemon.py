@@ -117,7 +117,8 @@ class Daemon:
             self.last_reload = ReloadView(not view.problems, 1, time.time(), "start",
                                           [str(p) for p in view.problems], summary_of(view))
             self._instance_lock = _lock_instance(self.config.state_dir)
-            self.label_key = _label_key(view)
+            # Kept beside the history: a hand-started workload's label is the same across restarts.
+            self.label_key = load_label_key(os.path.dirname(view.config.learner.history_file))
             _cleanup_stale_traces()
             try:
                 self.services.bind(self.config, ControlCommands(self).handlers(), self.metrics.exposition,
@@ -147,7 +148,7 @@ class Daemon:
             self.state = "running"
             self.notifier.notify("READY=1")
             self._notify_status()
-            log.info("temperd %s running: %s", __version__, self.status_line())
+            log.info("temperd %s running: %s", __version__, status_report.status_line(self))
 
     def _make_matcher(self, view: HostView) -> Matcher:
         self.plan_memo = PlanMemo()  # its layers are the old matcher's workloads' and profiles'
@@ -177,7 +178,7 @@ class Daemon:
         if not view.config.learner.sampling:
             return
         self.learner = WorkloadLearner(view.config.learner, len(view.shape.cpus), lambda: _tracked(self), self.metrics.learner)
-        self.learner.load()
+        self.learner.history.load()  # once, before temperd changes anything on the host
 
     def run(self) -> None:
         """The main loop, until a stop request (SIGTERM, SIGINT)."""
@@ -214,7 +215,9 @@ class Daemon:
         (plan_delta) and the threads new or moved treated, unless CPUs or a tier move; else the whole plan."""
         assert self.view is not None and self.matcher is not None and self.backend is not None
         snapshot = self.inventory.snapshot()
-        _refresh_busiest(self.inventory, self.ranked)
+        wanted = self.ranked.pids()  # recent runtimes matter only for processes of profiles with a `busiest` group
+        if wanted:
+            self.inventory.refresh_runtime(wanted)
         used: List[Sizing] = []
 
         def sizing(workloads) -> Sizing:
@@ -350,15 +353,8 @@ class Daemon:
         with self.lock:
             return self.backend.status() if self.backend is not None else BackendStatus(carried_by="-")
 
-    def carried_by(self) -> str:
-        """The backend that carries the plan now: the chosen one, or native while scx has fallen back."""
-        return self.backend_status().carried_by
-
-    def status_line(self) -> str:
-        return status_report.status_line(self)
-
     def _notify_status(self) -> None:
-        self.notifier.notify(f"STATUS={self.status_line()}")
+        self.notifier.notify(f"STATUS={status_report.status_line(self)}")
 
 
 def _tracked(daemon: Daemon):
@@ -367,13 +363,6 @@ def _tracked(daemon: Daemon):
         assert daemon.view is not None
         processes = daemon.inventory.snapshot().processes
         return settled(daemon.match.workloads, processes, procfs.boot_ticks()), daemon.plan, daemon.view.profiles.active
-
-
-def _refresh_busiest(inventory: Inventory, ranked: RankedProcesses) -> None:
-    """Recent runtimes matter only for processes of profiles with a `busiest` group."""
-    wanted = ranked.pids()
-    if wanted:
-        inventory.refresh_runtime(wanted)
 
 
 def _first_view(loader: ViewLoader) -> HostView:
@@ -386,11 +375,6 @@ def _first_view(loader: ViewLoader) -> HostView:
     for problem in view.problems:
         log.error("profile not loaded: %s", problem)
     return view
-
-
-def _label_key(view: HostView) -> bytes:
-    """Kept beside the history: a hand-started workload's label is the same across restarts."""
-    return load_label_key(os.path.dirname(view.config.learner.history_file))
 
 
 def _lock_instance(state_dir: str) -> InstanceLock:

@@ -52,6 +52,3 @@ class DaemonState(Protocol):
 
     def backend_status(self) -> BackendStatus:
         ...
-
-    def carried_by(self) -> str:
-        ...

@@ -107,7 +107,7 @@ def status_line(daemon: "DaemonState") -> str:
     workloads = len(daemon.match.workloads)
     layers = len(daemon.plan.layers) if daemon.plan else 0
     violations = len(daemon.sampler.lint.violations) if daemon.sampler is not None else 0
-    return (f"{daemon.state}; backend {daemon.carried_by()}; "
+    return (f"{daemon.state}; backend {daemon.backend_status().carried_by}; "
             f"generation {daemon.generation}; {workloads} workloads, {layers} layers; "
             f"{violations} lint violations")
 

@@ -112,10 +112,6 @@ class WorkloadLearner:
 
     # ---- the thread -----------------------------------------------------------------------------
 
-    def load(self) -> None:
-        """Read the history file (once, before temperd changes anything on the host)."""
-        self.history.load()
-
     def start(self) -> None:
         if self.gpu_present:
             self._gpu, why = nvml.open_reader()
