@@ -174,13 +174,10 @@ class RateLimitedLog:
         self.clock = clock
         self._last: Dict[Tuple[str, Optional[str]], float] = {}
 
-    def report(self, violations: Iterable[Violation]) -> int:
-        logged = 0
+    def report(self, violations: Iterable[Violation]) -> None:
         now = self.clock()
         for v in violations:
             key = (v.invariant, v.layer)
             if now - self._last.get(key, -1e18) >= self.interval_s:
                 self._last[key] = now
                 log.warning("lint %s: %s", v.invariant, v.message)
-                logged += 1
-        return logged

@@ -124,16 +124,12 @@ class LatencyMetrics:
                     offs[(name, reason)] = offs.get((name, reason), 0) + n
             for name, (buckets, count, total) in sorted(merged.items()):
                 hist.add_metric([name, report.source],
-                                [(_le(bound), n) for bound, n in zip(BOUNDS_S, buckets)] + [("+Inf", count)], total)
+                                [(repr(round(bound, 9)), n) for bound, n in zip(BOUNDS_S, buckets)] + [("+Inf", count)], total)
             for (name, reason), n in sorted(offs.items()):
                 offcpu.add_metric([name, reason], n)
         yield hist
         yield offcpu
         yield source
-
-
-def _le(bound: float) -> str:
-    return repr(round(bound, 9))
 
 
 class LearnerMetrics:

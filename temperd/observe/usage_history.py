@@ -301,6 +301,3 @@ class UsageHistory:
         os.makedirs(os.path.dirname(self.path) or ".", mode=0o750, exist_ok=True)
         write_atomically(self.path, data, mode=0o640)
         return len(data)
-
-    def labels(self) -> List[str]:
-        return sorted(self.workloads)
