@@ -26,6 +26,7 @@ from typing import Any, Dict, NamedTuple, Optional
 
 from temperd.control.protocol import (MAX_REQUEST, ControlError, Handler, LineReader, Progress, RequestTooLarge,
                                       encode_reply, error_reply, shown)
+from temperd.observe.http import NO_DESCRIPTORS
 from temperd.text import printable
 from temperd.wakeup import Wakeup
 
@@ -35,7 +36,6 @@ MAX_CLIENTS = 16
 BACKLOG = 128
 REQUEST_TIMEOUT_S = 10.0  # from the connection (or the last reply) to a whole request line
 SEND_TIMEOUT_S = 10.0  # for the client to take one reply line
-_NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class Peer(NamedTuple):
@@ -71,6 +71,14 @@ def requester(request: Dict[str, Any]) -> str:
     return f"{who} ({printable(said)[:200]})" if isinstance(said, str) and said else who
 
 
+def group_id(name: str) -> Optional[int]:
+    """The group's id; None where there is no such group."""
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        return None
+
+
 def _peer_allowed(peer: Peer, gid: Optional[int]) -> bool:
     if peer.uid == 0 or gid is None:
         return peer.uid == 0
@@ -88,17 +96,18 @@ class _Server(socketserver.UnixStreamServer):
 
     request_queue_size = BACKLOG
 
-    def __init__(self, path: str, handler, max_clients: int):
-        self.max_clients = max_clients
+    def __init__(self, path: str, owner: "ControlServer"):
+        self.owner = owner
+        self.max_clients = owner.max_clients
         self._active = 0
         self._count = threading.Lock()
-        super().__init__(path, handler)
+        super().__init__(path, _Client)
 
     def get_request(self):
         try:
             return super().get_request()
         except OSError as exc:
-            if exc.errno in _NO_DESCRIPTORS:
+            if exc.errno in NO_DESCRIPTORS:
                 time.sleep(0.1)  # the client stays queued; do not spin on the readable listener
             raise
 
@@ -142,6 +151,35 @@ class _Server(socketserver.UnixStreamServer):
             log.exception("control client failed")
 
 
+class _Client(socketserver.BaseRequestHandler):
+    """One client of the control socket, served by its _Server's owner."""
+
+    def handle(self) -> None:
+        peer = Peer.of(self.request)
+        if not _peer_allowed(peer, self.server.owner.gid):
+            self._send(error_reply("permission denied: root or group temper only"))
+            return
+        lines = LineReader(self.request, MAX_REQUEST)
+        while True:
+            try:
+                raw = lines.next_line(REQUEST_TIMEOUT_S)
+            except RequestTooLarge:
+                self._send(error_reply(f"request too large: more than {MAX_REQUEST} bytes without a "
+                                       "newline; expected one JSON object per line"))
+                return
+            except socket.timeout:
+                _send_quietly(self.request, error_reply(f"no whole request line within "
+                                                        f"{REQUEST_TIMEOUT_S:g} s; closing"))
+                return
+            if raw is None:
+                return
+            self._send(self.server.owner.dispatch(raw, lambda note: self._send({"progress": True, **note}), peer))
+
+    def _send(self, reply: Dict[str, Any]) -> None:
+        self.request.settimeout(SEND_TIMEOUT_S)
+        self.request.sendall(encode_reply(reply))
+
+
 def _send_quietly(sock: socket.socket, reply: Dict[str, Any]) -> None:
     try:
         sock.settimeout(0.5)
@@ -158,35 +196,29 @@ class ControlServer:
         self.path = path
         self.handlers = handlers
         self.max_clients = max_clients
-        try:
-            self.gid: Optional[int] = grp.getgrnam(group).gr_gid
-        except KeyError:
-            self.gid = None  # no such group: root only
+        self.gid = group_id(group)  # None: no such group, root only
         self._server: Optional[_Server] = None
         self._thread: Optional[threading.Thread] = None
         self._wakeup = Wakeup()  # stop() wakes the accept loop, which otherwise sleeps until a client
 
     def bind(self) -> None:
         """Create the socket (clients queue until serve()). OSError naming the path when it cannot."""
+        parent = os.path.dirname(self.path) or "."
         try:
-            self._bind()
+            if os.path.lexists(parent) and not os.path.isdir(parent):
+                raise NotADirectoryError(errno.ENOTDIR, f"{parent} is not a directory")
+            os.makedirs(parent, exist_ok=True)
+            if os.path.lexists(self.path):
+                os.unlink(self.path)  # left by a crashed run; the daemon holds the single-instance lock
+            self._server = _Server(self.path, self)
+            os.chmod(self.path, 0o660)
+            # Under the unit temperd runs with group temper, so the socket is born root:temper; chown
+            # only where it differs: the unit's system call filter leaves chown out (@privileged).
+            born = os.stat(self.path)
+            if self.gid is not None and (born.st_uid, born.st_gid) != (0, self.gid):
+                os.chown(self.path, 0, self.gid)
         except OSError as exc:
             raise OSError(exc.errno, f"cannot create the control socket {self.path}: {exc.strerror or exc}") from None
-
-    def _bind(self) -> None:
-        parent = os.path.dirname(self.path) or "."
-        if os.path.lexists(parent) and not os.path.isdir(parent):
-            raise NotADirectoryError(errno.ENOTDIR, f"{parent} is not a directory")
-        os.makedirs(parent, exist_ok=True)
-        if os.path.lexists(self.path):
-            os.unlink(self.path)  # left by a crashed run; the daemon holds the single-instance lock
-        self._server = _Server(self.path, self._handler_class(), self.max_clients)
-        os.chmod(self.path, 0o660)
-        # Under the unit temperd runs with group temper, so the socket is born root:temper; chown
-        # only where it differs: the unit's system call filter leaves chown out (@privileged).
-        born = os.stat(self.path)
-        if self.gid is not None and (born.st_uid, born.st_gid) != (0, self.gid):
-            os.chown(self.path, 0, self.gid)
 
     def serve(self) -> None:
         assert self._server is not None, "bind() first"
@@ -209,37 +241,6 @@ class ControlServer:
     def start(self) -> None:
         self.bind()
         self.serve()
-
-    def _handler_class(self):
-        outer = self
-
-        class _Client(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                peer = Peer.of(self.request)
-                if not _peer_allowed(peer, outer.gid):
-                    self._send(error_reply("permission denied: root or group temper only"))
-                    return
-                lines = LineReader(self.request, MAX_REQUEST)
-                while True:
-                    try:
-                        raw = lines.next_line(REQUEST_TIMEOUT_S)
-                    except RequestTooLarge:
-                        self._send(error_reply(f"request too large: more than {MAX_REQUEST} bytes without a "
-                                               "newline; expected one JSON object per line"))
-                        return
-                    except socket.timeout:
-                        _send_quietly(self.request, error_reply(f"no whole request line within "
-                                                                f"{REQUEST_TIMEOUT_S:g} s; closing"))
-                        return
-                    if raw is None:
-                        return
-                    self._send(outer.dispatch(raw, lambda note: self._send({"progress": True, **note}), peer))
-
-            def _send(self, reply: Dict[str, Any]) -> None:
-                self.request.settimeout(SEND_TIMEOUT_S)
-                self.request.sendall(encode_reply(reply))
-
-        return _Client
 
     def dispatch(self, raw: bytes, progress: Progress = lambda note: None, peer: Optional[Peer] = None) -> Dict[str, Any]:
         """The reply to one request line; never raises. `peer`: who sent it (None: in-process)."""

@@ -8,7 +8,6 @@ KEEP_TRACES files are kept there.
 
 from __future__ import annotations
 
-import grp
 import logging
 import os
 import time
@@ -17,7 +16,7 @@ from typing import Any, Dict, Optional, Tuple
 from temperd import paths
 from temperd.trace import capture as trace_capture
 from temperd.control.protocol import ControlError, Progress, shown, task_id
-from temperd.daemon.control import requester
+from temperd.daemon.control import group_id, requester
 from temperd.trace.capture import CaptureRequest, TraceError, capture, parse_duration, parse_size
 
 TRACE_DIR = paths.TRACE_DIR
@@ -67,18 +66,11 @@ def _prune(directory: str, keep: int) -> None:
             pass
 
 
-def _group_id() -> Optional[int]:
-    try:
-        return grp.getgrnam(GROUP).gr_gid
-    except KeyError:
-        return None
-
-
 def _share(path: str, mode: int) -> None:
     """Readable by group temper (temperctl of a non-root member copies the file). Under the
     systemd unit temperd already runs with group temper (and UMask=0077, hence the chmod) and
     has no CAP_CHOWN, so the group is only changed where it differs."""
-    gid = _group_id()
+    gid = group_id(GROUP)
     if gid is not None and os.stat(path).st_gid != gid:
         try:
             os.chown(path, -1, gid)

@@ -31,7 +31,7 @@ BACKLOG = 1024  # the kernel caps it at net.core.somaxconn
 REQUEST_TIMEOUT_S = 5.0  # request line and headers, from the accept
 SEND_TIMEOUT_S = 10.0  # the whole reply
 _FULL_RETRY_S = 0.25  # with every connection slot taken, how often the accept loop looks again
-_NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)  # accept() out of descriptors or memory
 _WARN_EVERY_S = 60.0
 
 
@@ -82,7 +82,6 @@ class HttpApi:
         self._open = 0
         self._open_lock = threading.Lock()
         self._warned_at = -_WARN_EVERY_S
-        self._handler = self._handler_class()
 
     @property
     def address(self) -> str:
@@ -137,7 +136,8 @@ class HttpApi:
         poller.register(self._wakeup.fileno(), select.POLLIN)
         while not self._stopping.is_set():
             if not self._slots.acquire(timeout=_FULL_RETRY_S):
-                self._warn_full()
+                self._warn(f"{self.max_connections} HTTP connections open (the most served at once); "
+                           f"more wait in the listen backlog")
                 continue
             conn = self._accept(listener, poller)
             if conn is None:
@@ -158,7 +158,7 @@ class HttpApi:
         try:
             conn, address = listener.accept()
         except OSError as exc:
-            if exc.errno in _NO_DESCRIPTORS:
+            if exc.errno in NO_DESCRIPTORS:
                 # The connection stays in the backlog; try again once something was closed.
                 self._warn(f"cannot accept an HTTP connection: {exc.strerror}")
                 self._stopping.wait(_FULL_RETRY_S)
@@ -167,7 +167,7 @@ class HttpApi:
 
     def _serve_one(self, conn: socket.socket, address: tuple) -> None:
         try:
-            self._handler(conn, address, self)
+            _Handler(conn, address, self)
         except OSError as exc:  # timed out, reset, or went away before the reply: its own business
             log.debug("HTTP client %s: %s", address[0], exc)
         except Exception:  # a bug: the connection is dropped, the server goes on
@@ -183,61 +183,54 @@ class HttpApi:
                 self._open -= 1
             self._slots.release()
 
-    def _warn_full(self) -> None:
-        self._warn(f"{self.max_connections} HTTP connections open (the most served at once); "
-                   f"more wait in the listen backlog")
-
     def _warn(self, message: str) -> None:
         now = time.monotonic()
         if now - self._warned_at >= _WARN_EVERY_S:
             self._warned_at = now
             log.warning("%s (logged at most once a minute)", message)
 
-    # ---- requests -----------------------------------------------------------------------------
 
-    def _handler_class(self):
-        api = self
+class _Handler(BaseHTTPRequestHandler):
+    """One request; `server` is the HttpApi that accepted it."""
 
-        class Handler(BaseHTTPRequestHandler):
-            server_version = "temperd"
-            timeout = None  # setup() arms the deadline
+    server_version = "temperd"
+    timeout = None  # setup() arms the deadline
 
-            def setup(self) -> None:
-                super().setup()
-                self.rfile = _DeadlineReader(self.rfile, self.connection, time.monotonic() + REQUEST_TIMEOUT_S)
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = _DeadlineReader(self.rfile, self.connection, time.monotonic() + REQUEST_TIMEOUT_S)
 
-            def do_GET(self) -> None:
-                self.connection.settimeout(SEND_TIMEOUT_S)
-                path = self.path.split("?", 1)[0]
-                try:
-                    if path == "/metrics":
-                        reply = 200, PROMETHEUS_CONTENT_TYPE, api._metrics()
-                    elif path == "/observe":
-                        reply = 200, "application/json", json.dumps(api._observe(), default=str, indent=1).encode()
-                    else:
-                        reply = 404, "text/plain", b"not found: try /metrics or /observe\n"
-                except OSError as exc:  # out of file descriptors, say: not a bug, and it passes
-                    api._warn(f"GET {path}: {exc.strerror or exc}")
-                    reply = 503, "text/plain", f"unavailable: {exc.strerror or exc}\n".encode()
-                except Exception as exc:  # never let a request kill the server thread
-                    log.exception("GET %s failed", path)
-                    reply = 500, "text/plain", f"internal error: {exc}\n".encode()
-                self._reply(*reply)
+    def do_GET(self) -> None:
+        api = self.server
+        self.connection.settimeout(SEND_TIMEOUT_S)
+        path = self.path.split("?", 1)[0]
+        try:
+            if path == "/metrics":
+                reply = 200, PROMETHEUS_CONTENT_TYPE, api._metrics()
+            elif path == "/observe":
+                reply = 200, "application/json", json.dumps(api._observe(), default=str, indent=1).encode()
+            else:
+                reply = 404, "text/plain", b"not found: try /metrics or /observe\n"
+        except OSError as exc:  # out of file descriptors, say: not a bug, and it passes
+            api._warn(f"GET {path}: {exc.strerror or exc}")
+            reply = 503, "text/plain", f"unavailable: {exc.strerror or exc}\n".encode()
+        except Exception as exc:  # never let a request kill the server thread
+            log.exception("GET %s failed", path)
+            reply = 500, "text/plain", f"internal error: {exc}\n".encode()
+        self._reply(*reply)
 
-            def _refuse(self) -> None:
-                self.connection.settimeout(SEND_TIMEOUT_S)
-                self._reply(405, "text/plain", b"read-only: GET /metrics, GET /observe\n")
+    def _refuse(self) -> None:
+        self.connection.settimeout(SEND_TIMEOUT_S)
+        self._reply(405, "text/plain", b"read-only: GET /metrics, GET /observe\n")
 
-            do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
+    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
 
-            def _reply(self, code: int, ctype: str, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+    def _reply(self, code: int, ctype: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
-            def log_message(self, fmt, *args) -> None:  # scrapes every few seconds: debug only
-                log.debug("%s %s", self.address_string(), fmt % args)
-
-        return Handler
+    def log_message(self, fmt, *args) -> None:  # scrapes every few seconds: debug only
+        log.debug("%s %s", self.address_string(), fmt % args)
