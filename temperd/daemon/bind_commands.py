@@ -20,6 +20,7 @@ from temperd.config.errors import ConfigError
 from temperd.config.profile import parse_profile
 from temperd.control.protocol import ControlError, Progress, shown, task_id
 from temperd.daemon.control import PEER, Peer, requester
+from temperd.daemon.status_report import workload_view
 from temperd.decide.matcher import RuntimeBinding
 from temperd.plan import TIERS
 from temperd.text import printable
@@ -111,9 +112,7 @@ class BindCommands:
     def _describe(self, pid: int) -> Dict[str, Any]:
         binding = self.daemon.runtime_bindings[pid]
         workload = self.daemon.match.workload_of(pid)
-        groups: Dict[str, int] = {}
-        for thread in workload.threads if workload else ():
-            groups[thread.group or "-"] = groups.get(thread.group or "-", 0) + 1
+        groups = workload_view(workload).groups if workload else {}
         return {"pid": pid, "profile": binding.profile.id, "source": binding.profile.source, "tier": binding.tier,
                 "requester": binding.requester, "workload": workload.key if workload else None,
                 "reason": workload.reason if workload else "the process is gone", "groups": groups}

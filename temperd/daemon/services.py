@@ -105,10 +105,9 @@ class Services:
                                          f"({lost.strerror}): HTTP is off until a reload or restart") from None
             raise
 
-    def _add(self, service):
+    def _add(self, service) -> None:
         service.start()
         self._running.append(service)
-        return service
 
     def stop(self) -> None:
         """Newest first; a failure is logged and the rest still stop."""

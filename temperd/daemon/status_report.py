@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from temperd import __version__
@@ -113,9 +114,7 @@ def status_line(daemon: "DaemonState") -> str:
 
 
 def workload_view(workload) -> WorkloadView:
-    groups: Dict[str, int] = {}
-    for thread in workload.threads:
-        groups[thread.group or "-"] = groups.get(thread.group or "-", 0) + 1
+    groups = dict(Counter(thread.group or "-" for thread in workload.threads))
     return WorkloadView(key=workload.key, profile=workload.profile_id, tier=workload.tier, budget=workload.budget,
                         source=workload.source, reason=workload.reason, pids=list(workload.pids),
                         threads=len(workload.threads), groups=groups)
