@@ -102,10 +102,7 @@ class LoopHost(Protocol):
     inventory: Inventory
     notifier: Notifier
     observe_interval_s: float
-
-    @property
-    def requests(self) -> "Requests":
-        ...
+    requests: Requests
 
     @property
     def config(self) -> DaemonConfig:

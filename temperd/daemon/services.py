@@ -80,10 +80,9 @@ class Services:
         if old is not None:
             old.stop()
             self._running.remove(old)
-        if new is not None:
-            self._running.append(new)
         self.http = new
         if new is not None:
+            self._running.append(new)
             log.info("serving /metrics and /observe on http://%s%s", new.address,
                      f" (was http://{old.address})" if old is not None else "")
         elif old is not None:
