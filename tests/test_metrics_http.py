@@ -329,6 +329,13 @@ def test_move_http_rebinds_or_keeps_the_old_listener():
                 services.move_http("127.0.0.1", taken.getsockname()[1])
             assert f"cannot listen on 127.0.0.1:{taken.getsockname()[1]}" in str(info.value)
         assert services.http.port == second and get(second, "/metrics")[2] == b"m\n"
+        # The same port on another address, taken there: the old listener lets go, then takes it back.
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.2", second))
+            taken.listen(1)
+            with pytest.raises(OSError):
+                services.move_http("127.0.0.2", second)
+        assert services.http.listen == "127.0.0.1" and get(second, "/metrics")[2] == b"m\n"
         # The same port on every address conflicts with the loopback listener until it lets go.
         services.move_http("0.0.0.0", second)
         assert services.http.listen == "0.0.0.0" and get(second, "/metrics")[2] == b"m\n"

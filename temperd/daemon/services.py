@@ -96,7 +96,8 @@ class Services:
             new.bind()
         except OSError as exc:
             try:
-                old.start()
+                old.bind()
+                old.serve()
             except OSError as lost:
                 self._running.remove(old)
                 self.http = None
