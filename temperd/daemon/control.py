@@ -98,7 +98,6 @@ class _Server(socketserver.UnixStreamServer):
 
     def __init__(self, path: str, owner: "ControlServer"):
         self.owner = owner
-        self.max_clients = owner.max_clients
         self._active = 0
         self._count = threading.Lock()
         super().__init__(path, _Client)
@@ -113,11 +112,11 @@ class _Server(socketserver.UnixStreamServer):
 
     def process_request(self, request, client_address) -> None:
         with self._count:
-            busy = self._active >= self.max_clients
+            busy = self._active >= self.owner.max_clients
             if not busy:
                 self._active += 1
         if busy:
-            _send_quietly(request, error_reply(f"temperd is busy: {self.max_clients} clients are connected "
+            _send_quietly(request, error_reply(f"temperd is busy: {self.owner.max_clients} clients are connected "
                                                "(the most it serves at once); try again"))
             self.shutdown_request(request)
             return

@@ -140,8 +140,6 @@ class Daemon:
                 if self.learner is not None:
                     self.learner.start()
                 self.services.serve(self.config, self.config_dir, self.request)
-            except StartupError:
-                raise
             except Exception as exc:  # whatever it is, the caller restores and exits with this line
                 log.debug("start failed", exc_info=True)
                 raise StartupError(f"error: cannot start: {describe_error(exc)}") from None

@@ -19,8 +19,7 @@ class LearnerCommands:
     def _learner(self, enabled: str):
         learner = self.daemon.learner
         if learner is None or not getattr(learner.settings, enabled):
-            table = "[classify]" if enabled == "classify" else "[rightsizing]"
-            raise ControlError(f"{enabled} is off in temperd.toml ({table} enabled = false)")
+            raise ControlError(f"{enabled} is off in temperd.toml ([{enabled}] enabled = false)")
         return learner
 
     def classify(self, request: Dict[str, Any], progress: Progress) -> Dict[str, Any]:

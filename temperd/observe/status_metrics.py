@@ -5,6 +5,7 @@ built per scrape; a metric and `temperctl status` cannot disagree on the fact th
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -85,11 +86,7 @@ def samples_of(status: Status) -> Samples:
     out["temperd_inventory_event_overflows"] = [((), inventory.events_lost)]
     out["temperd_inventory_threads"] = [((), inventory.threads)]
     out["temperd_reconcile_cpu_seconds"] = [((), inventory.last_reconcile_cpu_s)]
-    counts: Dict[Tuple[str, str], int] = {}
-    for w in status.workloads:
-        key = (w.tier, w.profile or "none")
-        counts[key] = counts.get(key, 0) + 1
-    out["temperd_workloads"] = sorted(counts.items())
+    out["temperd_workloads"] = sorted(Counter((w.tier, w.profile or "none") for w in status.workloads).items())
     every = {**dict.fromkeys(INVARIANTS, 0), **status.lint.by_invariant}  # every invariant, 0 where none
     out["temperd_lint_violations"] = [((k,), n) for k, n in every.items()]
     if status.overhead is not None:
