@@ -57,8 +57,6 @@ class ThreadStats:
     irq_wakeups: int = 0  # woken from interrupt context (no waker thread)
     softirq_wakeups: int = 0  # of irq_wakeups: from a softirq (network receive, loopback included)
     migrations: int = 0
-    forked: bool = False  # created during the trace
-    exited: bool = False
     blocked_d: int = 0  # of `blocked`: asleep uninterruptibly (D), usually on I/O
     wait_ns: int = 0  # runnable but not running: woken or preempted until switched in
     waits: int = 0  # switch-ins that `wait_ns` covers
@@ -71,17 +69,10 @@ class ThreadStats:
 class TraceSummary:
     events: int = 0
     by_event: Dict[str, int] = field(default_factory=dict)
-    first_ts_ns: Optional[int] = None
-    last_ts_ns: Optional[int] = None
+    duration_ns: int = 0  # from the first event to the last
     threads: Dict[int, ThreadStats] = field(default_factory=dict)
     edges: Dict[Tuple[int, int], int] = field(default_factory=dict)  # (waker tid, wakee tid) -> count
     unparsed_lines: int = 0
-
-    @property
-    def duration_ns(self) -> int:
-        if self.first_ts_ns is None or self.last_ts_ns is None:
-            return 0
-        return self.last_ts_ns - self.first_ts_ns
 
 
 def parse_trace(source: Union[str, Iterable[str]]) -> TraceSummary:
@@ -232,7 +223,7 @@ class _Parser:
         return True
 
     def lifecycle(self, event: str, fields: str, tid: int, comm: str) -> bool:
-        """Migrations, forks, exits and renames; other events are counted only."""
+        """Migrations and renames; a forked or exiting thread is recorded; other events are counted only."""
         if event == "sched_migrate_task":
             g = _MIGRATE_FIELDS.match(fields)
             if g is not None and g.group(2) != g.group(3):
@@ -240,9 +231,9 @@ class _Parser:
         elif event == "sched_process_fork":
             f = FORK_FIELDS.match(fields)
             if f is not None:
-                self.thread(int(f.group(4)), f.group(3)).forked = True
+                self.thread(int(f.group(4)), f.group(3))
         elif event == "sched_process_exit":
-            self.thread(tid, comm).exited = True
+            self.thread(tid, comm)
         elif event == "task_rename":
             r = RENAME_FIELDS.match(fields)
             if r is not None:
@@ -262,6 +253,5 @@ class _Parser:
         summary = self.summary
         summary.events = events
         summary.unparsed_lines = unparsed
-        summary.first_ts_ns = first
-        summary.last_ts_ns = ts if first is not None else None
+        summary.duration_ns = ts - first if first is not None else 0
         return summary
