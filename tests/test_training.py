@@ -25,13 +25,13 @@ def thread(tid, comm, cpu=0.0, *, pid=100, network=0, timer=0, wakers=None, wake
     wakers = wakers or {}
     woken = {INTERRUPT: timer, NETWORK: network, SAME_PROCESS: sum(wakers.values()), WORKLOAD: 0, OUTSIDE: 0}
     return ThreadFeatures(tid=tid, pid=pid, comm=comm, key=name_key(comm), process_name=process_name, title=title,
-                          cpu_share=cpu, demand=cpu, burst_p50_us=p50, burst_p99_us=p50 * 4, bursts=100,
+                          cpu_share=cpu, demand=cpu, burst_p50_us=p50, burst_p99_us=p50 * 4,
                           wakeups_per_s=sum(woken.values()) / 10.0, woken_by=woken, wakers=wakers,
                           wakees=wakees or {}, d_share=d, cpu_per_second=[cpu] * 10)
 
 
 def workload(*threads, titles=None):
-    return WorkloadFeatures(10.0, {t.tid: t for t in threads}, {100: "server"}, titles or {100: "server --port 1"})
+    return WorkloadFeatures(10.0, {t.tid: t for t in threads}, titles or {100: "server --port 1"})
 
 
 def test_name_keys_drop_numbers_and_mark_truncation():
@@ -226,8 +226,7 @@ def test_processes_named_alike_split_by_title():
     wf = WorkloadFeatures(10.0, {t.tid: t for t in (
         thread(101, "db", 0.3, pid=101, network=900, process_name="db", title=titles[101]),
         thread(102, "db", 0.3, pid=102, network=900, process_name="db", title=titles[102]),
-        thread(103, "db", 0.05, pid=103, timer=10, process_name="db", title=titles[103]))},
-        {p: "db" for p in titles}, titles)
+        thread(103, "db", 0.05, pid=103, timer=10, process_name="db", title=titles[103]))}, titles)
     analysis = A.analyze(wf, 8.0, "host", {p: [t] for p, t in titles.items()})
     by_title = {c.name: c for c in analysis.clusters if c.selector == "process_titles"}
     serving = [c for c in by_title.values() if c.treatment == EXCLUSIVE]

@@ -40,8 +40,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from temperd.plan import EXCLUSIVE, LATENCY, YIELD
-from temperd.training.features import (INTERRUPT, NETWORK, OUTSIDE, SAME_PROCESS, WORKLOAD, ThreadFeatures,
-                                       WorkloadFeatures, top)
+from temperd.training.features import INTERRUPT, NETWORK, OUTSIDE, ThreadFeatures, WorkloadFeatures
 from temperd.training.names import name_key
 
 SYNC_COMPUTE = "sync compute"

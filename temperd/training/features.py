@@ -10,11 +10,11 @@ share of its sleeps in D state, and its runqueue wait per switch-in.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
-from temperd.trace.parse import BURST_BUCKETS, TraceSummary, burst_bucket_bounds_us
+from temperd.trace.parse import BURST_BUCKETS, ThreadStats, TraceSummary, burst_bucket_bounds_us
 from temperd.training.names import name_key
-from temperd.training.samples import Samples
+from temperd.training.samples import Samples, ThreadSeries
 
 INTERRUPT = "interrupt"  # a hard interrupt: mostly timers (sleeps, timeouts)
 NETWORK = "network"  # a softirq: network receive, loopback from a client included
@@ -35,7 +35,6 @@ class ThreadFeatures:
     demand: float  # CPUs: (on a CPU + waiting on a runqueue) / duration
     burst_p50_us: float
     burst_p99_us: float
-    bursts: int
     wakeups_per_s: float  # every wakeup it received, interrupts included
     woken_by: Dict[str, int]  # INTERRUPT / NETWORK / SAME_PROCESS / WORKLOAD / OUTSIDE -> wakeups
     wakers: Dict[int, int]  # waker tid (in the workload) -> wakeups
@@ -55,7 +54,6 @@ class ThreadFeatures:
 class WorkloadFeatures:
     duration_s: float
     threads: Dict[int, ThreadFeatures]
-    process_names: Dict[int, str]  # pid -> process name
     titles: Dict[int, str]  # pid -> last title
 
 
@@ -76,9 +74,8 @@ def burst_percentile_us(histogram: List[int], fraction: float) -> float:
     return high
 
 
-def _sample_deltas(samples: Samples, tid: int) -> Tuple[int, int, float, float]:
-    """(run ns, wait ns, seconds covered, D share of the sleeping samples) from the /proc samples."""
-    series = samples.threads.get(tid)
+def _sample_deltas(series: Optional[ThreadSeries]) -> Tuple[int, int, float, float]:
+    """(run ns, wait ns, seconds covered, D share of the sleeping samples) from a thread's /proc samples."""
     if series is None or not series.samples:
         return 0, 0, 0.0, 0.0
     first, last = series.samples[0], series.samples[-1]
@@ -116,39 +113,30 @@ def workload_features(summary: TraceSummary, samples: Samples) -> WorkloadFeatur
     seconds = int(duration_s + 0.999)
     threads: Dict[int, ThreadFeatures] = {}
     for tid, pid in pid_of.items():
-        stats = summary.threads.get(tid)
-        run_ns, wait_ns, covered, d_sampled = _sample_deltas(samples, tid)
         series = samples.threads.get(tid)
+        stats = summary.threads.get(tid) or ThreadStats(tid, "?")  # not in the trace: nothing counted
         # /proc's name first: the trace's text cannot carry a name holding a newline, which ends
         # its line (b\\nFAKE LINE would be FAKE LINE there).
-        comm = series.comm if series is not None else (stats.comm if stats is not None else "?")
-        if stats is not None and stats.runtime_ns:
+        comm = series.comm if series is not None else stats.comm
+        run_ns, wait_ns, covered, d_sampled = _sample_deltas(series)
+        if stats.runtime_ns:
             cpu = stats.runtime_ns / 1e9 / duration_s
         else:
             cpu = run_ns / 1e9 / covered if covered else 0.0
-        wait = wait_ns / 1e9 / covered if covered else (stats.wait_ns / 1e9 / duration_s if stats else 0.0)
-        histogram = stats.bursts if stats is not None else [0] * BURST_BUCKETS
-        blocked = stats.blocked if stats is not None else 0
-        d_share = stats.blocked_d / blocked if blocked else d_sampled
-        wakeups = (stats.wakeups + stats.irq_wakeups) if stats is not None else 0
+        wait = wait_ns / 1e9 / covered if covered else stats.wait_ns / 1e9 / duration_s
+        d_share = stats.blocked_d / stats.blocked if stats.blocked else d_sampled
         per_second = [0.0] * seconds
-        if stats is not None:
-            for second, ns in stats.cpu_by_second.items():
-                if 0 <= second < seconds:
-                    per_second[second] = round(ns / 1e9, 4)
+        for second, ns in stats.cpu_by_second.items():
+            if 0 <= second < seconds:
+                per_second[second] = round(ns / 1e9, 4)
         threads[tid] = ThreadFeatures(
             tid=tid, pid=pid, comm=comm, key=name_key(comm), process_name=names.get(pid, comm),
             title=titles.get(pid, ""), cpu_share=round(cpu, 4), demand=round(cpu + wait, 4),
-            burst_p50_us=burst_percentile_us(histogram, 0.5), burst_p99_us=burst_percentile_us(histogram, 0.99),
-            bursts=sum(histogram), wakeups_per_s=round(wakeups / duration_s, 2),
-            woken_by={INTERRUPT: stats.irq_wakeups - stats.softirq_wakeups if stats is not None else 0,
-                      NETWORK: stats.softirq_wakeups if stats is not None else 0, SAME_PROCESS: same.get(tid, 0),
-                      WORKLOAD: other.get(tid, 0), OUTSIDE: outside.get(tid, 0)},
+            burst_p50_us=burst_percentile_us(stats.bursts, 0.5), burst_p99_us=burst_percentile_us(stats.bursts, 0.99),
+            wakeups_per_s=round((stats.wakeups + stats.irq_wakeups) / duration_s, 2),
+            woken_by={INTERRUPT: stats.irq_wakeups - stats.softirq_wakeups, NETWORK: stats.softirq_wakeups,
+                      SAME_PROCESS: same.get(tid, 0), WORKLOAD: other.get(tid, 0), OUTSIDE: outside.get(tid, 0)},
             wakers=wakers.get(tid, {}), wakees=wakees.get(tid, {}),
             d_share=round(d_share, 3),
-            cpu_per_second=per_second, burst_histogram=list(histogram))
-    return WorkloadFeatures(round(duration_s, 3), threads, names, titles)
-
-
-def top(counts: Mapping[int, int], n: int = 3) -> List[Tuple[int, int]]:
-    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:n]
+            cpu_per_second=per_second, burst_histogram=list(stats.bursts))
+    return WorkloadFeatures(round(duration_s, 3), threads, titles)
