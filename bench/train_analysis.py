@@ -43,12 +43,12 @@ def samples_for(summary, seconds: int) -> Samples:
         pid = stats.tgid if stats.tgid else tid
         if pid not in samples.processes:
             samples.processes[pid] = ProcessInfo(pid, 1, f"app{(pid - 2000) // 100}", "/usr/bin/app",
-                                                 [f"app --shard {pid}"], None, None, 0, None)
+                                                 [f"app --shard {pid}"], None, None, None)
         series = ThreadSeries(tid, pid, stats.comm)
         for second in range(seconds + 1):
             share = second / max(1, seconds)
             series.samples.append(ThreadSample(float(second), "S", int(stats.runtime_ns * share),
-                                               int(stats.wait_ns * share), second, 0))
+                                               int(stats.wait_ns * share)))
         samples.threads[tid] = series
     return samples
 

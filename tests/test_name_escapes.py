@@ -74,9 +74,9 @@ def test_a_name_the_trace_text_breaks_is_taken_from_proc(tmp_path):
     assert summary.threads[101].comm == "FAKE LINE"  # the trace alone cannot say the name
     samples = Samples(root_pid=100, unit=None, interval_s=0.1, duration_s=1.0,
                       processes={100: ProcessInfo(pid=100, ppid=1, name="srv", exe="/usr/bin/srv", titles=["srv"],
-                                                  unit=None, cgroup=None, uid=0, cpu_quota=None)},
-                      threads={101: ThreadSeries(101, 100, FORGING, [ThreadSample(0.0, "S", 0, 0, 0, 0),
-                                                                      ThreadSample(1.0, "S", 10**6, 0, 5, 0)])})
+                                                  unit=None, cgroup=None, cpu_quota=None)},
+                      threads={101: ThreadSeries(101, 100, FORGING, [ThreadSample(0.0, "S", 0, 0),
+                                                                      ThreadSample(1.0, "S", 10**6, 0)])})
     got = workload_features(summary, samples).threads[101]
     assert got.comm == FORGING and glob_match(got.key, FORGING) and not glob_match(got.key, "FAKE LINE")
 

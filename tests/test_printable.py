@@ -67,7 +67,7 @@ def test_a_trained_profile_quotes_names_in_its_comments_escaped():
     wf = workload(thread(1, NEWLINE_NAME, 0.6, network=3000), thread(2, ESC_NAME, 0.0), thread(3, "loop", 0.4, network=2000))
     analysis = A.analyze(wf, 2.0, "test")
     root = ProcessInfo(pid=100, ppid=1, name=ESC_NAME, exe="/usr/bin/server", titles=["server"], unit=None, cgroup=None,
-                       uid=0, cpu_quota=None)
+                       cpu_quota=None)
     text = synthesize(analysis, root, SHAPE)  # validates: no injected key
     assert "\nqq = 2" not in text and "\x1b" not in text and "\x07" not in text
     assert "a\\nqq = 2" in text and "ev\\x1b]0;pwn\\x07" in text

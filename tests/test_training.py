@@ -239,7 +239,7 @@ def test_synthesized_profile_validates_with_evidence_and_fingerprint():
     wf = workload(thread(1, "loop", 0.6, network=3000), thread(2, "bio_close_file", 0.0))
     analysis = A.analyze(wf, 2.25, "the CPU quota of cgroup /x")
     root = ProcessInfo(pid=100, ppid=1, name="server", exe="/usr/bin/server", titles=["server --port 1"],
-                       unit="server.service", cgroup="/system.slice/server.service", uid=0, cpu_quota=2.25)
+                       unit="server.service", cgroup="/system.slice/server.service", cpu_quota=2.25)
     text = synthesize(analysis, root, SHAPE, load="bench --connections 8")
     profile = parse_profile(text, "server-trained.toml")
     assert profile.id == "server-trained"
@@ -255,16 +255,16 @@ def test_synthesized_profile_validates_with_evidence_and_fingerprint():
 
 def test_a_program_run_through_a_link_is_fingerprinted_by_its_name_too():
     root = ProcessInfo(pid=7, ppid=1, name="redis-server", exe="/usr/bin/redis-check-rdb", titles=["redis-server *:6379"],
-                       unit=None, cgroup=None, uid=0, cpu_quota=None)
+                       unit=None, cgroup=None, cpu_quota=None)
     assert fingerprint(root) == {"executables": ["/usr/bin/redis-check-rdb"], "process_names": ["redis-server"]}
     plain = ProcessInfo(pid=8, ppid=1, name="memcached", exe="/usr/bin/memcached", titles=["memcached"],
-                        unit=None, cgroup=None, uid=0, cpu_quota=None)
+                        unit=None, cgroup=None, cpu_quota=None)
     assert fingerprint(plain) == {"executables": ["/usr/bin/memcached"]}
 
 
 def test_an_interpreter_is_fingerprinted_by_its_program():
     root = ProcessInfo(pid=7, ppid=1, name="python3", exe="/usr/bin/python3.11", titles=["python3 -u serve_model.py --port 9"],
-                       unit=None, cgroup=None, uid=0, cpu_quota=None)
+                       unit=None, cgroup=None, cpu_quota=None)
     found = fingerprint(root)
     assert "executables" not in found and re.search(found["cmdline"][0], "python3 -u /srv/serve_model.py --port 9")
 

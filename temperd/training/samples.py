@@ -1,7 +1,7 @@
 """Per-thread /proc samples of one workload while it is trained: once a second, every thread of
 every process of the workload (a process and its descendants, or a systemd unit's processes):
-name, state, time on a CPU and on a runqueue (schedstat), voluntary and involuntary context
-switches; and each process's name, title, executable, unit and owner.
+name, state, time on a CPU and on a runqueue (schedstat); and each process's name, title,
+executable, unit and cgroup.
 
 What the sampler gathers is plain data (JSON in the daemon's reply); the analysis reads it with
 the parsed trace. Reading /proc is the only I/O here.
@@ -27,8 +27,6 @@ class ThreadSample:
     state: str
     run_ns: int  # schedstat: on a CPU, since the thread started
     wait_ns: int  # schedstat: runnable on a runqueue, since the thread started
-    voluntary: int  # context switches: blocked
-    involuntary: int  # context switches: preempted
 
 
 @dataclass
@@ -48,7 +46,6 @@ class ProcessInfo:
     titles: List[str]  # the process title (cmdline joined) at each sample where it changed
     unit: Optional[str]
     cgroup: Optional[str]
-    uid: Optional[int]
     cpu_quota: Optional[float]  # CPUs of its cgroup's CPU quota, None without one
 
 
@@ -71,11 +68,6 @@ def workload_pids(root_pid: Optional[int], unit: Optional[str]) -> List[int]:
     if root_pid is None:
         return []
     return [pid for pid in procfs.process_tree(root_pid) if os.path.isdir(f"{procfs.PROC}/{pid}")]
-
-
-def _switches(pid: int, tid: int) -> tuple:
-    found = procfs.status_fields(procfs.read_bytes(f"{procfs.PROC}/{pid}/task/{tid}/status", 4096))
-    return int(found.get(b"voluntary_ctxt_switches", 0)), int(found.get(b"nonvoluntary_ctxt_switches", 0))
 
 
 class Sampler:
@@ -118,12 +110,11 @@ class Sampler:
                 sched = procfs.read_schedstat(pid, tid)
                 if sched is None:
                     continue
-                voluntary, involuntary = _switches(pid, tid)
                 series = self.samples.threads.get(tid)
                 if series is None or series.pid != pid:
                     series = self.samples.threads[tid] = ThreadSeries(tid, pid, stat.comm)
                 series.comm = stat.comm
-                series.samples.append(ThreadSample(now, stat.state, sched[0], sched[1], voluntary, involuntary))
+                series.samples.append(ThreadSample(now, stat.state, sched[0], sched[1]))
 
     def _process(self, pid: int, stat) -> None:
         title = " ".join(procfs.read_cmdline(pid) or ())
@@ -136,5 +127,5 @@ class Sampler:
         path = (cgroup.unified or cgroup.systemd) if cgroup else None
         self.samples.processes[pid] = ProcessInfo(
             pid=pid, ppid=stat.ppid if stat else 0, name=stat.comm if stat else "", exe=procfs.read_exe(pid),
-            titles=[title], unit=cgroup.unit if cgroup else None, cgroup=path, uid=procfs.read_uid(pid),
+            titles=[title], unit=cgroup.unit if cgroup else None, cgroup=path,
             cpu_quota=cpu_quota(path) if path else None)
