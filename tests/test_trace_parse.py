@@ -172,14 +172,14 @@ def process_dump(lines: Iterable[str]) -> Dict[int, Tuple[str, str]]:
 def test_writer_output_is_the_html_container_with_a_process_dump_and_parses_the_same(tmp_path):
     import os
 
-    from temperd.trace.format import NameBook, TraceWriter, event_lines, open_text
+    from temperd.trace.format import TraceWriter, event_lines, open_text
 
     me = os.getpid()
     raw = [f"          python-{me}    ({me:>7}) [000] d..2.   10.000001: sched_waking: comm=x pid=5 prio=120 "
            "target_cpu=000",
            "          <idle>-0       [001] d..2.   10.000002: sched_switch: prev_comm=swapper/1 prev_pid=0 "
            "prev_prio=120 prev_state=R ==> next_comm=x next_pid=5 next_prio=120"]
-    writer = TraceWriter(str(tmp_path / "t.html"), {"filter": "test"}, compress=False, names=NameBook())
+    writer = TraceWriter(str(tmp_path / "t.html"), {"filter": "test"}, compress=False)
     for line in raw:
         writer.feed(line)
     writer.close()
@@ -199,12 +199,12 @@ def test_writer_output_is_the_html_container_with_a_process_dump_and_parses_the_
 def test_the_writer_escapes_control_characters_of_thread_names(tmp_path):
     """A thread may name itself with ESC and OSC sequences: they reach the trace file escaped, so
     a terminal showing the file (cat, less -R) is not driven by them."""
-    from temperd.trace.format import NameBook, TraceWriter, event_lines, open_text
+    from temperd.trace.format import TraceWriter, event_lines, open_text
 
     hostile = "x\x1b]0;owned\x07\x1b[2J"
     raw = [f"   {hostile}-5       (      5) [000] d..2.   10.000001: sched_waking: comm={hostile} pid=5 prio=120 "
            "target_cpu=000"]
-    writer = TraceWriter(str(tmp_path / "t.html"), {"filter": "test"}, compress=False, names=NameBook())
+    writer = TraceWriter(str(tmp_path / "t.html"), {"filter": "test"}, compress=False)
     for line in raw:
         writer.feed(line)
     writer.close()

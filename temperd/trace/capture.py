@@ -376,8 +376,7 @@ def check_request(request: CaptureRequest) -> None:
 
 
 def capture(request: CaptureRequest, progress: Optional[Progress] = None,
-            cancel: Optional[threading.Event] = None, lock_path: Optional[str] = None,
-            tracefs: Optional[str] = None) -> CaptureResult:
+            cancel: Optional[threading.Event] = None) -> CaptureResult:
     """Run one bounded capture and write request.output (or output + .gz when large).
 
     progress gets {"elapsed_s", "duration_s", "events", "bytes"} about twice a second; an
@@ -389,8 +388,8 @@ def capture(request: CaptureRequest, progress: Optional[Progress] = None,
               "output": request.output, "duration_s": request.duration_s,
               "filter": (f"pid {request.pid}" if request.pid is not None
                          else f"unit {request.unit}" if request.unit else "host")}
-    with CaptureLock(holder, lock_path):
-        root = tracefs or find_tracefs()
+    with CaptureLock(holder):
+        root = find_tracefs()
         raw_path = f"{request.output}.raw-{os.getpid()}"
         try:
             instance = Instance(root)
@@ -513,15 +512,14 @@ def _creator_alive(pid: int, created_at: float) -> bool:
     return started_at <= created_at + 1.0
 
 
-def cleanup_stale_instances(tracefs: Optional[str] = None) -> List[str]:
+def cleanup_stale_instances() -> List[str]:
     """Remove temperd-<pid>-<n> instances whose capturing process is gone; returns their names.
     Instances of live captures and of other tools are left alone. Nothing to do (and no
     mount) when tracefs is not mounted."""
-    if tracefs is None:
-        try:
-            tracefs = find_tracefs(mount=False)
-        except TraceError:
-            return []
+    try:
+        tracefs = find_tracefs(mount=False)
+    except TraceError:
+        return []
     instances = os.path.join(tracefs, "instances")
     removed = []
     for name in sorted(os.listdir(instances)):

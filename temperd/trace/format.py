@@ -71,11 +71,10 @@ class NameBook:
     """tid -> thread name and tid -> tgid, learned from event fields as lines go by and, for
     threads still alive, from /proc. Bounded by the number of threads seen."""
 
-    def __init__(self, proc_lookup: bool = True):
+    def __init__(self) -> None:
         self.comm: Dict[int, str] = {}
         self.tgid: Dict[int, int] = {}
         self._asked: Dict[int, Optional[int]] = {}
-        self.proc_lookup = proc_lookup
 
     def learn(self, event: str, fields: str) -> None:
         if event == "sched_switch":
@@ -98,7 +97,7 @@ class NameBook:
 
     def tgid_of(self, tid: int) -> Optional[int]:
         known = self.tgid.get(tid)
-        if known is not None or not self.proc_lookup:
+        if known is not None:
             return known
         if tid not in self._asked:
             self._asked[tid] = _tgid_from_proc(tid)
@@ -198,10 +197,10 @@ class TraceWriter:
     """Normalises kernel lines and writes them, plain or gzip, to a temporary file that
     close() moves into place, so a reader never sees half a trace."""
 
-    def __init__(self, path: str, notes: Dict[str, str], compress: bool, names: Optional[NameBook] = None):
+    def __init__(self, path: str, notes: Dict[str, str], compress: bool):
         self.path = path
         self.compress = compress
-        self.names = names or NameBook()
+        self.names = NameBook()
         self.stats = FormatStats()
         self.processes: Set[int] = set()  # thread groups seen, for the process dump
         # The ftrace section goes to a body file first: the process dump that must precede it

@@ -126,14 +126,13 @@ class HostWindow:
 
 class HostMonitor:
     """Idle and steal from /proc/stat deltas; foreign CPU = utime+stime deltas of user-space
-    processes that are not descendants of `ours` (this process by default) nor listed in
-    `also_ours` (a server started in its own session). Processes that start and exit inside the
-    window are not seen; kernel threads are left out (they mostly work for the trial: softirq
-    for loopback traffic). Rescheduling IPIs from /proc/interrupts deltas."""
+    processes that are not descendants of this process nor listed in `also_ours` (a server
+    started in its own session). Processes that start and exit inside the window are not seen;
+    kernel threads are left out (they mostly work for the trial: softirq for loopback traffic).
+    Rescheduling IPIs from /proc/interrupts deltas."""
 
-    def __init__(self, ours: Optional[int] = None, also_ours: Iterable[int] = ()):
-        self.ours = ours if ours is not None else os.getpid()
-        self.also_ours = tuple(also_ours)
+    def __init__(self, also_ours: Iterable[int] = ()):
+        self.ours = (os.getpid(), *also_ours)
         self._t0 = 0.0
         self._cpu0: Tuple[int, ...] = ()
         self._procs0: Dict[int, ProcCpu] = {}
@@ -152,7 +151,7 @@ class HostMonitor:
         procs1 = all_proc_cpu()
         delta = [b - a for a, b in zip(self._cpu0, cpu1)]
         total = sum(delta) or 1
-        foreign = foreign_ticks(self._procs0, procs1, (self.ours, *self.also_ours))
+        foreign = foreign_ticks(self._procs0, procs1, self.ours)
         top = ""
         if foreign:
             pid = max(foreign, key=foreign.__getitem__)
