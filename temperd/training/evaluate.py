@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
-from temperd.training.harness import Arm, HostMonitor, NoiseLimits, Run, TrialPlan, read_proc_cpu, run_trials, spinners
+from temperd.training.harness import Arm, HostMonitor, Run, TrialPlan, read_proc_cpu, run_trials, spinners
 from temperd.training.verdicts import Spread, compare, spread
 
 MIN_REPS = 5
@@ -99,7 +99,7 @@ def _bench(command: str, timeout_s: float) -> str:
 
 
 def measure_arms(request: Request, texts: Dict[str, Optional[str]], bind: Bind, unbind: Unbind,
-                 progress: Callable[[Run], None] = lambda run: None, limits: NoiseLimits = NoiseLimits(),
+                 progress: Callable[[Run], None] = lambda run: None,
                  step: Optional[str] = None) -> Tuple[Dict[str, Spread], List[Run]]:
     """Each arm (name -> the profile text the workload is bound to, None: unbound) request.reps
     times, interleaved; the metric's spread per arm. Raises EvaluationError."""
@@ -154,7 +154,7 @@ def measure_arms(request: Request, texts: Dict[str, Optional[str]], bind: Bind, 
         return run
 
     plan = TrialPlan(steps=[step or f"background={request.background}"], arms_of=lambda step: tuple(texts),
-                     reps=request.reps, limits=limits, max_retries=2)
+                     reps=request.reps, max_retries=2)
     runs = run_trials(plan, measure, progress)
     failed = [r for r in runs if not r.ok]
     if failed:
@@ -167,10 +167,9 @@ def run_log(runs: List[Run]) -> List[Dict[str, object]]:
              "host": r.window.describe() if r.window else ""} for r in runs]
 
 
-def evaluate(request: Request, bind: Bind, unbind: Unbind, progress: Callable[[Run], None] = lambda run: None,
-             limits: NoiseLimits = NoiseLimits()) -> Verdict:
+def evaluate(request: Request, bind: Bind, unbind: Unbind, progress: Callable[[Run], None] = lambda run: None) -> Verdict:
     """Both arms, interleaved, request.reps times each; raises EvaluationError."""
-    spreads, runs = measure_arms(request, {WITHOUT: None, WITH: request.profile_text}, bind, unbind, progress, limits)
+    spreads, runs = measure_arms(request, {WITHOUT: None, WITH: request.profile_text}, bind, unbind, progress)
     comparison = compare(spreads[WITH], spreads[WITHOUT], request.higher_is_better, MIN_EFFECT)
     return Verdict(spreads[WITHOUT], spreads[WITH], round(comparison.ratio, 4), comparison.verdict, runs=run_log(runs))
 
