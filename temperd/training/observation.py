@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional
 from temperd.control.protocol import Progress
 from temperd.control.typed_json import from_json, to_json
 from temperd.trace.capture import CaptureRequest, TraceError, capture
-from temperd.training.samples import Sampler, Samples, workload_pids
+from temperd.training.samples import Sampler, Samples
 
 
 @dataclass
@@ -35,11 +35,8 @@ def observe(request: CaptureRequest, progress: Optional[Progress] = None,
     """Trace and sample the workload of request.pid / request.unit for request.duration_s.
     Raises TraceError (one line) when it cannot: no such workload, a capture already running,
     no tracefs, not root."""
-    if request.pid is None and not request.unit:
+    if request.pid is None and not request.unit:  # capture() would trace the whole host
         raise TraceError("training needs a workload: a pid or a unit")
-    if not workload_pids(request.pid, request.unit):
-        raise TraceError(f"no process with pid {request.pid}" if request.pid is not None
-                         else f"unit {request.unit} has no running processes")
     sampler = Sampler(request.pid, request.unit)
 
     def note(values: Dict[str, Any]) -> None:
