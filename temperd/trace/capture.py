@@ -72,10 +72,6 @@ class TraceError(Exception):
 class CaptureBusy(TraceError):
     """Another capture holds the host's trace lock."""
 
-    def __init__(self, message: str, holder: Dict[str, Any]):
-        super().__init__(message)
-        self.holder = holder
-
 
 @dataclass(frozen=True)
 class CaptureRequest:
@@ -319,7 +315,7 @@ class CaptureLock:
                     holder = {}
                 what = describe_holder(holder) if holder else "it is just starting"
                 raise CaptureBusy(f"a trace capture is already running ({what}); one at a time per host, "
-                                  "try again when it ends", holder) from None
+                                  "try again when it ends") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(self.holder).encode() + b"\n", 0)
         self._fd = fd
