@@ -70,8 +70,7 @@ def burst_percentile_us(histogram: List[int], fraction: float) -> float:
         if seen >= rank and count:
             low, high = burst_bucket_bounds_us(index)
             return round((max(low, 0.5) * high) ** 0.5, 1)
-    low, high = burst_bucket_bounds_us(BURST_BUCKETS - 1)
-    return high
+    return burst_bucket_bounds_us(BURST_BUCKETS - 1)[1]
 
 
 def _sample_deltas(series: Optional[ThreadSeries]) -> Tuple[int, int, float, float]:
