@@ -78,10 +78,6 @@ class Refinement:
 # ---- neighbours -----------------------------------------------------------------------------------
 
 
-def _latency_nice() -> int:
-    return GROUP_SPEC.default_for("nice", {"treatment": LATENCY})
-
-
 def changes_of(group: ThreadGroup, declared: Set[str]) -> Iterator[Change]:
     """The neighbours of one group, the likelier gains first. declared: the keys its table sets."""
     name = group.name
@@ -90,8 +86,8 @@ def changes_of(group: ThreadGroup, declared: Set[str]) -> Iterator[Change]:
             yield Change(name, "cpu_fraction", group.cpu_fraction, round(group.cpu_fraction - FRACTION_STEP, 3))
         if group.cpu_fraction < 1.0:
             yield Change(name, "cpu_fraction", group.cpu_fraction, round(min(1.0, group.cpu_fraction + FRACTION_STEP), 3))
-        yield Change(name, "treatment", EXCLUSIVE, LATENCY,
-                     also=(("cpu_fraction", None), ("nice", _latency_nice() if "nice" in declared else None)))
+        nice = GROUP_SPEC.default_for("nice", {"treatment": LATENCY}) if "nice" in declared else None
+        yield Change(name, "treatment", EXCLUSIVE, LATENCY, also=(("cpu_fraction", None), ("nice", nice)))
     if group.treatment == LATENCY:
         if group.nice > -20:
             yield Change(name, "nice", group.nice, max(-20, group.nice - NICE_STEP))
