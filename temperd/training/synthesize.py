@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from temperd.config.daemon_config import CONFIG_SPEC
-from temperd.config.profile import PROFILE_ID_PATTERN, Profile, Traits, parse_profile
+from temperd.config.errors import ConfigError
+from temperd.config.profile import PROFILE_ID_PATTERN, Traits, parse_profile
 from temperd.decide.classify import (BUSIEST_THREAD, CPU_CAPACITY, CPU_DEMAND, CPU_USED, D_STATE_SHARE, HOT_THREAD_CPUS,
                                      HOT_THREADS, Hints, WorkloadSignals, classify, traits_of)
 from temperd.decide.planner import exclusive_cores
@@ -211,16 +212,8 @@ def synthesize(analysis: Analysis, root: Optional[ProcessInfo], shape: ShapeFact
         body += [""] + _group_toml(cluster, analysis)
     # Comments quote thread names and titles: escaped, so a newline in one cannot start a TOML line.
     text = "\n".join(printable(line) if line.startswith("#") else line for line in head + body) + "\n"
-    check(text, f"{pid}.toml")
-    return text
-
-
-def check(text: str, name: str) -> Profile:
-    """The strict loader's verdict on a synthesized profile (ValueError with its problems)."""
-    from temperd.config.errors import ConfigError
-
-    try:
-        return parse_profile(text, name)
+    try:  # the strict loader's verdict
+        parse_profile(text, f"{pid}.toml")
     except ConfigError as exc:
         raise ValueError("; ".join(str(p) for p in exc.problems)) from None
-
+    return text
