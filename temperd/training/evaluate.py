@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
-from temperd.training.harness import Arm, HostMonitor, Run, TrialPlan, read_proc_cpu, run_trials, spinners
+from temperd.training.harness import HostMonitor, Run, TrialPlan, read_proc_cpu, run_trials, spinners
 from temperd.training.verdicts import Spread, compare, spread
 
 MIN_REPS = 5
@@ -107,12 +107,12 @@ def measure_arms(request: Request, texts: Dict[str, Optional[str]], bind: Bind, 
         raise EvaluationError(f"--reps: expected at least {MIN_REPS} repetitions per arm, found {request.reps}")
 
     @contextlib.contextmanager
-    def arm(name: str) -> Iterator[Dict[str, object]]:
+    def arm(name: str) -> Iterator[None]:
         text = texts[name]
         if text is not None:
             bind(request.pid, text, request.tier)
         try:
-            yield {}
+            yield
         finally:
             if text is not None:
                 unbind(request.pid)
@@ -135,12 +135,9 @@ def measure_arms(request: Request, texts: Dict[str, Optional[str]], bind: Bind, 
                 if parent:
                     unbind(parent)
 
-    arms = {name: Arm(name, "unbound" if text is None else "bound", lambda name=name: arm(name))
-            for name, text in texts.items()}
-
     def measure(step: str, name: str, rep: int) -> Run:
         run = Run(step, name, rep)
-        with arms[name].enter():
+        with arm(name):
             with background(request.background):
                 monitor = HostMonitor(also_ours=(request.pid,))  # the workload's own CPU is not noise
                 monitor.start()
