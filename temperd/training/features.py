@@ -10,7 +10,7 @@ share of its sleeps in D state, and its runqueue wait per switch-in.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from temperd.trace.parse import BURST_BUCKETS, ThreadStats, TraceSummary, burst_bucket_bounds_us
 from temperd.training.names import name_key
@@ -87,10 +87,9 @@ def workload_features(summary: TraceSummary, samples: Samples) -> WorkloadFeatur
     """ThreadFeatures of every thread of the workload that the samples or the trace saw."""
     duration_s = summary.duration_ns / 1e9 if summary.duration_ns else samples.duration_s
     duration_s = max(duration_s, 1e-3)
-    pids: Set[int] = set(samples.processes)
     pid_of: Dict[int, int] = {tid: s.pid for tid, s in samples.threads.items()}
     for tid, stats in summary.threads.items():
-        if tid not in pid_of and stats.tgid in pids:
+        if tid not in pid_of and stats.tgid in samples.processes:
             pid_of[tid] = stats.tgid
     names = {pid: info.name for pid, info in samples.processes.items()}
     titles = {pid: (info.titles[-1] if info.titles else "") for pid, info in samples.processes.items()}
