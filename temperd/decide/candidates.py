@@ -33,6 +33,10 @@ from temperd.sources.facts import system_unit_of
 from temperd.sources.light import Gate, Probe
 
 
+_READ_WORDS = {"exe": "executable", "cgroup": "cgroup", "cmdline": "command line",
+               "environ": f"{ENV_PROFILE} of trusted owners"}
+
+
 def _union(globs: Iterable[str]) -> Optional[Pattern[str]]:
     """One expression for any of these shell patterns (the matcher's, over the set)."""
     return any_glob(tuple(sorted(set(globs))))
@@ -54,14 +58,8 @@ class CandidateIndex(Gate):
         self.needs_cgroup = self._units is not None or bool(self._cgroups)
         self.needs_cmdline = bool(self._cmdlines)
         self.needs_environ = bool(profiles)  # the marker can name any loaded profile
-        self.describe = self._describe(len(profiles), len(config.bindings))
-
-    def _describe(self, profiles: int, bindings: int) -> str:
-        reads = ["name"] + [what for what, needed in (("executable", self.needs_exe), ("cgroup", self.needs_cgroup),
-                                                      ("command line", self.needs_cmdline)) if needed]
-        if self.needs_environ:
-            reads.append(f"{ENV_PROFILE} of trusted owners")
-        return f"{profiles} profiles, {bindings} bindings: a new program is checked by {', '.join(reads)}"
+        self.describe = (f"{len(profiles)} profiles, {len(config.bindings)} bindings: a new program is checked by "
+                         + ", ".join(["name"] + [_READ_WORDS[what] for what in self.reads()]))
 
     def reads(self) -> List[str]:
         """Which facts of a new program the index reads to turn it down (for tests and status)."""
