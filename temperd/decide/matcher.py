@@ -37,7 +37,7 @@ from temperd.config.profile import Profile, ThreadGroup
 from temperd.config.schema import glob_match
 from temperd.config import safe_regex
 from temperd.decide.grouping import Grouping
-from temperd.decide.trust import RAISING_TIERS, UNTRUSTED_TIER_CAP, TrustPolicy, raises, trust_policy
+from temperd.decide.trust import RAISING_TIERS, RAISING_TREATMENTS, UNTRUSTED_TIER_CAP, TrustPolicy, trust_policy
 from temperd.sources.facts import ProcessFacts
 
 log = logging.getLogger(__name__)
@@ -336,23 +336,20 @@ class Matcher:
         return result
 
     def _keyed_workload(self, key: str, pids: Sequence[int], seen_runtime: Dict[Tuple[int, int], int]) -> Workload:
-        procs, decisions = self._grouping.procs, self._grouping.decisions
-        first = decisions[pids[0]]
-        distrust = next((decisions[p].distrust for p in pids if decisions[p].distrust), None)
-        if distrust and first.tier in RAISING_TIERS:
+        """The workload of these processes; the one built last time where nothing it was built
+        from changed."""
+        decisions = self._grouping.decisions
+        procs = [self._grouping.procs[p] for p in pids]
+        decision = decisions[pids[0]]
+        distrust = {p: decisions[p].distrust for p in pids}
+        untrusted = next((why for why in distrust.values() if why), None)
+        if untrusted and decision.tier in RAISING_TIERS:
             # one untrusted member keeps the whole workload (one cgroup weight) from the tier
-            first = dataclasses.replace(first, tier=UNTRUSTED_TIER_CAP, reason=(
-                f"{first.reason}; tier {first.tier} not granted, {UNTRUSTED_TIER_CAP} instead: {distrust}"))
-        return self._workload(key, [procs[p] for p in pids], first, seen_runtime,
-                              {p: decisions[p].distrust for p in pids}, self._built.get(key))
-
-    def _workload(self, key: str, procs: Sequence, decision: _ProcessDecision,
-                  seen_runtime: Dict[Tuple[int, int], int], distrust: Mapping[int, Optional[str]],
-                  before: Optional[_BuiltWorkload]) -> Workload:
-        """The workload of these processes; the one built last time (`before`) where nothing it
-        was built from changed."""
+            decision = dataclasses.replace(decision, tier=UNTRUSTED_TIER_CAP, reason=(
+                f"{decision.reason}; tier {decision.tier} not granted, {UNTRUSTED_TIER_CAP} instead: {untrusted}"))
         budget = self._budget(decision.binding, procs[0])
         inputs = (tuple(procs), decision, budget, tuple(distrust.items()))
+        before = self._built.get(key)
         if before is not None and before.inputs == inputs:
             seen_runtime.update(before.runtimes)
             return before.workload
@@ -368,9 +365,6 @@ class Matcher:
     def _build_workload(self, key: str, procs: Sequence, decision: _ProcessDecision,
                         budget: Tuple[Optional[float], str], seen_runtime: Dict[Tuple[int, int], int],
                         distrust: Mapping[int, Optional[str]]) -> Workload:
-        unit = procs[0].unit
-        cgroup = procs[0].cgroup
-        budget_cpus, budget_reason = budget
         threads: List[ThreadMatch] = []
         if decision.profile is not None:
             for proc in procs:
@@ -383,12 +377,12 @@ class Matcher:
             key=key,
             profile_id=decision.profile.id if decision.profile else None,
             tier=decision.tier,
-            budget=budget_cpus,
-            budget_reason=budget_reason,
+            budget=budget[0],
+            budget_reason=budget[1],
             source=decision.source,
             reason=decision.reason,
-            unit=unit,
-            cgroup=cgroup,
+            unit=procs[0].unit,
+            cgroup=procs[0].cgroup,
             pids=tuple(p.pid for p in procs),
             threads=tuple(sorted(threads, key=lambda t: t.tid)),
             instance=_instance(procs, self.label_key),
@@ -449,12 +443,8 @@ class Matcher:
         selected = self._selected(profile, thread.comm, title)
         if selected is not None:
             match = ThreadMatch(thread.tid, pid, thread.comm, *selected)
-        elif catch_all is not None:
-            match = ThreadMatch(thread.tid, pid, thread.comm, catch_all.name,
-                                f"no other group of {profile.id} claims it: catch-all {catch_all.name}")
         else:
-            return ThreadMatch(thread.tid, pid, thread.comm, None,
-                               f"no group of {profile.id} selects it and the profile has no catch-all")
+            match = _unclaimed(profile, pid, thread, catch_all)
         return _distrusted(profile, match, distrust) if distrust else match
 
     def _assign_ranked(self, profile: Profile, proc, seen_runtime, distrust: Optional[str]) -> List[ThreadMatch]:
@@ -484,14 +474,8 @@ class Matcher:
                                               f"({recent[thread.tid] / 1e6:.1f} ms recent CPU)")
         catch_all = next((g for g in profile.thread_groups if g.catch_all), None)
         for thread in threads:
-            if thread.tid in out:
-                continue
-            if catch_all is not None:
-                out[thread.tid] = ThreadMatch(thread.tid, proc.pid, thread.comm, catch_all.name,
-                                              f"no other group of {profile.id} claims it: catch-all {catch_all.name}")
-            else:
-                out[thread.tid] = ThreadMatch(thread.tid, proc.pid, thread.comm, None,
-                                              f"no group of {profile.id} selects it and the profile has no catch-all")
+            if thread.tid not in out:
+                out[thread.tid] = _unclaimed(profile, proc.pid, thread, catch_all)
         if distrust:
             return [_distrusted(profile, match, distrust) for match in out.values()]
         return list(out.values())
@@ -503,10 +487,19 @@ class _Assigned:
     matches: Mapping[int, ThreadMatch]  # tid -> its match
 
 
+def _unclaimed(profile: Profile, pid: int, thread, catch_all: Optional[ThreadGroup]) -> ThreadMatch:
+    """The match of a thread no group selects: the catch-all's, else none."""
+    if catch_all is not None:
+        return ThreadMatch(thread.tid, pid, thread.comm, catch_all.name,
+                           f"no other group of {profile.id} claims it: catch-all {catch_all.name}")
+    return ThreadMatch(thread.tid, pid, thread.comm, None,
+                       f"no group of {profile.id} selects it and the profile has no catch-all")
+
+
 def _distrusted(profile: Profile, match: ThreadMatch, distrust: str) -> ThreadMatch:
     """A match of an untrusted process: out of a group whose treatment would raise its standing."""
     treatment = next(g.treatment for g in profile.thread_groups if g.name == match.group) if match.group else None
-    if treatment is None or not raises(treatment):
+    if treatment not in RAISING_TREATMENTS:
         return match
     return ThreadMatch(match.tid, match.pid, match.comm, None, f"{match.reason}; {treatment} not granted: {distrust}")
 

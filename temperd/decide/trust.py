@@ -50,10 +50,6 @@ class TrustPolicy:
                 "in [trust] of temperd.toml")
 
 
-def raises(treatment: str) -> bool:
-    return treatment in RAISING_TREATMENTS
-
-
 def trust_policy(config) -> TrustPolicy:
     """The host's policy: login.defs' UID_MIN, the uids of [trust] users and groups as they
     exist now (re-read at every reload)."""
