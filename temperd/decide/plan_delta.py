@@ -17,6 +17,7 @@ order is the plan's only where a backend tries one workload's layers in turn, an
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import operator
 import weakref
@@ -96,7 +97,7 @@ def _delta(previous: LayerPlan, parts: Dict[str, _Part], changed: List[Workload]
     new_parts = [_plan_one(w, parts.get(w.key), profiles, settings, names) for w in changed]
     if not gone and all(_same(parts.get(new.workload.key), new) for new in new_parts):
         for new in new_parts:  # the plan in force stands; its record names the workloads now
-            parts[new.workload.key] = _with_workload(parts[new.workload.key], new.workload)
+            parts[new.workload.key] = dataclasses.replace(parts[new.workload.key], workload=new.workload)
         previous.__dict__[PARTS] = (settings, parts, workloads)
         return previous
     added = [layer for part in new_parts for layer in part.layers]
@@ -188,13 +189,8 @@ def _same(before: Optional[_Part], after: _Part) -> bool:
             and before.weight == after.weight)
 
 
-def _with_workload(part: _Part, workload: Workload) -> _Part:
-    return _Part(workload, part.profile, part.weight, part.names, part.layers, part.decisions)
-
-
 def _names(plan: LayerPlan) -> Set[str]:
     names = plan.__dict__.get(NAMES)
     if names is None:
         names = plan.__dict__[NAMES] = {layer.name for layer in plan.layers}
     return names
-
