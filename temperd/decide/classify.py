@@ -205,11 +205,9 @@ class _Trail:
     def decide(self, key: str, hint_field: str, measured: str, why: str) -> str:
         """The hint where one is given (marked "(hint)", the measured value beside it), else the measured one."""
         hinted = self.hints.get(hint_field)
-        if hinted is not None and hinted != measured:
-            self.clauses.append(f"{key}={hinted} (hint: {self.hints.source}; measured {measured}: {why})")
-            return hinted
         if hinted is not None:
-            self.clauses.append(f"{key}={hinted} (hint: {self.hints.source}; measured the same: {why})")
+            found = "the same" if hinted == measured else measured
+            self.clauses.append(f"{key}={hinted} (hint: {self.hints.source}; measured {found}: {why})")
             return hinted
         self.clauses.append(f"{key}={measured} ({why})")
         return measured
@@ -465,7 +463,4 @@ def classify(signals: WorkloadSignals, profile: Optional[str] = None) -> Classif
 
 def traits_of(classification: Classification) -> Dict[str, str]:
     """The classification as a profile's [traits] table (temper-profile(5) keys)."""
-    c = classification
-    return {"criticality": c.criticality, "cpu_intensity": c.cpu_intensity, "cpu_bound": c.cpu_bound,
-            "cpu_cap_sensitivity": c.cpu_cap_sensitivity, "gpu_intensity": c.gpu_intensity,
-            "gpu_bound": c.gpu_bound, "gpu_cap_sensitivity": c.gpu_cap_sensitivity}
+    return {name: getattr(classification, name) for name in _HINT_FIELDS}
