@@ -8,16 +8,6 @@ from typing import List, Optional, Sequence, Tuple, Union
 KeyPath = Tuple[Union[str, int], ...]
 
 
-def format_keypath(path: KeyPath) -> str:
-    out = ""
-    for part in path:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + part
-    return out or "(top level)"
-
-
 @dataclass(frozen=True)
 class ConfigProblem:
     file: str
@@ -27,7 +17,14 @@ class ConfigProblem:
 
     @property
     def key(self) -> str:
-        return format_keypath(self.keypath)
+        """The key path as written: thread_groups[1].treatment."""
+        out = ""
+        for part in self.keypath:
+            if isinstance(part, int):
+                out += f"[{part}]"
+            else:
+                out += ("." if out else "") + part
+        return out or "(top level)"
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
