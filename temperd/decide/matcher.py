@@ -266,9 +266,8 @@ class Matcher:
         wanted = proc.environ(ENV_PROFILE)  # read once per program image (`exec env X=y prog` brings one)
         if wanted:
             profile = self.profiles.get(wanted)
-            if profile is None:
-                return _ProcessDecision(None, tier, "env", f"{ENV_PROFILE}={wanted} names no loaded profile; {tier_reason}", binding)
-            return _ProcessDecision(profile, tier, "env", f"{ENV_PROFILE}={wanted} in its environment; {tier_reason}", binding)
+            why = "in its environment" if profile else "names no loaded profile"
+            return _ProcessDecision(profile, tier, "env", f"{ENV_PROFILE}={wanted} {why}; {tier_reason}", binding)
         if binding is not None:
             if binding.profile:
                 profile = self.profiles.get(binding.profile)
