@@ -303,12 +303,11 @@ def _group_layer(workload: Workload, group: ThreadGroup, alloc: _CoreAllocator, 
             return Layer(kind=CONFINED, treatment=EXCLUSIVE, cpus=cpus, idle_siblings=siblings, protected=True,
                          nice=group.nice, slice_us=group.slice_us, idle_resume_us=resume,
                          ownership=group.ownership, reasons=tuple(reasons), **common)
-        nice = group.nice
-        text = f"demoted to shared CPUs at nice {nice}: needs {want} whole core(s), " + (
+        text = f"demoted to shared CPUs at nice {group.nice}: needs {want} whole core(s), " + (
             over_budget or f"only {alloc.available()} left after the reserve and earlier exclusive groups")
         reasons.append(text)
         decisions.append(f"{where}: {text}")
-        return Layer(kind=OPEN, treatment=LATENCY, nice=nice, slice_us=group.slice_us,
+        return Layer(kind=OPEN, treatment=LATENCY, nice=group.nice, slice_us=group.slice_us,
                      idle_resume_us=group.idle_resume_us, reasons=tuple(reasons), **common)
     common["treatment"] = group.treatment
     if group.treatment == LATENCY:
@@ -355,7 +354,7 @@ def _tier_layer(workload: Workload, alloc: _CoreAllocator, weight: int, unique) 
                   selector=_selector(workload, None, tids), weight=weight)
     if workload.budget is None:
         return Layer(kind=OPEN, reasons=(f"critical tier without a profile: weight {weight}; {workload.budget_reason}",), **common)
-    want = max(1, math.ceil(round(workload.budget, 6)))
+    want = exclusive_cores(workload.budget, 1.0)
     cpus = alloc.spread(want)
     return Layer(kind=GROUPED, cpus=cpus, reasons=(
         f"critical tier without a profile: Grouped on {want} CPU(s) {_cpus(cpus)} spread over physical cores "
