@@ -244,8 +244,6 @@ def _field_schema(spec: Spec) -> dict:
         scalar["x-temper-format"] = spec.item_format
     if kind == "strlist":
         out.update({"type": "array", "items": {"type": "string", **scalar}})
-        if spec.min_items:
-            out["minItems"] = spec.min_items
     elif kind == "table":
         assert spec.table is not None
         out.update(_table_schema(spec.table))
@@ -253,10 +251,10 @@ def _field_schema(spec: Spec) -> dict:
     elif kind == "tables":
         assert spec.table is not None
         out.update({"type": "array", "items": _table_schema(spec.table)})
-        if spec.min_items:
-            out["minItems"] = spec.min_items
     else:
         out.update(scalar)
+    if spec.min_items:  # strlist and tables
+        out["minItems"] = spec.min_items
     if spec.default is not None and not isinstance(spec.default, ByValue):
         out["default"] = list(spec.default) if isinstance(spec.default, tuple) else spec.default
     return out
