@@ -22,6 +22,7 @@ processes itself (inheritance).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Collection, FrozenSet, Iterable, List, Optional, Pattern, Tuple
 
 from temperd.config import safe_regex
@@ -95,17 +96,7 @@ class CandidateIndex(Gate):
         return None
 
     def trusted(self, uid: Optional[int], unit_cgroup: Optional[str]) -> bool:
-        return self._trust.distrust(_Owner(uid, unit_cgroup)) is None
-
-
-class _Owner:
-    """What TrustPolicy.distrust reads of a process."""
-
-    __slots__ = ("uid", "system_unit")
-
-    def __init__(self, uid: Optional[int], unit_cgroup: Optional[str]):
-        self.uid = uid
-        self.system_unit = system_unit_of(unit_cgroup)
+        return self._trust.distrust(SimpleNamespace(uid=uid, system_unit=system_unit_of(unit_cgroup))) is None
 
 
 def candidate_index(view, matcher) -> CandidateIndex:
