@@ -212,9 +212,6 @@ class _Trail:
         self.clauses.append(f"{key}={measured} ({why})")
         return measured
 
-    def note(self, text: str) -> None:
-        self.clauses.append(text)
-
 
 def utilization_pct(s: WorkloadSignals) -> Optional[float]:
     """CPU demand as a share of the CPUs the workload can use (capacity: declared CPUs, else its
@@ -435,7 +432,7 @@ def classify(signals: WorkloadSignals, profile: Optional[str] = None) -> Classif
     gpu_level, gpu_bound_measured, gpu_util, gpu_cap, gpu_why, gpu_bound_why = _gpu(s)
     gpu_hinted = any(s.hints.get(name) is not None for name in _HINT_FIELDS if name.startswith("gpu"))
     if gpu_util is None and not gpu_hinted:
-        trail.note(f"gpu=none ({gpu_why})")
+        trail.clauses.append(f"gpu=none ({gpu_why})")
         gpu_intensity = gpu_bound = gpu_sensitivity = "none"
     else:
         gpu_intensity = trail.decide("gpu-intensity", "gpu_intensity", gpu_level, gpu_why)
@@ -443,13 +440,13 @@ def classify(signals: WorkloadSignals, profile: Optional[str] = None) -> Classif
         gpu_sensitivity = trail.decide("gpu-cap-sensitivity", "gpu_cap_sensitivity", gpu_cap, gpu_why)
     context = _context(s)
     if context:
-        trail.note("context, not its own and no cause of its class: " + ", ".join(context))
+        trail.clauses.append("context, not its own and no cause of its class: " + ", ".join(context))
     if not s.sources:
-        trail.note("hints only (no metrics available)" if s.hints.any() else "no metrics available yet")
+        trail.clauses.append("hints only (no metrics available)" if s.hints.any() else "no metrics available yet")
     else:
-        trail.note(f"window {s.window_s:.0f} s of {s.window_goal_s:.0f} s")
+        trail.clauses.append(f"window {s.window_s:.0f} s of {s.window_goal_s:.0f} s")
     if s.missing:
-        trail.note("without " + ", ".join(f"{source} ({why})" for source, why in sorted(s.missing.items())))
+        trail.clauses.append("without " + ", ".join(f"{source} ({why})" for source, why in sorted(s.missing.items())))
     return Classification(
         workload=s.workload, criticality=criticality, cpu_intensity=intensity, cpu_bound=bound,
         cpu_avg_utilization_pct=round(util, 1) if util is not None else None, cpu_cap_sensitivity=cap,
