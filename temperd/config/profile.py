@@ -256,7 +256,7 @@ def _group_from(values: dict, raw: dict, index: int, v: Validator) -> Optional[T
     return ThreadGroup(**{key: values[key] for key in GROUP_SPEC.fields})
 
 
-def profile_from_document(doc: TomlDocument, *, builtin: bool = False, source: Optional[str] = None) -> Profile:
+def profile_from_document(doc: TomlDocument, *, builtin: bool = False) -> Profile:
     """Validate a parsed TOML document as a profile; raises ConfigError listing every problem."""
     v = Validator(doc)
     version = doc.data.get("schema_version")
@@ -292,7 +292,7 @@ def profile_from_document(doc: TomlDocument, *, builtin: bool = False, source: O
         machine_shape=ShapeRequirement(**{k: shape.get(k) for k in SHAPE_SPEC.fields}),
         traits=Traits(**{k: traits.get(k) for k in TRAITS_SPEC.fields}),
         thread_groups=tuple(groups),
-        source=source or doc.file,
+        source=doc.file,
         builtin=builtin,
     )
 

@@ -122,7 +122,7 @@ def resolve(builtins: Sequence[Profile], files: Sequence[Profile], host: HostSha
         fitting.sort(key=lambda p: (-p.machine_shape.specificity, p.builtin))
         for rank, profile in enumerate(fitting):
             if rank == 0:
-                reason = _win_reason(profile, fitting[1:], host)
+                reason = _win_reason(profile, fitting[1:])
                 result.active[profile_id] = profile
                 result.candidates.append(Candidate(profile, "active", reason))
             else:
@@ -132,7 +132,7 @@ def resolve(builtins: Sequence[Profile], files: Sequence[Profile], host: HostSha
     return result
 
 
-def _win_reason(profile: Profile, others: Sequence[Profile], host: HostShape) -> str:
+def _win_reason(profile: Profile, others: Sequence[Profile]) -> str:
     origin = "builtin" if profile.builtin else f"file {profile.source}"
     shape = profile.machine_shape
     shape_text = "any machine shape" if shape.specificity == 0 else f"machine_shape {shape.describe()} matches this host"
