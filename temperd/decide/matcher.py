@@ -431,20 +431,14 @@ class Matcher:
         for thread in _threads(proc):
             match = old.get(thread.tid)
             if match is None or match.comm != thread.comm:
-                match = self._one(profile, proc.pid, thread, title, catch_all, distrust)
+                selected = self._selected(profile, thread.comm, title)
+                match = (ThreadMatch(thread.tid, proc.pid, thread.comm, *selected) if selected is not None
+                         else _unclaimed(profile, proc.pid, thread, catch_all))
+                if distrust:
+                    match = _distrusted(profile, match, distrust)
             out[thread.tid] = match
         self._assigned[key] = _Assigned((profile, title, distrust), out)
         return list(out.values())
-
-    def _one(self, profile: Profile, pid: int, thread, title: str, catch_all: Optional[ThreadGroup],
-             distrust: Optional[str]) -> ThreadMatch:
-        """One thread's match in a profile without a `busiest` group."""
-        selected = self._selected(profile, thread.comm, title)
-        if selected is not None:
-            match = ThreadMatch(thread.tid, pid, thread.comm, *selected)
-        else:
-            match = _unclaimed(profile, pid, thread, catch_all)
-        return _distrusted(profile, match, distrust) if distrust else match
 
     def _assign_ranked(self, profile: Profile, proc, seen_runtime, distrust: Optional[str]) -> List[ThreadMatch]:
         """_assign for a profile with a `busiest` group: ranked by the runtime grown since the last match."""
