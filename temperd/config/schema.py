@@ -102,7 +102,7 @@ class Validator:
                 continue
             out[key] = self.value(data[key], fspec, path + (key,))
         # A default that depends on another key's value is the one for that key's checked value.
-        return {key: resolve(value, out) if isinstance(value, ByValue) else value for key, value in out.items()}
+        return {key: resolve(value, out) for key, value in out.items()}
 
     def value(self, value: Any, spec: Spec, path: KeyPath) -> Any:
         type_ok, type_name = _TYPES[spec.type]
