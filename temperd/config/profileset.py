@@ -122,9 +122,8 @@ def resolve(builtins: Sequence[Profile], files: Sequence[Profile], host: HostSha
         fitting.sort(key=lambda p: (-p.machine_shape.specificity, p.builtin))
         for rank, profile in enumerate(fitting):
             if rank == 0:
-                reason = _win_reason(profile, fitting[1:])
                 result.active[profile_id] = profile
-                result.candidates.append(Candidate(profile, "active", reason))
+                result.candidates.append(Candidate(profile, "active", _win_reason(profile, fitting[1:])))
             else:
                 winner = fitting[0]
                 result.candidates.append(Candidate(profile, "overridden", f"overridden by {winner.source}"
