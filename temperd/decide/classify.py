@@ -202,9 +202,11 @@ class _Trail:
         self.hints = hints
         self.clauses: List[str] = []
 
-    def decide(self, key: str, hint_field: str, measured: str, why: str) -> str:
-        """The hint where one is given (marked "(hint)", the measured value beside it), else the measured one."""
-        hinted = self.hints.get(hint_field)
+    def decide(self, name: str, measured: str, why: str) -> str:
+        """The hint of [traits] `name` if given (marked "(hint)", the measured value beside it),
+        else the measured one."""
+        key = name.replace("_", "-")  # cpu-intensity for cpu_intensity
+        hinted = self.hints.get(name)
         if hinted is not None:
             found = "the same" if hinted == measured else measured
             self.clauses.append(f"{key}={hinted} (hint: {self.hints.source}; measured {found}: {why})")
@@ -422,22 +424,19 @@ def classify(signals: WorkloadSignals, profile: Optional[str] = None) -> Classif
     hot = s.get(HOT_THREADS) or 0.0
 
     tier_class = "performance" if s.tier == "critical" else "standard"
-    criticality = trail.decide("criticality", "criticality", tier_class, f"tier {s.tier}")
-    measured_intensity, why = _intensity(util)
-    intensity = trail.decide("cpu-intensity", "cpu_intensity", measured_intensity, why)
-    measured_bound, why = _bound(_bound_evidence(s, util), util)
-    bound = trail.decide("cpu-bound", "cpu_bound", measured_bound, why)
-    measured_cap, why = _cap_sensitivity(bound, util, hot)
-    cap = trail.decide("cpu-cap-sensitivity", "cpu_cap_sensitivity", measured_cap, why)
+    criticality = trail.decide("criticality", tier_class, f"tier {s.tier}")
+    intensity = trail.decide("cpu_intensity", *_intensity(util))
+    bound = trail.decide("cpu_bound", *_bound(_bound_evidence(s, util), util))
+    cap = trail.decide("cpu_cap_sensitivity", *_cap_sensitivity(bound, util, hot))
     gpu_level, gpu_bound_measured, gpu_util, gpu_cap, gpu_why, gpu_bound_why = _gpu(s)
     gpu_hinted = any(s.hints.get(name) is not None for name in _HINT_FIELDS if name.startswith("gpu"))
     if gpu_util is None and not gpu_hinted:
         trail.clauses.append(f"gpu=none ({gpu_why})")
         gpu_intensity = gpu_bound = gpu_sensitivity = "none"
     else:
-        gpu_intensity = trail.decide("gpu-intensity", "gpu_intensity", gpu_level, gpu_why)
-        gpu_bound = trail.decide("gpu-bound", "gpu_bound", gpu_bound_measured, gpu_bound_why)
-        gpu_sensitivity = trail.decide("gpu-cap-sensitivity", "gpu_cap_sensitivity", gpu_cap, gpu_why)
+        gpu_intensity = trail.decide("gpu_intensity", gpu_level, gpu_why)
+        gpu_bound = trail.decide("gpu_bound", gpu_bound_measured, gpu_bound_why)
+        gpu_sensitivity = trail.decide("gpu_cap_sensitivity", gpu_cap, gpu_why)
     context = _context(s)
     if context:
         trail.clauses.append("context, not its own and no cause of its class: " + ", ".join(context))
