@@ -9,6 +9,7 @@ from typing import Dict, List, Optional, Tuple
 
 from temperd import paths
 from temperd.config.errors import ConfigError, ConfigProblem
+from temperd.config.profile import PROFILE_ID_PATTERN
 from temperd.plan import TIERS
 from temperd.config.schema import Spec, TableSpec, Validator, check_cgroup_path, check_glob
 from temperd.config.tomlsource import TomlDocument, read_toml
@@ -54,7 +55,7 @@ BINDING_SPEC = TableSpec(
         "unit": Spec("str", "systemd unit name or glob, e.g. 'memcached.service'.", item_check=check_glob),
         "cgroup": Spec("str", "cgroup path prefix, e.g. '/system.slice/memcached.service'.", item_check=check_cgroup_path),
         "tier": Spec("str", "QoS tier.", choices=TIERS, default="standard"),
-        "profile": Spec("str", "Profile id to apply (overrides fingerprints).", pattern=r"[a-z0-9][a-z0-9-]{0,62}",
+        "profile": Spec("str", "Profile id to apply (overrides fingerprints).", pattern=PROFILE_ID_PATTERN,
                         pattern_doc="a profile id"),
         "cpus": Spec("float", "CPU budget in CPUs, e.g. 1.5; otherwise the cgroup's CPU quota.", minimum=0.0,
                      maximum=4096.0, exclusive_minimum=True),
