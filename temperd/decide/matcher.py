@@ -285,9 +285,10 @@ class Matcher:
     def explain_unmatched(self, proc) -> str:
         if proc.is_kernel_thread:
             return "kernel thread: never treated"
+        exe = proc.exe or ("not readable (permission denied)" if "exe" in proc.unreadable else "-")
         return (f"no {ENV_PROFILE} in its environment, no binding for unit {proc.unit or '-'} / cgroup "
                 f"{proc.cgroup or '-'}, and no fingerprint of {len(self._ordered)} loaded profiles matches "
-                f"(name {proc.name!r}, exe {_shown_exe(proc)})")
+                f"(name {proc.name!r}, exe {exe})")
 
     # ---- whole host ------------------------------------------------------------------------
 
@@ -508,12 +509,6 @@ def _instance(procs: Sequence, key: bytes) -> str:
     text = "\0".join(root.cmdline).encode("utf-8", "surrogateescape")
     digest = hmac.new(key, text, hashlib.sha256).hexdigest()[:8]
     return f"{os.path.basename(root.exe) if root.exe else root.name} {digest}"
-
-
-def _shown_exe(proc: ProcessFacts) -> str:
-    if proc.exe:
-        return proc.exe
-    return "not readable (permission denied)" if "exe" in proc.unreadable else "-"
 
 
 _SELECTED_MAX = 8192  # remembered (profile, name, title) answers; forgotten all at once beyond
