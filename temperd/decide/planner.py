@@ -226,11 +226,9 @@ def _workload_layers(workload: Workload, profile: Optional[Profile], alloc: "_Co
     """One workload's layers, and the lines it adds to the plan's decisions."""
     said: List[str] = []
     if profile is None:
-        if workload.tier == "critical":
-            return [_tier_layer(workload, alloc, tier_weight, unique)], said
-        if workload.tier == "background":
-            return [_background_layer(workload, tier_weight, unique)], said
-        return [], said
+        if workload.tier not in ("critical", "background"):
+            return [], said
+        return [_tier_layer(workload, alloc, tier_weight, unique)], said
     made = []
     for group in profile.thread_groups:
         layer = _group_layer(workload, group, alloc, unique(f"{_slug(workload.key)}.{group.name}"), said, sizing,
@@ -348,10 +346,16 @@ def _exclusive_size(workload: Workload, group: ThreadGroup, sizing: Sizing, reas
 
 
 def _tier_layer(workload: Workload, alloc: _CoreAllocator, weight: int, unique) -> Layer:
+    """The layer of a critical or background tier workload without a profile."""
     tids = tuple(t.tid for t in workload.threads)
-    name = unique(f"{_slug(workload.key)}.tier")
-    common = dict(name=name, treatment=LATENCY, tier=workload.tier, workload=workload.key, group="",
+    common = dict(name=unique(f"{_slug(workload.key)}.tier"), tier=workload.tier, workload=workload.key, group="",
                   selector=_selector(workload, None, tids), weight=weight)
+    if workload.tier == "background":
+        # All of it yields (SCHED_IDLE): cgroup weights alone do not reach hosts without a cgroup
+        # v2 cpu controller, and not across one session's threads.
+        return Layer(kind=OPEN, treatment=YIELD, policy="idle", reasons=(
+            f"background tier without a profile: yields (SCHED_IDLE), weight {weight}",), **common)
+    common["treatment"] = LATENCY
     if workload.budget is None:
         return Layer(kind=OPEN, reasons=(f"critical tier without a profile: weight {weight}; {workload.budget_reason}",), **common)
     want = exclusive_cores(workload.budget, 1.0)
@@ -359,16 +363,6 @@ def _tier_layer(workload: Workload, alloc: _CoreAllocator, weight: int, unique) 
     return Layer(kind=GROUPED, cpus=cpus, reasons=(
         f"critical tier without a profile: Grouped on {want} CPU(s) {_cpus(cpus)} spread over physical cores "
         f"({workload.budget_reason})",), **common)
-
-
-def _background_layer(workload: Workload, weight: int, unique) -> Layer:
-    """Background tier without a profile: all of it yields (SCHED_IDLE). cgroup weights alone do
-    not reach hosts without a cgroup v2 cpu controller, and not across one session's threads."""
-    tids = tuple(t.tid for t in workload.threads)
-    return Layer(name=unique(f"{_slug(workload.key)}.tier"), kind=OPEN, treatment=YIELD, tier=workload.tier,
-                 workload=workload.key, group="", selector=_selector(workload, None, tids), weight=weight,
-                 policy="idle", reasons=("background tier without a profile: yields (SCHED_IDLE), weight "
-                                         f"{weight}",))
 
 
 def _cpus(cpus: Sequence[int]) -> str:
