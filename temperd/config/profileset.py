@@ -135,10 +135,8 @@ def _win_reason(profile: Profile, others: Sequence[Profile]) -> str:
     origin = "builtin" if profile.builtin else f"file {profile.source}"
     shape = profile.machine_shape
     shape_text = "any machine shape" if shape.specificity == 0 else f"machine_shape {shape.describe()} matches this host"
-    if not others:
-        return f"{origin}; {shape_text}"
-    beaten = ", ".join(o.source for o in others)
-    return f"{origin}; {shape_text}; preferred over {beaten}"
+    beaten = f"; preferred over {', '.join(o.source for o in others)}" if others else ""
+    return f"{origin}; {shape_text}{beaten}"
 
 
 def load_profile_set(host: HostShape, profile_dir: Optional[str] = DEFAULT_PROFILE_DIR, *,
