@@ -47,8 +47,7 @@ def describe_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        text = value if len(value) <= 60 else value[:57] + "..."
-        return repr(text)
+        return repr(value if len(value) <= 60 else value[:57] + "...")
     if isinstance(value, dict):
         return "a table"
     if isinstance(value, list):
