@@ -195,13 +195,10 @@ class ThreadGroup:
         return "catch_all"
 
     def describe_selector(self) -> str:
-        if self.thread_names:
-            return "threads named " + ", ".join(self.thread_names)
-        if self.process_titles:
-            return "processes titled " + ", ".join(self.process_titles)
-        if self.busiest is not None:
-            return f"the {self.busiest} busiest threads"
-        return "all other threads"
+        return {"thread_names": "threads named " + ", ".join(self.thread_names),
+                "process_titles": "processes titled " + ", ".join(self.process_titles),
+                "busiest": f"the {self.busiest} busiest threads",
+                "catch_all": "all other threads"}[self.selector]
 
     def describe_treatment(self) -> str:
         if self.treatment == EXCLUSIVE:
