@@ -103,8 +103,6 @@ class Workload:
 @dataclass
 class MatchResult:
     workloads: List[Workload] = field(default_factory=list)
-    # pid -> why it is not a workload (only for processes someone asked about, or env/binding errors)
-    notes: Dict[int, str] = field(default_factory=dict)
     # What differs from the match before (whose workloads list `since` is; None: unknown): the
     # workloads built again (some may be the very objects they were) and the keys that ended.
     # plan_delta reads them instead of comparing every workload.
