@@ -1,17 +1,12 @@
-"""What a backend did: one call's counts and messages (ApplyResult), and the drift it has found
-since it started (DriftRecord). A leaf: the Backend interface, both backends and the observers
-read these types without importing one another. Every setting temperd holds or restores (a
-thread's, held.py's) says what it did as an ApplyResult, counted under its kind; a call merges them."""
+"""What a backend did: one call's counts and messages (ApplyResult). A leaf: the Backend
+interface, both backends and the observers read this type without importing one another. Every
+setting temperd holds or restores (a thread's, held.py's) says what it did as an ApplyResult,
+counted under its kind; a call merges them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping
-
-
-def _add(table: Dict[str, int], kind: str, n: int = 1) -> None:
-    if n:
-        table[kind] = table.get(kind, 0) + n
+from typing import Dict, List
 
 
 @dataclass
@@ -28,7 +23,8 @@ class ApplyResult:
     unsupported: List[str] = field(default_factory=list)
 
     def bump(self, table: Dict[str, int], kind: str, n: int = 1) -> None:
-        _add(table, kind, n)
+        if n:
+            table[kind] = table.get(kind, 0) + n
 
     def merge(self, other: "ApplyResult") -> None:
         """Add another result's counts and messages to this one."""
@@ -54,17 +50,3 @@ class ApplyResult:
         return (f"applied: {fmt(self.applied)}; restored: {fmt(self.restored)}; failed: {fmt(self.failed)}; "
                 f"drift: {fmt(self.drift)}; unmovable {self.unmovable}; gone {self.gone}; "
                 f"threads held {self.threads_treated}")
-
-
-@dataclass
-class DriftRecord:
-    """Settings found changed by someone else since the backend started, by kind.
-
-    The one count of drift: each setting is counted once, when first found, from the results
-    of the backend's calls (the same counts that ApplyResult.drift reports per call)."""
-
-    counts: Dict[str, int] = field(default_factory=dict)
-
-    def add(self, found: Mapping[str, int]) -> None:
-        for kind, n in found.items():
-            _add(self.counts, kind, n)

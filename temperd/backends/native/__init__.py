@@ -19,5 +19,5 @@ pmqos.py           the per-CPU idle-resume bound (PM QoS)
 cgroup_weight.py   tier weights: cgroup v2 cpu.weight, through systemd or the cgroupfs
 sched.py           the per-thread scheduler syscalls (affinity, policy, nice, slice), policy ids
 
-What a call did (ApplyResult) and the drift found (DriftRecord) are in temperd/backends/result.py.
+What a call did (ApplyResult) is in temperd/backends/result.py.
 """

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections import Counter
 from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set
 
 from temperd.backends.native.autogroup import AUTOGROUP, Autogroups, Groups, autogroup_enabled, mixed_note
@@ -32,7 +33,7 @@ from temperd.backends.native.inheritance import restore_inherited
 from temperd.backends.native.membership import ThreadKey, ThreadRef, scan_threads
 from temperd.backends.native.pmqos import PMQOS, PmQos, resume_bounds
 from temperd.backends.native.restore_ledger import LedgerError, RestoreLedger
-from temperd.backends.result import ApplyResult, DriftRecord
+from temperd.backends.result import ApplyResult
 from temperd.backends.native.treatment import ThreadTreatment
 from temperd.backends.native.universe import Universe
 from temperd.backends.status import NATIVE, BackendStatus
@@ -64,7 +65,7 @@ class NativeBackend:
         self.pmqos_open_layers = pmqos_open_layers  # bound every CPU for Open layers (temperd.toml has no key)
         self.autogroup = autogroup and autogroup_enabled()
         self.plan: Optional[LayerPlan] = None
-        self.drift = DriftRecord()
+        self._drift: Counter = Counter()  # drift_counts: each setting counted once, when first found
         self._universe = Universe()  # the host threads last seen
         self._saved_records = 0  # records in the ledger at the last save
         self._recovered = False
@@ -296,7 +297,7 @@ class NativeBackend:
     @property
     def drift_counts(self) -> Dict[str, int]:
         """Settings found changed by someone else since this backend started, by kind."""
-        return dict(self.drift.counts)
+        return dict(self._drift)
 
     # ---- steps ---------------------------------------------------------------------------------
 
@@ -321,7 +322,7 @@ class NativeBackend:
         if save:
             self._save(result)
         result.threads_treated = self.ledger.held()
-        self.drift.add(result.drift)
+        self._drift.update(result.drift)
         return result
 
     def _save(self, result: ApplyResult) -> bool:
