@@ -22,17 +22,15 @@ the online CPUs, a slice as the kernel clamps it).
 
 from __future__ import annotations
 
-import errno
 import logging
 from typing import Any, Callable, Container, Dict, Generic, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
+from temperd.backends.native.sched import is_gone
 from temperd.backends.result import ApplyResult
 
 K = TypeVar("K")
 V = TypeVar("V")
 Pending = Tuple[Any, Any, Any]  # (key, value to write, the value written before it, or None)
-
-GONE_ERRNOS = (errno.ENOENT, errno.ESRCH)  # what a write answers when the setting's owner is gone
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +87,6 @@ class Setting(Generic[K, V]):
 
 def why(exc: BaseException) -> str:
     return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
-
-
-def _gone(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in GONE_ERRNOS
 
 
 class HeldSettings(Generic[K, V]):
@@ -190,7 +184,7 @@ class HeldSettings(Generic[K, V]):
     def not_written(self, group: Sequence[Pending], exc: BaseException, result: ApplyResult) -> None:
         """Writes that intend() recorded failed: each record goes back to what it was."""
         self.withdraw(group)
-        if not _gone(exc):
+        if not is_gone(exc):  # an owner gone (a thread, CPU, cgroup, process) refused nothing
             self.refused([key for key, _, _ in group], [value for _, value, _ in group], exc, result)
 
     def refused(self, keys: List[K], values: List[V], exc: BaseException, result: ApplyResult) -> None:
@@ -242,7 +236,7 @@ class HeldSettings(Generic[K, V]):
             try:
                 setting.write_many({key: original for key, original, _ in group})
             except (OSError, Refused) as exc:
-                if not _gone(exc):
+                if not is_gone(exc):
                     for key, original, _ in group:
                         self._fail(result, f"{setting.where(key)}: restoring {setting.shown(original)}: {why(exc)}")
                 continue

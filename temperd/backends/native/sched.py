@@ -253,5 +253,6 @@ def _detect_slice_support() -> SliceSupport:
 
 
 def is_gone(exc: BaseException) -> bool:
-    """ESRCH, ENOENT: the thread (or process) exited; normal between listing and acting."""
+    """ESRCH, ENOENT: the thread (or process) exited, or a held setting's owner is gone (held.py);
+    normal between listing and acting."""
     return isinstance(exc, OSError) and exc.errno in (errno.ESRCH, errno.ENOENT)

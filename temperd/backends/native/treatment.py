@@ -32,7 +32,7 @@ from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Op
 from temperd.backends.native import sched
 from temperd.backends.native.inheritance import Creators, Parents, uninherited
 from temperd.backends.native.membership import KernelThreads, Membership, ThreadKey
-from temperd.backends.native.held import Pending
+from temperd.backends.native.held import Pending, why
 from temperd.backends.native.restore_ledger import RestoreLedger
 from temperd.backends.native.thread_settings import (AFFINITY, NICE, POLICY, SLICE, THREAD_KINDS, ThreadRecord,
                                                      thread_values)
@@ -220,9 +220,9 @@ class ThreadTreatment:
             if not rec.ended:
                 rec.carry_out(pending, result)
             self.ledger.settle(rec, result)
-        for why, names in sorted(stuck.items()):
+        for reason, names in sorted(stuck.items()):
             shown = ", ".join(sorted(names)[:_NOTE_NAMES]) + (", ..." if len(names) > _NOTE_NAMES else "")
-            result.notes.append(f"{len(names)} {why}: {shown}")
+            result.notes.append(f"{len(names)} {reason}: {shown}")
 
     def restore_departed(self, present: Container[ThreadKey], result: ApplyResult) -> None:
         """Threads temperd holds that are not among the host's threads any more: restore the living."""
@@ -326,5 +326,4 @@ class ThreadTreatment:
         for kind in kinds:
             result.bump(result.failed, kind)
             self._failed.add((rec.key, kind))  # reported once; not retried until the plan changes
-        why = (exc.strerror if isinstance(exc, OSError) else None) or exc
-        result.errors.append(f"tid {rec.tid} ({rec.comm}): setting {'/'.join(kinds)}: {why}")
+        result.errors.append(f"tid {rec.tid} ({rec.comm}): setting {'/'.join(kinds)}: {why(exc)}")
