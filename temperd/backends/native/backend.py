@@ -249,7 +249,7 @@ class NativeBackend:
 
     def _recover_from_state_file(self, result: ApplyResult) -> None:
         previous = RestoreLedger(self.ledger.state_dir, os.path.basename(self.ledger.path), self.ledger.online_cpus)
-        removed = previous.remove_stale_temp_files()
+        removed = previous.file.remove_stale_temp_files()
         if removed:
             result.notes.append(f"removed {len(removed)} unfinished state-file write(s) of an earlier run: "
                                 + ", ".join(removed))
@@ -269,7 +269,7 @@ class NativeBackend:
         if previous.skipped:
             result.errors.append(f"{previous.path}: {len(previous.skipped)} malformed entries skipped")
         result.notes.append(f"recovered from {previous.path}: {result.summary()}")
-        previous.delete()
+        previous.file.delete()
 
     @staticmethod
     def _recover_held(result: ApplyResult, previous: RestoreLedger, held_settings: List[HeldSettings]) -> None:

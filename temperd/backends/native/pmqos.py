@@ -92,9 +92,6 @@ class PmQos(HeldSettings[int, str]):
         self.file = ResumeLatencyFile(cpu_root)
         super().__init__(self.file)
 
-    def path(self, cpu: int) -> str:
-        return self.file.path(cpu)
-
     def read(self, cpu: int) -> Optional[str]:
         """The CPU's bound as the file shows it; None when it cannot be read."""
         try:
@@ -103,7 +100,7 @@ class PmQos(HeldSettings[int, str]):
             return None
 
     def supported(self, cpu: int) -> Tuple[bool, str]:
-        path = self.path(cpu)
+        path = self.file.path(cpu)
         if not os.path.exists(path):
             return False, f"{path} does not exist: this kernel or platform exposes no per-CPU resume latency QoS"
         if not os.access(path, os.W_OK):

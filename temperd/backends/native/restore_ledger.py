@@ -14,7 +14,7 @@ import functools
 import logging
 import os
 import re
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Set, Tuple
 
 from temperd.backends.native.given_back import GivenBack
 from temperd.backends.native.state_file import StateFile, StateFileError
@@ -175,12 +175,11 @@ class RestoreLedger:
 
     # ---- restore ------------------------------------------------------------------------------
 
-    def restore(self, rec: ThreadRecord, kinds: Optional[Sequence[str]] = None,
-                online: Optional[FrozenSet[int]] = None) -> ApplyResult:
-        """Put back the original of each kind written (all, or `kinds`) that nobody else changed since."""
+    def restore(self, rec: ThreadRecord, online: Optional[FrozenSet[int]] = None) -> ApplyResult:
+        """Put back the original of each kind written that nobody else changed since."""
         out = ApplyResult()
         self.online = online if online is not None else self.now_online()
-        rec.restore_keys([k for k in (THREAD_KINDS if kinds is None else kinds) if k in rec.written], out)
+        rec.restore_keys([k for k in THREAD_KINDS if k in rec.written], out)
         self.settle(rec, out)
         return out
 
@@ -214,7 +213,7 @@ class RestoreLedger:
         changed = set(self._changed)
         self._changed.clear()  # the same set: the records' values hold its add()
         if self.is_empty():
-            self.delete()
+            self.file.delete()
             return
         try:
             self.file.save(self.records, self.extras, changed)
@@ -241,9 +240,6 @@ class RestoreLedger:
             self._failing = False
         return None
 
-    def delete(self) -> None:
-        self.file.delete()
-
     def set_aside(self, error: LedgerError) -> str:
         """A state file that cannot be used, renamed NAME.unreadable (kept for a look, never
         read again); the error line, logged."""
@@ -256,9 +252,6 @@ class RestoreLedger:
         message = f"{error}; {kept}, nothing restored from it"
         log.error("%s", message)
         return message
-
-    def remove_stale_temp_files(self) -> List[str]:
-        return self.file.remove_stale_temp_files()
 
     def load(self) -> bool:
         """Read a state file left by an earlier run into this ledger; False when there is none.
