@@ -29,15 +29,14 @@ from temperd.sources import procfs
 
 AUTOGROUP = "autogroup"
 YIELD_NICE = 19
-ENABLED_SWITCH = "/proc/sys/kernel/sched_autogroup_enabled"
 _FAVOURED = "favoured"
 _UNTREATED = "none"
 Groups = Dict[int, Optional[Tuple[str, int]]]  # pid -> its autogroup (name, nice), read in this batch
 
 
-def autogroup_enabled(path: str = ENABLED_SWITCH) -> bool:
+def autogroup_enabled() -> bool:
     try:
-        with open(path) as handle:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as handle:
             return handle.read().strip() == "1"
     except OSError:
         return False
@@ -85,20 +84,18 @@ class Session:
 
 
 def sessions(threads: Iterable, layer_for: Callable[[Any], Optional[Layer]],
-             is_kernel_thread: Callable[[Any], bool],
-             group_of: Optional[Callable[[int], Optional[Tuple[str, int]]]] = None,
+             is_kernel_thread: Callable[[Any], bool], group_of: Callable[[int], Optional[Tuple[str, int]]],
              classes: Optional[Dict[Tuple[int, int], Tuple[str, str]]] = None) -> Dict[str, Session]:
     """The autogroups of these threads (kernel threads left out), by name. `group_of(pid)` finds a
-    process's autogroup (default: read it from /proc); it is asked once per process. classes:
-    filled with each counted thread's (autogroup, class), by (tid, start time)."""
+    process's autogroup; it is asked once per process. classes: filled with each counted thread's
+    (autogroup, class), by (tid, start time)."""
     found: Dict[str, Session] = {}
     groups: Dict[int, Optional[Tuple[str, int]]] = {}  # pid -> its autogroup, asked once
-    find = group_of or read_autogroup
     for thread in threads:
         if is_kernel_thread(thread):
             continue
         if thread.pid not in groups:
-            groups[thread.pid] = find(thread.pid)
+            groups[thread.pid] = group_of(thread.pid)
         group = groups[thread.pid]
         if group is None:
             continue

@@ -66,8 +66,8 @@ def systemd_is_pid1(proc_root: str = "/proc", run_root: str = "/run") -> bool:
         return False
 
 
-def detect(proc_root: str = "/proc", run_root: str = "/run", mountinfo: Optional[str] = None) -> WeightSupport:
-    mountinfo = mountinfo or os.path.join(proc_root, "self", "mountinfo")
+def detect(proc_root: str = "/proc", run_root: str = "/run") -> WeightSupport:
+    mountinfo = os.path.join(proc_root, "self", "mountinfo")
     mount = cgroup2_mount(mountinfo)
     if systemd_is_pid1(proc_root, run_root):
         return WeightSupport(SYSTEMD, mount, "systemd is PID 1: weights are set with systemctl set-property --runtime")

@@ -33,7 +33,7 @@ import hashlib
 import os
 from typing import Any, Callable, Container, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from temperd.sources.mounts import MOUNTINFO, cgroup1_cpu_mount
+from temperd.sources.mounts import cgroup1_cpu_mount
 from temperd.backends.native.cgroup_moves import DeferredMoves
 from temperd.backends.native.held import HeldSettings
 from temperd.backends.native.thread_cgroup import IDLE_CGROUP, ROOT, Key, ThreadCpuCgroup, move
@@ -51,9 +51,9 @@ def cgroup_name(state_dir: str, default_state_dir: str) -> str:
     return f"{NAME}-{hashlib.sha1(os.path.abspath(state_dir).encode()).hexdigest()[:8]}"
 
 
-def detect(mountinfo: str = MOUNTINFO) -> Tuple[Optional[str], str]:
+def detect() -> Tuple[Optional[str], str]:
     """(the cgroup v1 cpu hierarchy's mount, or None; why not)."""
-    mount = cgroup1_cpu_mount(mountinfo)
+    mount = cgroup1_cpu_mount()
     if mount is None:
         return None, ("the cpu controller is not on a cgroup v1 hierarchy (under cgroup v2 a thread leaves its "
                       "process's cgroup only inside a threaded subtree)")

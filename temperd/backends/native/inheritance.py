@@ -115,9 +115,9 @@ def _creator_order(rec: ThreadRecord) -> Tuple[bool, int]:
     return rec.tid != rec.pid, rec.tid
 
 
-def uninherited(ledger: RestoreLedger, thread: Any, current: Dict[str, Any], online: FrozenSet[int],
-                parent_of: Optional[ParentOf] = None, unwritten: Optional[Mapping[ThreadKey, Container[str]]] = None,
-                creators: Optional[Creators] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+def uninherited(creators: Creators, thread: Any, current: Dict[str, Any], online: FrozenSet[int],
+                parent_of: ParentOf, unwritten: Optional[Mapping[ThreadKey, Container[str]]] = None
+                ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """A new thread or process starts with its creator's settings, which may be temperd's treatment:
     where a setting equals what temperd wrote on a thread of the same process (else of the parent
     process), the creator's original is the new thread's original.
@@ -125,9 +125,8 @@ def uninherited(ledger: RestoreLedger, thread: Any, current: Dict[str, Any], onl
     Returns the originals and the settings inherited from temperd's treatment (kind -> the value
     temperd wrote on the creator), which the caller records as written by temperd. `unwritten`:
     the settings of records that are intents not yet carried out (nobody inherited those).
-    `creators`: the index of one pass over new threads (made here when not given)."""
+    `creators`: the index of one pass over new threads."""
     unwritten = unwritten if unwritten is not None else {}
-    creators = creators if creators is not None else Creators(ledger, online)
     ppid: Optional[int] = None
     originals: Dict[str, Any] = {}
     inherited: Dict[str, Any] = {}
@@ -135,7 +134,7 @@ def uninherited(ledger: RestoreLedger, thread: Any, current: Dict[str, Any], onl
         found = creators.find(thread.pid, thread, kind, current[kind], unwritten)
         if found is None:
             if ppid is None:
-                ppid = (parent_of or Parents())(thread.pid) or 0
+                ppid = parent_of(thread.pid) or 0
             found = creators.find(ppid, thread, kind, current[kind], unwritten) if ppid else None
         if found is not None and not _is_original(kind, found[0], current[kind], online):
             originals[kind], inherited[kind] = found
@@ -164,23 +163,23 @@ def family(roots: Iterable[int]) -> List[int]:
     return order
 
 
-def restore_inherited(ledger: RestoreLedger, creators: RestoreLedger, known: Iterable[ThreadKey] = (),
-                      max_sweeps: int = MAX_SWEEPS, given_back: Optional[GivenBack] = None) -> ApplyResult:
+def restore_inherited(ledger: RestoreLedger, creators: RestoreLedger,
+                      given_back: Optional[GivenBack] = None) -> ApplyResult:
     """After the creators were restored: give back the creators' originals to threads that
     inherited temperd's treatment and that `ledger` does not hold (made after the last pass over
     new threads, or while no temperd ran). `creators` is a copy of the ledger from before its
     restore (what temperd had written, on whom); each thread found is recorded in `ledger`, added
     to `creators` (its own new threads inherited the same) and restored. Sweeps the creators'
-    processes and their descendants until a sweep finds no such thread, at most max_sweeps times.
-    `known`: threads already looked at for inheritance (the backend's), passed over. `given_back`:
-    values temperd gave back on threads before (a thread made before that may still carry one)."""
+    processes and their descendants until a sweep finds no such thread, at most MAX_SWEEPS times.
+    `given_back`: values temperd gave back on threads before (a thread made before that may still
+    carry one)."""
     out = ApplyResult()
     if not creators.records and not (given_back and given_back.pids()):
         return out
     online = ledger.now_online()
-    looked_at: Set[ThreadKey] = set(creators.records) | set(known)  # a thread inherits once, at creation
+    looked_at: Set[ThreadKey] = set(creators.records)  # a thread inherits once, at creation
     unsure = UNSURE_SWEEPS
-    for _ in range(max_sweeps):
+    for _ in range(MAX_SWEEPS):
         found = 0
         parents = Parents()
         for pid in family(creators.pids() | (given_back.pids() if given_back else set())):
@@ -195,8 +194,8 @@ def restore_inherited(ledger: RestoreLedger, creators: RestoreLedger, known: Ite
                     if not sched.is_gone(exc):
                         raise
                     continue
-                originals, inherited = uninherited(creators, thread, thread_values(affinity, state), online,
-                                                   parents, creators=Creators(creators, online, given_back))
+                originals, inherited = uninherited(Creators(creators, online, given_back), thread,
+                                                   thread_values(affinity, state), online, parents)
                 if not inherited:
                     continue
                 found += 1

@@ -253,8 +253,8 @@ class ThreadTreatment:
         inherited: Dict[str, Any] = {}
         if rec is None and not kthread and self._is_new(key):
             # Kernel threads are not created with their creator's settings (kthreadd's included).
-            originals, inherited = uninherited(self.ledger, thread, current, online, self._parents,
-                                               self._intents, self._creators)
+            originals, inherited = uninherited(self._creators, thread, current, online, self._parents,
+                                               self._intents)
         want = wanted_settings(layer, frozenset(originals.get(AFFINITY, affinity)), state.policy, self.exclusive)
         want = within_limits(thread, kthread, want, state.policy, self.exclusive, result, stuck)
         if rec is None:
