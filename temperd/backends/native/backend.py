@@ -221,7 +221,7 @@ class NativeBackend:
         # Every thread of the creators' families is looked at again, the ones already seen
         # included: between whole applies the event path treats only new and moved threads, and
         # one it saw before its creator's treatment landed may hold it now.
-        result.merge(restore_inherited(self.ledger, creators, given_back=self.treatment.given_back))
+        result.merge(restore_inherited(self.ledger, creators, given_back=self.ledger.given_back))
         drifted += self._restore_held(result, self._held()[1:])
         if drifted:
             result.notes.append(f"{drifted} setting(s) changed by someone else after temperd set them were left as found")

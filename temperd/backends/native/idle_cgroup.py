@@ -36,7 +36,8 @@ from typing import Any, Callable, Container, Dict, Iterable, List, Optional, Seq
 from temperd.sources.mounts import cgroup1_cpu_mount
 from temperd.backends.native.cgroup_moves import DeferredMoves
 from temperd.backends.native.held import HeldSettings
-from temperd.backends.native.thread_cgroup import IDLE_CGROUP, ROOT, Key, ThreadCpuCgroup, move
+from temperd.backends.native.membership import ThreadKey
+from temperd.backends.native.thread_cgroup import IDLE_CGROUP, ROOT, ThreadCpuCgroup, move
 from temperd.backends.result import ApplyResult
 from temperd.sources import procfs
 
@@ -62,7 +63,7 @@ def detect() -> Tuple[Optional[str], str]:
     return mount, ""
 
 
-class IdleCgroup(HeldSettings[Key, str]):
+class IdleCgroup(HeldSettings[ThreadKey, str]):
     """Holds yield threads of mixed sessions in temperd's idle cpu cgroup."""
 
     def __init__(self, name: str = NAME, mount: Optional[str] = None, why_not: str = ""):
@@ -71,7 +72,7 @@ class IdleCgroup(HeldSettings[Key, str]):
         self.mount = mount
         self.why_not = why_not  # empty where supported
         self.path = "/" + name  # the cgroup, as /proc/TID/cgroup names it
-        self._moves: DeferredMoves[Key, str] = DeferredMoves()  # add()'s moves into the cgroup
+        self._moves: DeferredMoves[ThreadKey, str] = DeferredMoves()  # add()'s moves into the cgroup
         # The processes with threads held here, and those add() held threads of since the last
         # apply(): a superset is enough (it only says whose other new threads' cgroup add() reads),
         # and it spares add() a walk over every held thread. apply() makes it again.
@@ -87,7 +88,7 @@ class IdleCgroup(HeldSettings[Key, str]):
         """Nothing for the state file (see above): a start empties the cgroup."""
         return {}
 
-    def apply(self, threads: Iterable, verify: bool = True, fresh: Container[Key] = ()) -> ApplyResult:
+    def apply(self, threads: Iterable, verify: bool = True, fresh: Container[ThreadKey] = ()) -> ApplyResult:
         """Hold these threads (with tid, start_time) in the idle cgroup, where they sit in the
         hierarchy's root or in it already; everything else temperd holds there goes back.
         verify False (between whole applies): a thread temperd already holds there is not read
@@ -121,8 +122,8 @@ class IdleCgroup(HeldSettings[Key, str]):
             self._as_moved(key)
         return self.hold(desired, None, trusted, read)
 
-    def add(self, yielding: Iterable, others: Iterable, pid_of: Callable[[Key], Optional[int]],
-            fresh: Container[Key] = ()) -> ApplyResult:
+    def add(self, yielding: Iterable, others: Iterable, pid_of: Callable[[ThreadKey], Optional[int]],
+            fresh: Container[ThreadKey] = ()) -> ApplyResult:
         """Between whole applies, where a batch left every session's mix as it was: `yielding`,
         new yield threads of mixed sessions, held here as apply() would hold them; of `others`
         (the batch's other threads), one held here goes back, and one of a process with
@@ -175,7 +176,7 @@ class IdleCgroup(HeldSettings[Key, str]):
             self.not_written([(key, value, previous)], exc, result)
         return result
 
-    def restore_keys(self, keys: Sequence[Key], result: ApplyResult) -> None:
+    def restore_keys(self, keys: Sequence[ThreadKey], result: ApplyResult) -> None:
         self.settle(result)  # a thread is not read while its move is on its way
         super().restore_keys(keys, result)
 
@@ -227,7 +228,7 @@ class IdleCgroup(HeldSettings[Key, str]):
         self._made = True
         return True
 
-    def _want(self, key: Key, desired: Dict[Key, str], read: Dict[Key, Optional[str]]) -> None:
+    def _want(self, key: ThreadKey, desired: Dict[ThreadKey, str], read: Dict[ThreadKey, Optional[str]]) -> None:
         """Read a thread's cgroup (kept in `read`); want it here where it sits in the root or here
         already, and hold it as moved where it is here (inherited from a thread temperd moved)."""
         read[key] = current = self._read_quietly(key)
@@ -236,7 +237,7 @@ class IdleCgroup(HeldSettings[Key, str]):
         if current in (ROOT, self.path):
             desired[key] = self.path
 
-    def _as_moved(self, key: Key) -> None:
+    def _as_moved(self, key: ThreadKey) -> None:
         """Hold a thread found in the cgroup as if temperd had moved it there from the root."""
         self.originals.setdefault(key, ROOT)
         self.written.setdefault(key, self.path)
@@ -248,7 +249,7 @@ class IdleCgroup(HeldSettings[Key, str]):
         except OSError:
             return []
 
-    def _inherited_strays(self, desired) -> List[Key]:
+    def _inherited_strays(self, desired) -> List[ThreadKey]:
         """Threads in the cgroup that temperd does not hold and that are not wanted there: created
         by a held thread, they inherited its cgroup."""
         held = {key[0] for key in self.written}
@@ -262,7 +263,7 @@ class IdleCgroup(HeldSettings[Key, str]):
                 strays.append((tid, stat.start_time))
         return strays
 
-    def _read_quietly(self, key: Key) -> Optional[str]:
+    def _read_quietly(self, key: ThreadKey) -> Optional[str]:
         try:
             return self.setting.read(key)
         except OSError:

@@ -4,28 +4,27 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Container, Dict, Iterator, Optional, Tuple
+from typing import Container, Dict, Iterator, Optional
 
 from temperd.backends.native.held import Setting
+from temperd.backends.native.membership import ThreadKey
 from temperd.sources import procfs
 
 IDLE_CGROUP = "idle_cgroup"
 ROOT = "/"
 
-Key = Tuple[int, int]  # (tid, start_time): a thread, across tid reuse
 
-
-class ThreadCpuCgroup(Setting[Key, str]):
+class ThreadCpuCgroup(Setting[ThreadKey, str]):
     """A thread's cgroup in the v1 cpu hierarchy, as a path from the hierarchy's root."""
 
     kind = IDLE_CGROUP
 
     def __init__(self, mount: str):
         self.mount = mount
-        self.fresh: Container[Key] = ()  # see batch()
+        self.fresh: Container[ThreadKey] = ()  # see batch()
         self._tasks: Dict[str, int] = {}  # cgroup path -> its open tasks file, within batch()
 
-    def read(self, key: Key) -> Optional[str]:
+    def read(self, key: ThreadKey) -> Optional[str]:
         """None when the thread is gone (or its tid now names another thread). A thread of
         `fresh` is not checked for its start time: the inventory read it within this pass."""
         tid, start_time = key
@@ -36,7 +35,7 @@ class ThreadCpuCgroup(Setting[Key, str]):
         paths = procfs.read_cgroup(tid, tid)
         return paths.cpu_v1 if paths is not None else None
 
-    def write(self, key: Key, path: str) -> None:
+    def write(self, key: ThreadKey, path: str) -> None:
         fd = self._tasks.get(path)
         if fd is None:
             move(self.mount, path, key[0])
@@ -44,7 +43,7 @@ class ThreadCpuCgroup(Setting[Key, str]):
             os.write(fd, str(key[0]).encode())
 
     @contextlib.contextmanager
-    def batch(self, fresh: Container[Key]) -> Iterator[None]:
+    def batch(self, fresh: Container[ThreadKey]) -> Iterator[None]:
         """Within: the `fresh` threads' start times are taken as read, and moves share one open
         tasks file per cgroup (an open and close cost as much as the move itself)."""
         self.fresh = fresh
@@ -71,16 +70,16 @@ class ThreadCpuCgroup(Setting[Key, str]):
                 return False
         return True
 
-    def where(self, key: Key) -> str:
+    def where(self, key: ThreadKey) -> str:
         return f"tid {key[0]}"
 
     def shown(self, path: str) -> str:
         return f"cpu cgroup {path}"
 
-    def key_text(self, key: Key) -> str:
+    def key_text(self, key: ThreadKey) -> str:
         return f"{key[0]}/{key[1]}"
 
-    def key_from_text(self, text: str) -> Key:
+    def key_from_text(self, text: str) -> ThreadKey:
         tid, _, start = text.partition("/")
         return int(tid), int(start)
 

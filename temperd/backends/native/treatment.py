@@ -130,7 +130,6 @@ class ThreadTreatment:
     def __init__(self, ledger: RestoreLedger):
         self.ledger = ledger
         ledger.on_refused = self._refused_write
-        self.given_back = ledger.given_back
         self.membership: Optional[Membership] = None
         self.exclusive: FrozenSet[int] = frozenset()
         self.is_kernel_thread = KernelThreads()
@@ -176,7 +175,7 @@ class ThreadTreatment:
         self.is_kernel_thread.clear()
         self._refused.clear()
         self._failed.clear()
-        self.given_back.clear()
+        self.ledger.given_back.clear()
 
     def treat(self, threads: Iterable, result: ApplyResult, before_write: Callable[[], Optional[bool]],
               new: Optional[Container[ThreadKey]] = None) -> None:
@@ -191,11 +190,11 @@ class ThreadTreatment:
         stuck: Stuck = {}
         self._stuck = stuck
         self._new = new
-        self.given_back.prune()
-        self._held_pids = self.ledger.pids() | self.given_back.pids()  # and where it gave treatment back lately
+        self.ledger.given_back.prune()
+        self._held_pids = self.ledger.pids() | self.ledger.given_back.pids()  # and where it gave treatment back lately
         self._intents = {}
         self._parents = Parents()
-        self._creators = Creators(self.ledger, online, self.given_back)
+        self._creators = Creators(self.ledger, online, self.ledger.given_back)
         for thread in threads:
             try:
                 change = self._plan_thread(thread, online, result, stuck)
