@@ -25,13 +25,13 @@ import os
 from collections import Counter
 from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set
 
-from temperd.backends.native.autogroup import AUTOGROUP, Autogroups, Groups, autogroup_enabled, mixed_note
-from temperd.backends.native.cgroup_weight import CPU_WEIGHT, CgroupWeights
+from temperd.backends.native.autogroup import Autogroups, Groups, autogroup_enabled, mixed_note
+from temperd.backends.native.cgroup_weight import CgroupWeights
 from temperd.backends.native.held import HeldSettings
 from temperd.backends.native.idle_cgroup import IDLE_CGROUP, IdleCgroup, cgroup_name
 from temperd.backends.native.inheritance import restore_inherited
-from temperd.backends.native.membership import ThreadKey, ThreadRef, scan_threads
-from temperd.backends.native.pmqos import PMQOS, PmQos, resume_bounds
+from temperd.backends.native.membership import ThreadKey, scan_threads
+from temperd.backends.native.pmqos import PmQos, resume_bounds
 from temperd.backends.native.restore_ledger import LedgerError, RestoreLedger
 from temperd.backends.result import ApplyResult
 from temperd.backends.native.treatment import ThreadTreatment
@@ -40,8 +40,7 @@ from temperd.backends.status import NATIVE, BackendStatus
 from temperd.config.daemon_config import CONFIG_SPEC
 from temperd.plan import YIELD, LayerPlan, carry_members, layer_changes, moved_members, weight_changes
 
-__all__ = ["AUTOGROUP", "CPU_WEIGHT", "IDLE_CGROUP", "PMQOS", "ApplyResult", "DEFAULT_STATE_DIR", "NativeBackend", "ThreadRef",
-           "scan_threads"]
+__all__ = ["DEFAULT_STATE_DIR", "NativeBackend", "scan_threads"]
 
 DEFAULT_STATE_DIR = CONFIG_SPEC.default_of("state_dir")
 

@@ -76,10 +76,8 @@ class ThreadCpuCgroup(Setting[ThreadKey, str]):
     def shown(self, path: str) -> str:
         return f"cpu cgroup {path}"
 
-    def key_text(self, key: ThreadKey) -> str:
-        return f"{key[0]}/{key[1]}"
-
     def key_from_text(self, text: str) -> ThreadKey:
+        """TID/START, as earlier releases wrote the idle cgroup's section (IdleCgroup writes none now)."""
         tid, _, start = text.partition("/")
         return int(tid), int(start)
 
