@@ -50,10 +50,6 @@ class WeightSupport:
     cgroup2_mount: Optional[str]
     reason: str
 
-    @property
-    def supported(self) -> bool:
-        return self.method is not None
-
 
 def systemd_is_pid1(proc_root: str = "/proc", run_root: str = "/run") -> bool:
     """sd_booted(): /run/systemd/system exists only when systemd is the init system."""
