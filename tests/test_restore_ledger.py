@@ -9,7 +9,8 @@ import stat
 import pytest
 
 from temperd.backends.native import sched
-from temperd.backends.native.restore_ledger import LedgerError, RestoreLedger
+from temperd.backends.native.restore_ledger import RestoreLedger
+from temperd.backends.native.state_file import StateFileError
 from temperd.backends.native.thread_settings import AFFINITY, NICE, POLICY, ThreadRecord, thread_values
 from temperd.backends.result import ApplyResult
 from temperd.sources import procfs
@@ -76,7 +77,7 @@ def test_nothing_to_undo_removes_the_state_file(tmp_path, children):
 def test_bad_state_file_is_one_line_error_naming_it(tmp_path, content, expect):
     path = tmp_path / "native-state.json"
     path.write_text(content)
-    with pytest.raises(LedgerError) as info:
+    with pytest.raises(StateFileError) as info:
         RestoreLedger(str(tmp_path)).load()
     message = str(info.value)
     assert str(path) in message and expect in message and "\n" not in message

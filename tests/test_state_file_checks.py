@@ -13,7 +13,7 @@ import signal
 import pytest
 
 from temperd.backends.native import state_file
-from temperd.backends.native.restore_ledger import LedgerError, RestoreLedger
+from temperd.backends.native.restore_ledger import RestoreLedger
 from temperd.backends.native.thread_settings import NICE, ThreadRecord
 
 
@@ -42,7 +42,7 @@ def _refusal(directory):
     previous = signal.signal(signal.SIGALRM, hung)
     signal.setitimer(signal.ITIMER_REAL, 2.0)
     try:
-        with pytest.raises(LedgerError) as info:
+        with pytest.raises(state_file.StateFileError) as info:
             RestoreLedger(str(directory)).load()
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)

@@ -14,7 +14,7 @@ import pytest
 
 from temperd.backends.native import sched, state_file
 from temperd.backends.native.autogroup import read_autogroup
-from temperd.backends.native.restore_ledger import LedgerError, RestoreLedger
+from temperd.backends.native.restore_ledger import RestoreLedger
 from temperd.plan import LATENCY, OPEN, LayerPlan
 from temperd.sources import procfs
 from test_native_backend import layer, make_backend, universe
@@ -36,7 +36,7 @@ def test_a_state_file_of_another_owner_is_refused_set_aside_and_said(tmp_path, c
     crashed.apply(_plan([kid.threads["own-a"]], nice=-4), universe(kid, kthreads=False))
     state = tmp_path / "native-state.json"
     os.chown(state, NOBODY, NOBODY)  # what another user could have written there
-    with pytest.raises(LedgerError) as info:
+    with pytest.raises(state_file.StateFileError) as info:
         RestoreLedger(str(tmp_path)).load()
     assert str(info.value) == f"{state}: refused: owned by uid {NOBODY}, expected root"
     with caplog.at_level(logging.ERROR, logger=BACKEND_LOG):

@@ -32,7 +32,8 @@ from temperd.backends.native.idle_cgroup import IDLE_CGROUP, IdleCgroup, cgroup_
 from temperd.backends.native.inheritance import restore_inherited
 from temperd.backends.native.membership import ThreadKey, scan_threads
 from temperd.backends.native.pmqos import PmQos, resume_bounds
-from temperd.backends.native.restore_ledger import LedgerError, RestoreLedger
+from temperd.backends.native.restore_ledger import RestoreLedger
+from temperd.backends.native.state_file import StateFileError
 from temperd.backends.result import ApplyResult
 from temperd.backends.native.treatment import ThreadTreatment
 from temperd.backends.native.universe import Universe
@@ -254,7 +255,7 @@ class NativeBackend:
                                 + ", ".join(removed))
         try:
             found = previous.load()
-        except LedgerError as exc:
+        except StateFileError as exc:
             result.errors.append(previous.set_aside(exc))
             return
         if not found:

@@ -29,10 +29,6 @@ _SHOWN = 10  # skipped entries named in the warning
 log = logging.getLogger(__name__)
 
 
-class LedgerError(Exception):
-    """The state file exists but cannot be used; the message names the file and the problem."""
-
-
 class _Watched(dict):
     """A record's originals, written or drifted values, saying when they change (the state file then
     compares only the records that changed since its last save)."""
@@ -240,7 +236,7 @@ class RestoreLedger:
             self._failing = False
         return None
 
-    def set_aside(self, error: LedgerError) -> str:
+    def set_aside(self, error: StateFileError) -> str:
         """A state file that cannot be used, renamed NAME.unreadable (kept for a look, never
         read again); the error line, logged."""
         aside = self.path + ".unreadable"
@@ -255,12 +251,9 @@ class RestoreLedger:
 
     def load(self) -> bool:
         """Read a state file left by an earlier run into this ledger; False when there is none.
-        LedgerError: none of it can be used. An entry that cannot be read is skipped, the others
-        are kept, and one warning names the skipped ones (`skipped`)."""
-        try:
-            found = self.file.load()
-        except StateFileError as exc:
-            raise LedgerError(str(exc)) from None
+        StateFileError: none of it can be used. An entry that cannot be read is skipped, the
+        others are kept, and one warning names the skipped ones (`skipped`)."""
+        found = self.file.load()
         if found is None:
             return False
         threads, sections = found
