@@ -138,12 +138,12 @@ class ThreadTreatment:
         self._stuck: Stuck = {}
         # For one treat(): the threads new to temperd, the processes temperd holds threads of (or
         # gave treatment back on lately), the settings recorded as intents and not written yet
-        # (thread -> kinds), parent pids.
+        # (thread -> kinds), parent pids, the threads that may have created a new one.
         self._new: Optional[Container[ThreadKey]] = None
         self._held_pids: Set[int] = set()
         self._intents: Dict[ThreadKey, Set[str]] = {}
         self._parents = Parents()
-        self._creators: Optional[Creators] = None
+        self._creators = Creators(ledger, frozenset(), ledger.given_back)
 
     def set_plan(self, plan: LayerPlan, changed: bool, result: ApplyResult,
                  added: Optional[Sequence[Layer]] = None) -> None:
@@ -264,8 +264,7 @@ class ThreadTreatment:
             rec.originals.update(originals)  # temperd's treatment, come by inheritance: held (and undone) as such
             rec.written.update(inherited)
             self._held_pids.add(thread.pid)
-            if self._creators is not None:
-                self._creators.add(rec)  # a creator of threads later in this pass
+            self._creators.add(rec)  # a creator of threads later in this pass
         rec.comm = thread.comm
         return self._changes(rec, want, current, result)
 
