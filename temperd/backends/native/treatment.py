@@ -187,8 +187,7 @@ class ThreadTreatment:
         have inherited temperd's treatment unseen."""
         online = self.ledger.now_online()
         changes: List[Change] = []
-        stuck: Stuck = {}
-        self._stuck = stuck
+        self._stuck = stuck = {}
         self._new = new
         self.ledger.given_back.prune()
         self._held_pids = self.ledger.pids() | self.ledger.given_back.pids()  # and where it gave treatment back lately
@@ -197,7 +196,7 @@ class ThreadTreatment:
         self._creators = Creators(self.ledger, online, self.ledger.given_back)
         for thread in threads:
             try:
-                change = self._plan_thread(thread, online, result, stuck)
+                change = self._plan_thread(thread, online, result)
             except OSError as exc:
                 if not sched.is_gone(exc):
                     result.bump(result.failed, "read")
@@ -232,8 +231,7 @@ class ThreadTreatment:
 
     # ---- one thread ---------------------------------------------------------------------------
 
-    def _plan_thread(self, thread: Any, online: FrozenSet[int], result: ApplyResult,
-                     stuck: Stuck) -> Optional[Change]:
+    def _plan_thread(self, thread: Any, online: FrozenSet[int], result: ApplyResult) -> Optional[Change]:
         """Read the thread, decide what it should have, and record originals and intents."""
         key = (thread.tid, thread.start_time)
         rec = self.ledger.get(*key)
@@ -243,7 +241,7 @@ class ThreadTreatment:
         kthread = self.is_kernel_thread(thread)
         if kthread and layer is None and key in self._refused:
             if self.exclusive:
-                stuck.setdefault(_refused_note(self.exclusive), []).append(thread.comm)
+                self._stuck.setdefault(_refused_note(self.exclusive), []).append(thread.comm)
                 result.unmovable += 1
             return None
         affinity, state = sched.get_affinity(thread.tid), sched.get_sched(thread.tid)
@@ -255,7 +253,7 @@ class ThreadTreatment:
             originals, inherited = uninherited(self._creators, thread, current, online, self._parents,
                                                self._intents)
         want = wanted_settings(layer, frozenset(originals.get(AFFINITY, affinity)), state.policy, self.exclusive)
-        want = within_limits(thread, kthread, want, state.policy, self.exclusive, result, stuck)
+        want = within_limits(thread, kthread, want, state.policy, self.exclusive, result, self._stuck)
         if rec is None:
             if not inherited and not any(want.value(k) is not None for k in THREAD_KINDS):
                 return None
