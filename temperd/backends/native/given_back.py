@@ -58,12 +58,8 @@ class GivenBack:
     def prune(self) -> None:
         """Drop what is older than KEEP_S (processes that ended included)."""
         now = procfs.boot_ticks()
-        for pid in list(self._by_pid):
-            kept = _recent(self._by_pid[pid], now)
-            if kept:
-                self._by_pid[pid] = kept
-            else:
-                del self._by_pid[pid]
+        kept = {pid: _recent(values, now) for pid, values in self._by_pid.items()}
+        self._by_pid = {pid: values for pid, values in kept.items() if values}
 
     def holds(self, pid: int) -> bool:
         """Whether anything given back in `pid` is remembered."""
