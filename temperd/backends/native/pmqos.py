@@ -89,18 +89,17 @@ class PmQos(HeldSettings[int, str]):
     """Holds resume bounds on CPUs: each CPU's original is recorded before the first write."""
 
     def __init__(self, cpu_root: str = CPU_ROOT):
-        self.file = ResumeLatencyFile(cpu_root)
-        super().__init__(self.file)
+        super().__init__(ResumeLatencyFile(cpu_root))
 
     def read(self, cpu: int) -> Optional[str]:
         """The CPU's bound as the file shows it; None when it cannot be read."""
         try:
-            return self.file.read(cpu)
+            return self.setting.read(cpu)
         except OSError:
             return None
 
     def supported(self, cpu: int) -> Tuple[bool, str]:
-        path = self.file.path(cpu)
+        path = self.setting.path(cpu)
         if not os.path.exists(path):
             return False, f"{path} does not exist: this kernel or platform exposes no per-CPU resume latency QoS"
         if not os.access(path, os.W_OK):
