@@ -50,11 +50,6 @@ class Parents:
         return self._known[pid]
 
 
-def _is_original(kind: str, original: Any, current: Any, online: FrozenSet[int]) -> bool:
-    """Whether `current` is the original value itself (nothing to give back)."""
-    return as_read(kind, current) == reported(kind, original, online)
-
-
 class Creators:
     """The threads that may have created a new one, found by value: each process's held threads
     indexed by what temperd wrote of each kind, leader first, then by tid. One is made per pass
@@ -136,7 +131,8 @@ def uninherited(creators: Creators, thread: Any, current: Dict[str, Any], online
             if ppid is None:
                 ppid = parent_of(thread.pid) or 0
             found = creators.find(ppid, thread, kind, current[kind], unwritten) if ppid else None
-        if found is not None and not _is_original(kind, found[0], current[kind], online):
+        # A value that is the creator's original itself has nothing to give back.
+        if found is not None and as_read(kind, current[kind]) != reported(kind, found[0], online):
             originals[kind], inherited[kind] = found
     return originals, inherited
 
