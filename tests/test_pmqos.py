@@ -68,7 +68,7 @@ def test_someone_elses_write_is_drift_left_alone(tmp_path):
 def test_adopted_state_from_a_previous_run_is_restored(tmp_path):
     qos = _fake_tree(tmp_path, [0], "n/a")
     fresh = PmQos(str(tmp_path))
-    fresh.adopt({"0": "0"}, {"0": "n/a"})
+    fresh.adopt_state({"originals": {"0": "0"}, "written": {"0": "n/a"}})
     assert fresh.restore_all().restored == {PMQOS: 1}
     assert _value(tmp_path, 0) == "0"
     assert qos.read(0) == "0"

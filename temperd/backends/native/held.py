@@ -264,11 +264,8 @@ class HeldSettings(Generic[K, V]):
         return {"originals": {text(k): v for k, v in self.originals.items()},
                 "written": {text(k): v for k, v in self.written.items()}}
 
-    def adopt(self, originals: Mapping[Any, V], written: Mapping[Any, V]) -> None:
-        """Take over what a previous run held (from its state file) so restore_all() undoes it."""
-        for table, found in ((self.originals, originals), (self.written, written)):
-            for key, value in found.items():
-                table.setdefault(self.setting.key_from_text(str(key)), value)
-
     def adopt_state(self, section: Mapping[str, Any]) -> None:
-        self.adopt(section.get("originals") or {}, section.get("written") or {})
+        """Take over what a previous run held (its state-file section) so restore_all() undoes it."""
+        for table, part in ((self.originals, "originals"), (self.written, "written")):
+            for key, value in (section.get(part) or {}).items():
+                table.setdefault(self.setting.key_from_text(str(key)), value)
