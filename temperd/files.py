@@ -9,6 +9,10 @@ from typing import List, Optional, Sequence, TypeVar, Union
 
 Text = TypeVar("Text", str, bytes)
 
+# The process's or the host's file table is full: every open, read of /proc and accept needs a
+# descriptor, so what fails with these passes once some are freed.
+OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
+
 
 def read_stripped(path: str) -> Optional[str]:
     """The file's text without surrounding white space, or None when it cannot be read (gone,

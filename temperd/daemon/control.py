@@ -26,7 +26,7 @@ from typing import Any, Dict, NamedTuple, Optional
 
 from temperd.control.protocol import (MAX_REQUEST, ControlError, Handler, LineReader, Progress, RequestTooLarge,
                                       encode_reply, error_reply, shown)
-from temperd.observe.http import NO_DESCRIPTORS
+from temperd.observe.http import ACCEPT_STARVED
 from temperd.text import printable
 from temperd.wakeup import Wakeup
 
@@ -106,7 +106,7 @@ class _Server(socketserver.UnixStreamServer):
         try:
             return super().get_request()
         except OSError as exc:
-            if exc.errno in NO_DESCRIPTORS:
+            if exc.errno in ACCEPT_STARVED:
                 time.sleep(0.1)  # the client stays queued; do not spin on the readable listener
             raise
 

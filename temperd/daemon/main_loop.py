@@ -9,7 +9,6 @@ plan again. A spell's start and end are logged, once in STARVED_LOG_EVERY_S."""
 
 from __future__ import annotations
 
-import errno
 import gc
 import logging
 import resource
@@ -19,6 +18,7 @@ import time
 import threading
 from typing import Any, Dict, List, Optional, Protocol
 
+from temperd.files import OUT_OF_DESCRIPTORS
 from temperd.config.daemon_config import DaemonConfig
 from temperd.daemon.notify import Notifier
 from temperd.sources.inventory import Inventory
@@ -26,7 +26,6 @@ from temperd.wakeup import Wakeup
 
 WATCHDOG_DEFAULT_S = 10.0  # where the unit sets no WatchdogSec (systemd then ignores the pings)
 STARVED_RETRY_S = 1.0
-OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 STARVED_LOG_EVERY_S = 600.0  # a spell that comes and goes is logged once in this long
 # After a pass that brought process events, the next events wait: a busy host's events are then
 # handled in batches, so what a pass costs whatever its events (the match, the plan, the state

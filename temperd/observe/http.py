@@ -20,6 +20,7 @@ import time
 from http.server import BaseHTTPRequestHandler
 from typing import Callable, Optional, Tuple
 
+from temperd.files import OUT_OF_DESCRIPTORS
 from temperd.wakeup import Wakeup
 
 log = logging.getLogger("temperd.http")
@@ -31,7 +32,7 @@ BACKLOG = 1024  # the kernel caps it at net.core.somaxconn
 REQUEST_TIMEOUT_S = 5.0  # request line and headers, from the accept
 SEND_TIMEOUT_S = 10.0  # the whole reply
 _FULL_RETRY_S = 0.25  # with every connection slot taken, how often the accept loop looks again
-NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)  # accept() out of descriptors or memory
+ACCEPT_STARVED = (*OUT_OF_DESCRIPTORS, errno.ENOBUFS, errno.ENOMEM)  # accept() out of descriptors or memory
 _WARN_EVERY_S = 60.0
 
 
@@ -158,7 +159,7 @@ class HttpApi:
         try:
             conn, address = listener.accept()
         except OSError as exc:
-            if exc.errno in NO_DESCRIPTORS:
+            if exc.errno in ACCEPT_STARVED:
                 # The connection stays in the backlog; try again once something was closed.
                 self._warn(f"cannot accept an HTTP connection: {exc.strerror}")
                 self._stopping.wait(_FULL_RETRY_S)

@@ -13,7 +13,6 @@ then is that cgroup's pressure the workload's own signal.
 
 from __future__ import annotations
 
-import errno
 import logging
 import threading
 import time
@@ -24,6 +23,7 @@ from temperd.control.status import LearnerView
 from temperd.decide.classify import Classification, Hints, classify
 from temperd.decide.rightsize import Declared, Recommendation, rightsize
 from temperd.decide.sizing import GroupDemand, group_demands
+from temperd.files import OUT_OF_DESCRIPTORS
 from temperd.observe import workload_window as W
 from temperd.observe.metrics import LearnerMetrics
 from temperd.observe.usage_history import UsageHistory
@@ -47,7 +47,6 @@ SHORT_WARN_EVERY_S = 60.0
 # seconds used says nothing to classification or rightsizing, and a fork storm's hundreds of
 # short-lived workloads would each cost reads every sample (bench/churn.py).
 TRACK_AFTER_S = 5.0
-_NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 
 
 def settled(workloads: Sequence, processes: Mapping[int, object], now_ticks: int) -> Tuple:
@@ -155,7 +154,7 @@ class WorkloadLearner:
                     self._saved_at = time.monotonic()
                     self.save()
             except OSError as exc:
-                if exc.errno not in _NO_DESCRIPTORS:
+                if exc.errno not in OUT_OF_DESCRIPTORS:
                     log.exception("usage sample failed")
                 elif time.monotonic() - self._short_warned_at >= SHORT_WARN_EVERY_S:
                     # the main loop reports running short once; this only says samples are missed
