@@ -1,5 +1,5 @@
 """The arms of the isolation bench: ways of scheduling a host that runs one server beside CPU
-spinners. Each is a trials.Arm; `make_arms()` builds them for one server.
+spinners. Each is a harness.Arm (temperd/training/harness.py); `make_arms()` builds them for one server.
 
   stock         nothing changed: the kernel's scheduler as installed.
   by-hand       what a careful operator does without temperd (BY_HAND_COMMANDS says it exactly):
