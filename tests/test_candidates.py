@@ -224,7 +224,10 @@ def test_a_child_of_a_tracked_process_is_tracked_and_one_of_a_light_process_cost
     assert changes[-1].kind == NEW_PROCESS and changes[-1].pid == child_of_tracked  # inheritance needs it
 
 
-def test_a_scan_reads_threads_of_tracked_processes_only(spawn, counted):
+def test_a_scan_reads_threads_of_tracked_processes_only(spawn, counted, monkeypatch):
+    listed = []
+    counting = procfs.read_thread_stats
+    monkeypatch.setattr(procfs, "read_thread_stats", lambda pid: listed.append(pid) or counting(pid))
     inventory = Inventory()
     inventory.set_gate(index(profile(process_names=("tmpd-cand",))))
     tracked, light = spawn("tmpd-cand"), spawn("tmpd-other")
@@ -233,7 +236,8 @@ def test_a_scan_reads_threads_of_tracked_processes_only(spawn, counted):
     light.command("burst 50 w-")
     inventory.reconcile()
     assert tracked.pid in inventory._store.procs and light.pid in inventory._store.light
-    assert counted["thread_stats"] == len(inventory._store.procs)  # one listing per tracked process
+    # At most one listing per tracked process (none where its leader's stat says it is alone), none of the light one.
+    assert len(listed) == len(set(listed)) == counted["thread_stats"] and set(listed) <= inventory._store.procs.keys()
     assert all(t.pid != light.pid for t in inventory.snapshot().threads.values() if t.tid != light.pid)
     again = inventory.reconcile()
     assert all(change.pid != light.pid for change in again.changes)

@@ -42,6 +42,7 @@ class ProcessStore:
         self.tid_pid: Dict[int, int] = {}
         self.generation = 0
         self._cached: Optional[InventorySnapshot] = None
+        self._tables: Tuple[Dict[int, ProcessFacts], Dict[int, ThreadFacts]] = ({}, {})  # the dicts behind _cached
         self._changed: Set[int] = set()  # pids touched, installed or removed since the cached snapshot
         self._log = ChangeLog()  # the pids each snapshot made again: changed_since's
         # Each cgroup's CPU quota, read once between scans (a scan clears it: an operator may have
@@ -74,7 +75,8 @@ class ProcessStore:
             changed: Iterable[int] = [*self.procs, *self.light]
             self._log.clear()
         else:
-            processes, threads, changed = dict(snap.processes), dict(snap.threads), self._changed
+            # dict.copy() of the tables behind the snapshot: a block copy (dict(proxy) went key by key).
+            processes, threads, changed = self._tables[0].copy(), self._tables[1].copy(), self._changed
         for pid in changed:
             old = processes.pop(pid, None)
             proc = self.procs.get(pid)
@@ -93,7 +95,7 @@ class ProcessStore:
             self._log.add(snap.generation, self.generation, changed)
         self._changed = set()
         snap = InventorySnapshot(MappingProxyType(processes), MappingProxyType(threads), self.generation)
-        self._cached = snap
+        self._cached, self._tables = snap, (processes, threads)
         return snap
 
     def changed_since(self, generation: Optional[int]) -> Optional[FrozenSet[int]]:
@@ -176,9 +178,13 @@ class ProcessStore:
         self.generation += 1
 
     def read_process(self, pid: int, stats: Optional[Dict[int, procfs.TaskStat]] = None,
-                     limit: Optional[int] = None, probe: Optional[Probe] = None) -> Optional[ProcessRecord]:
+                     limit: Optional[int] = None, probe: Optional[Probe] = None,
+                     leader: Optional[procfs.TaskStat] = None) -> Optional[ProcessRecord]:
         """A whole process from /proc (at most `limit` of its threads, leader first); None if it
-        is gone or only a zombie is left. probe: what the candidate gate read of it just now, not read again."""
+        is gone or only a zombie is left. probe: what the candidate gate read of it just now, not read again.
+        leader: its leader's stat read just now (a process it says has one thread is not listed)."""
+        if stats is None:
+            stats = only_thread(pid, leader)
         if stats is None:
             stats = procfs.read_thread_stats(pid) if limit is None else read_some_stats(pid, limit)
             if stats is None:
@@ -279,6 +285,15 @@ class ProcessRecord:
                 unreadable=self.unreadable,
             )
         return self.frozen
+
+
+def only_thread(pid: int, leader: Optional[procfs.TaskStat]) -> Optional[Dict[int, procfs.TaskStat]]:
+    """{pid: leader} where the leader's stat says its process has no other thread (a new
+    program's usual case: exec leaves one); None where the threads must be listed. A thread made
+    after that read is told by its own fork event, which comes later."""
+    if leader is not None and leader.num_threads == 1:
+        return {pid: leader}
+    return None
 
 
 def read_some_stats(pid: int, limit: int) -> Optional[Dict[int, procfs.TaskStat]]:
