@@ -83,7 +83,7 @@ class ProcessStore:
             facts = proc.freeze() if proc is not None else self.light[pid].freeze() if pid in self.light else None
             if facts is not None:
                 processes[pid] = facts
-                threads.update(facts.threads)
+                threads.update(facts.threads.items())  # a proxy's items: dict.update(proxy) goes key by key
             if old is not None:
                 # Only the threads the process no longer has: a fork storm's creator holds
                 # thousands and changes a few per batch.
@@ -182,9 +182,10 @@ class ProcessStore:
                      leader: Optional[procfs.TaskStat] = None) -> Optional[ProcessRecord]:
         """A whole process from /proc (at most `limit` of its threads, leader first); None if it
         is gone or only a zombie is left. probe: what the candidate gate read of it just now, not read again.
-        leader: its leader's stat read just now (a process it says has one thread is not listed)."""
+        leader: its leader's stat read just now. Without stats, the leader's stat is read first: a
+        process it says has one thread (as an exec leaves it) is not listed."""
         if stats is None:
-            stats = only_thread(pid, leader)
+            stats = only_thread(pid, leader if leader is not None else procfs.read_task_stat(pid, pid))
         if stats is None:
             stats = procfs.read_thread_stats(pid) if limit is None else read_some_stats(pid, limit)
             if stats is None:
