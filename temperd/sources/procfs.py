@@ -105,16 +105,19 @@ class CgroupPaths:
 def read_file(path: str, size: int = 4096, single: bool = False) -> bytes:
     """Whole content of a small /proc file; TaskGone or AccessDenied where it cannot be read.
 
-    single: the file is one short record (stat, schedstat) that one read returns whole.
+    single: the file is one record the kernel makes whole before the first read (a seq_file's
+    single_open: stat, status, cgroup, schedstat), so a read that leaves room in the buffer
+    returned all of it: no second read to see the end.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise _read_error(path, exc) or exc from None
     try:
-        if single:
-            return os.read(fd, size)
-        chunks = []
+        chunk = os.read(fd, size)
+        if not chunk or single and len(chunk) < size:
+            return chunk
+        chunks = [chunk]
         while True:
             chunk = os.read(fd, size)
             if not chunk:
@@ -398,16 +401,29 @@ def read_uid(pid: int, tid: Optional[int] = None, *, strict: bool = False) -> Op
     """The real uid (the Uid: line's first field of status): who started the program, even where
     a set-user-ID executable runs it with another effective uid. strict: TaskGone, AccessDenied."""
     path = _task_path(pid, tid, "status")
-    data = read_file(path, 4096) if strict else read_bytes(path, 4096)
+    data = read_file(path, 4096, single=True) if strict else read_bytes(path, 4096, single=True)
     if data is None:
         return None
-    for line in kernel_lines(data):
-        if line.startswith(b"Uid:"):
-            try:
-                return int(line.split()[1])
-            except (IndexError, ValueError):
-                return None
-    return None
+    line = _line_starting(data, b"Uid:")
+    if line is None:
+        return None
+    try:
+        return int(line.split()[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _line_starting(data: bytes, prefix: bytes) -> Optional[bytes]:
+    """The first line of a kernel file (split on "\\n" alone, as kernel_lines) that starts with
+    prefix; None if none does. Found in place: status has some fifty lines, one of them wanted."""
+    if data.startswith(prefix):
+        start = 0
+    else:
+        start = data.find(b"\n" + prefix) + 1
+        if not start:
+            return None
+    end = data.find(b"\n", start)
+    return data[start:end] if end >= 0 else data[start:]
 
 
 def normalise_cmdline(data: bytes) -> Tuple[str, ...]:
@@ -467,7 +483,7 @@ def _parse_cgroup_text(data: bytes) -> CgroupPaths:
 
 def read_cgroup(pid: int, tid: Optional[int] = None) -> Optional[CgroupPaths]:
     """The cgroups of a process, or of one of its threads (a cgroup v1 hierarchy places threads)."""
-    data = read_bytes(_task_path(pid, tid, "cgroup"))
+    data = read_bytes(_task_path(pid, tid, "cgroup"), single=True)
     if data is None:
         return None
     return parse_cgroup(data)
