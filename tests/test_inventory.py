@@ -573,7 +573,7 @@ def test_a_process_that_forks_and_execs_within_one_batch_is_read_once_and_one_th
     inventory = Inventory()  # not started: the batches are given
     reads = []
     real_read = inventory._store.read_process
-    monkeypatch.setattr(inventory._store, "read_process", lambda pid, *a: reads.append(pid) or real_read(pid, *a))
+    monkeypatch.setattr(inventory._store, "read_process", lambda pid, *a, **kw: reads.append(pid) or real_read(pid, *a, **kw))
     execed, ended = spawn("tmpd-execed"), spawn("tmpd-ended")
 
     def event(kind, pid):

@@ -7,7 +7,7 @@ process that execs and ends within one batch, doing nothing else in it, is not r
 from __future__ import annotations
 
 import dataclasses
-from typing import Container, List, Sequence, Set
+from typing import Container, List, Optional, Sequence, Set
 
 from temperd.sources import procfs
 from temperd.sources.changes import EXEC, EXIT, NEW_PROCESS, NEW_THREAD, RENAME, REUSED, Change
@@ -81,16 +81,18 @@ class EventApplier:
                 return
             if old.start_time == leader.start_time:
                 return  # already known (a scan saw it first)
-        self._on_exec(pid, changes)  # read whole as at an exec: a new process, or its pid reused
+            self._on_exec(pid, changes, leader)  # its pid reused: read whole, its leader's stat not again
+            return
+        self._on_exec(pid, changes)  # read whole as at an exec: a new process
 
-    def _on_exec(self, pid: int, changes: List[Change]) -> None:
+    def _on_exec(self, pid: int, changes: List[Change], leader: Optional[procfs.TaskStat] = None) -> None:
         old = self._store.procs.get(pid)
         if old is None:
             proc = self._tracker.read_new(pid)  # a light process's new program is looked at again
             if proc is LIGHT:
                 return
         else:
-            proc = self._store.read_process(pid)
+            proc = self._store.read_process(pid, leader=leader)
         if proc is None:
             self.vanished += 1
             return

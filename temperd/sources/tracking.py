@@ -137,7 +137,7 @@ class Tracker:
         track, limit, probe = self.admit(pid, stat, wanted)
         if not track:
             return LIGHT
-        proc = self.store.read_process(pid, None, limit, probe, stat)
+        proc = self.store.read_process(pid, None, limit, probe, leader=stat)
         if proc is None:
             self.bounds.process_gone(pid)
         return proc
