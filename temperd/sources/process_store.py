@@ -279,7 +279,7 @@ class ProcessRecord:
                 unit=self.unit,
                 is_kernel_thread=self.is_kernel_thread,
                 ppid=self.ppid,
-                threads=MappingProxyType(dict(self.threads)),
+                threads=MappingProxyType(self.threads.copy()),  # copy(): a block copy where dict() inserts one by one
                 uid=self.uid,
                 execs=self.execs,
                 on_demand=self.on_demand,
