@@ -224,18 +224,18 @@ class SessionCache:
                 counts[before[0]][before[1]] -= 1
             if now is not None:
                 counts[now[0]][now[1]] = counts[now[0]].get(now[1], 0) + 1
-        for name, after in counts.items():
-            if _present(after) != _present(self._counts[name]):
-                return None
+        presents = {name: _present(after) for name, after in counts.items()}
+        if any(present != _present(self._counts[name]) for name, present in presents.items()):
+            return None
         self._counts.update(counts)
+        mixed = {name: YIELD in present and len(present) > 1 for name, present in presents.items()}  # unchanged by this batch
         out = []
         for key, _before, now, thread in moves:
             if now is None:
                 self._class_of.pop(key, None)
                 continue
             self._class_of[key] = now
-            present = _present(self._counts[now[0]])
-            out.append((thread, now[1], YIELD in present and len(present) > 1))
+            out.append((thread, now[1], mixed[now[0]]))
         return out
 
     def forget(self, keys: Iterable[Tuple[int, int]]) -> None:
