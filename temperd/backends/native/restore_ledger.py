@@ -141,6 +141,13 @@ class RestoreLedger:
         """The processes with threads in the ledger."""
         return set(self._by_pid)
 
+    def holds_pid(self, pid: Optional[int]) -> bool:
+        """Whether the ledger has threads of this process."""
+        return pid in self._by_pid
+
+    def holds_any(self) -> bool:
+        return bool(self._by_pid)
+
     def forget(self, rec: ThreadRecord) -> None:
         self._mark(rec.key)
         self.records.pop(rec.key, None)

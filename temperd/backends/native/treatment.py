@@ -46,6 +46,7 @@ _NOTE_NAMES = 6  # thread names listed in a note before "..."
 
 Change = Tuple[ThreadRecord, List[Pending], List[str]]  # record, the writes it intends, kinds to restore
 Stuck = Dict[str, List[str]]  # why threads keep a setting -> their names, for one note each
+_FIELDS = {AFFINITY: "affinity", POLICY: "policy", NICE: "nice", SLICE: "slice_ns"}  # Wanted's, by kind
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,11 @@ class Wanted:
     slice_ns: Optional[int] = None
 
     def value(self, kind: str) -> Any:
-        return {AFFINITY: self.affinity, POLICY: self.policy, NICE: self.nice, SLICE: self.slice_ns}[kind]
+        return getattr(self, _FIELDS[kind])
+
+    def changes_any(self) -> bool:
+        """Whether any setting is wanted other than the thread's original."""
+        return not (self.affinity is None and self.policy is None and self.nice is None and self.slice_ns is None)
 
 
 def exclusive_cpus(plan: LayerPlan, online: FrozenSet[int]) -> Tuple[FrozenSet[int], Optional[str]]:
@@ -105,9 +110,9 @@ def within_limits(thread: Any, kthread: bool, want: Wanted, policy_now: int, exc
                   result: ApplyResult, stuck: Stuck) -> Wanted:
     """What the kernel lets this thread have of `want`; the rest is noted and counted."""
     layer = want.layer
-    excl = _cpus_text(exclusive)
     if want.affinity is not None and not want.affinity:
         # Only allowed on exclusive CPUs: a per-CPU kernel thread, or a thread pinned there by its owner.
+        excl = _cpus_text(exclusive)
         what = (f"per-CPU kernel thread(s) stay on exclusive CPUs {excl}" if kthread
                 else f"thread(s) allowed only on exclusive CPUs {excl} are left there")
         stuck.setdefault(what, []).append(thread.comm)
@@ -118,7 +123,8 @@ def within_limits(thread: Any, kthread: bool, want: Wanted, policy_now: int, exc
         stuck.setdefault(f"real-time thread(s) keep their {sched.POLICY_NAMES[policy_now]} policy "
                          "(nice, slice and yield policies are for the fair classes)", []).append(thread.comm)
     if policy_now == sched.SCHED_DEADLINE and want.affinity is not None:
-        stuck.setdefault(f"SCHED_DEADLINE thread(s) cannot leave exclusive CPUs {excl}", []).append(thread.comm)
+        stuck.setdefault(f"SCHED_DEADLINE thread(s) cannot leave exclusive CPUs {_cpus_text(exclusive)}",
+                         []).append(thread.comm)
         result.unmovable += 1
         want = Wanted(layer, None)
     return want
@@ -136,8 +142,9 @@ class ThreadTreatment:
         self._refused: Set[ThreadKey] = set()  # kernel threads that refused an affinity change
         self._failed: Set[Tuple[ThreadKey, str]] = set()  # (thread, kind) refused under this plan
         self._stuck: Stuck = {}
-        # For one treat(): the threads new to temperd, the processes temperd holds threads of (or
-        # gave treatment back on lately), the settings recorded as intents and not written yet
+        # For one treat(): the threads new to temperd, the processes temperd gave treatment back
+        # on lately or held threads of in this pass that the ledger no longer holds (with the
+        # ledger's own: _held_pid), the settings recorded as intents and not written yet
         # (thread -> kinds), parent pids, the threads that may have created a new one.
         self._new: Optional[Container[ThreadKey]] = None
         self._held_pids: Set[int] = set()
@@ -190,7 +197,7 @@ class ThreadTreatment:
         self._stuck = stuck = {}
         self._new = new
         self.ledger.given_back.prune()
-        self._held_pids = self.ledger.pids() | self.ledger.given_back.pids()  # and where it gave treatment back lately
+        self._held_pids = self.ledger.given_back.pids()  # the ledger's own pids are asked of it (_held_pid)
         self._intents = {}
         self._parents = Parents()
         self._creators = Creators(self.ledger, online, self.ledger.given_back)
@@ -205,6 +212,7 @@ class ThreadTreatment:
                 result.gone += 1
                 rec = self.ledger.get(thread.tid, thread.start_time)
                 if rec is not None:
+                    self._held_pids.add(rec.pid)  # held in this pass still
                     self.ledger.forget(rec)
                 continue
             if change is not None:
@@ -255,13 +263,12 @@ class ThreadTreatment:
         want = wanted_settings(layer, frozenset(originals.get(AFFINITY, affinity)), state.policy, self.exclusive)
         want = within_limits(thread, kthread, want, state.policy, self.exclusive, result, self._stuck)
         if rec is None:
-            if not inherited and not any(want.value(k) is not None for k in THREAD_KINDS):
+            if not inherited and not want.changes_any():
                 return None
             rec = self.ledger.record(thread.tid, thread.pid, thread.start_time, thread.comm,
                                      since=thread.start_time if inherited else None)
             rec.originals.update(originals)  # temperd's treatment, come by inheritance: held (and undone) as such
             rec.written.update(inherited)
-            self._held_pids.add(thread.pid)
             self._creators.add(rec)  # a creator of threads later in this pass
         rec.comm = thread.comm
         return self._changes(rec, want, current, result)
@@ -272,11 +279,16 @@ class ThreadTreatment:
     def _may_have_inherited(self, thread: Any) -> bool:
         """Whether a thread new to temperd may carry treatment from a creator temperd held: one
         in its own process or in its parent process (kernel threads never do)."""
-        if not self._held_pids or not self._is_new((thread.tid, thread.start_time)):
+        if not (self._held_pids or self.ledger.holds_any()) or not self._is_new((thread.tid, thread.start_time)):
             return False
-        if thread.pid not in self._held_pids and self._parents(thread.pid) not in self._held_pids:
+        if not self._held_pid(thread.pid) and not self._held_pid(self._parents(thread.pid)):
             return False
         return not self.is_kernel_thread(thread)
+
+    def _held_pid(self, pid: Optional[int]) -> bool:
+        """Whether temperd holds threads of `pid` (or held some in this pass), or gave treatment
+        back on one lately."""
+        return pid in self._held_pids or self.ledger.holds_pid(pid)
 
     def _changes(self, rec: ThreadRecord, want: Wanted, current: Dict[str, Any],
                  result: ApplyResult) -> Optional[Change]:
@@ -284,8 +296,10 @@ class ThreadTreatment:
         here; drift is found and left by the ledger)."""
         desired: Dict[str, Any] = {}
         restores: List[str] = []
+        key = rec.key
+        failed = self._failed
         for kind in THREAD_KINDS:
-            if (rec.key, kind) in self._failed:
+            if failed and (key, kind) in failed:
                 continue
             value = want.value(kind)
             if value is None:
@@ -297,8 +311,9 @@ class ThreadTreatment:
                 desired[kind] = (value, 0) if kind == POLICY else value
         pending = rec.intend(desired, result, current)
         if pending:
-            self._intents.setdefault(rec.key, set()).update(key for key, _, _ in pending)
+            self._intents.setdefault(key, set()).update(kind for kind, _, _ in pending)
         if not pending and not restores:
+            self._held_pids.add(rec.pid)  # held in this pass, whether or not settle() forgets it
             self.ledger.settle(rec, result)
             return None
         return rec, pending, restores
