@@ -20,6 +20,7 @@ new thread carries temperd's treatment, whatever layer it belongs to. The rules:
 from __future__ import annotations
 
 import time
+from operator import attrgetter
 from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
 
 from temperd.backends.native import sched
@@ -35,6 +36,7 @@ UNSURE_SWEEPS = 3  # more sweeps while a creator is runnable (it may be inside a
 FORK_SETTLE_S = 0.005  # the pause before a sweep that waits for a fork under way
 
 ParentOf = Callable[[int], Optional[int]]
+_BY_TID = attrgetter("tid")
 
 
 class Parents:
@@ -99,7 +101,7 @@ class Creators:
 
     def _build(self, pid: int) -> Dict[str, Dict[Any, List[ThreadRecord]]]:
         index: Dict[str, Dict[Any, List[ThreadRecord]]] = {}
-        for rec in sorted(self.ledger.by_pid(pid), key=_creator_order):
+        for rec in _in_creator_order(self.ledger.by_pid(pid)):
             for kind, value in rec.written.items():
                 index.setdefault(kind, {}).setdefault(reported(kind, value, self.online), []).append(rec)
         return index
@@ -108,6 +110,14 @@ class Creators:
 def _creator_order(rec: ThreadRecord) -> Tuple[bool, int]:
     """The leader first (the usual creator), then by tid."""
     return rec.tid != rec.pid, rec.tid
+
+
+def _in_creator_order(records: List[ThreadRecord]) -> List[ThreadRecord]:
+    """sorted(records, key=_creator_order), sorted by tid in C (a process of a fork storm holds
+    hundreds, and its index is built at each pass)."""
+    ordered = sorted(records, key=_BY_TID)
+    leaders = [rec for rec in ordered if rec.tid == rec.pid]
+    return leaders + [rec for rec in ordered if rec.tid != rec.pid] if leaders else ordered
 
 
 def uninherited(creators: Creators, thread: Any, current: Dict[str, Any], online: FrozenSet[int],

@@ -135,7 +135,8 @@ class RestoreLedger:
         return len(self._holding)
 
     def by_pid(self, pid: int) -> List[ThreadRecord]:
-        return [rec for rec in self._by_pid.get(pid, {}).values() if self.records.get(rec.key) is rec]
+        # add(), forget() and clear() change `records` and this index together: no stale entry.
+        return list(self._by_pid.get(pid, {}).values())
 
     def pids(self) -> Set[int]:
         """The processes with threads in the ledger."""

@@ -90,10 +90,13 @@ def _raise_errno() -> None:
     raise OSError(code, os.strerror(code))
 
 
+_ATTR_SIZE = ctypes.sizeof(_SchedAttr)
+
+
+# The int arguments (tid, size, flags) go as C ints, ctypes' conversion of a Python int.
 def _getattr_raw(tid: int) -> _SchedAttr:
     attr = _SchedAttr()
-    if _libc.syscall(_NUMBERS[1], ctypes.c_int(tid), ctypes.byref(attr), ctypes.c_uint(ctypes.sizeof(attr)),
-                     ctypes.c_uint(0)) != 0:
+    if _libc.syscall(_NUMBERS[1], tid, ctypes.byref(attr), _ATTR_SIZE, 0) != 0:
         _raise_errno()
     return attr
 
@@ -101,7 +104,7 @@ def _getattr_raw(tid: int) -> _SchedAttr:
 def _setattr_raw(tid: int, attr: _SchedAttr) -> None:
     attr.size = _ATTR_SIZE_VER0
     attr.sched_flags = 0
-    if _libc.syscall(_NUMBERS[0], ctypes.c_int(tid), ctypes.byref(attr), ctypes.c_uint(0)) != 0:
+    if _libc.syscall(_NUMBERS[0], tid, ctypes.byref(attr), 0) != 0:
         _raise_errno()
 
 

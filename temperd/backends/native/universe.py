@@ -21,7 +21,11 @@ class Universe(Dict[ThreadKey, Any]):
 
     def put(self, thread: Any) -> None:
         self[(thread.tid, thread.start_time)] = thread
-        self._starts.setdefault(thread.tid, set()).add(thread.start_time)
+        starts = self._starts.get(thread.tid)
+        if starts is None:
+            self._starts[thread.tid] = {thread.start_time}
+        else:
+            starts.add(thread.start_time)
 
     def drop(self, key: ThreadKey) -> None:
         del self[key]
