@@ -24,6 +24,7 @@ POLICY = "policy"  # (policy, real-time priority)
 NICE = "nice"
 SLICE = "slice"
 THREAD_KINDS = (AFFINITY, POLICY, NICE, SLICE)
+_INT = frozenset((int,))  # the type of every number a record holds (a bool is json's true, not 1)
 _SORTED_KINDS = tuple(sorted(THREAD_KINDS))  # a table's keys in the order json's sort_keys writes them
 # as_json() as json.dumps(..., sort_keys=True) writes it: the fields in sorted order.
 _JSON_TEMPLATE = ('{"comm": %s, "drifted": %s, "originals": %s, "pid": %d, "since": %d, '
@@ -85,7 +86,7 @@ def _table_text(table: Mapping[str, Any]) -> Optional[str]:
             value = table[kind]
             if type(value) is int:
                 parts.append('"%s": %d' % (kind, value))
-            elif type(value) is tuple and all(type(item) is int for item in value):
+            elif type(value) is tuple and set(map(type, value)) <= _INT:
                 parts.append('"%s": [%s]' % (kind, ", ".join(map(str, value))))
             else:
                 return None
@@ -198,7 +199,7 @@ class ThreadRecord(HeldSettings[str, Any], Setting[str, Any]):
         encoder's setup cost more than the text."""
         tables = (_table_text(self.drifted), _table_text(self.originals), _table_text(self.written))
         numbers = (self.pid, self.since, self.start_time, self.tid)
-        if None in tables or not all(type(number) is int for number in numbers):
+        if None in tables or not set(map(type, numbers)) <= _INT:
             return json.dumps(self.as_json(), sort_keys=True)
         return _JSON_TEMPLATE % (encode_basestring_ascii(self.comm), *tables[:2], *numbers, tables[2])
 
