@@ -54,23 +54,62 @@ class Parents:
 
 class Creators:
     """The threads that may have created a new one, found by value: each process's held threads
-    indexed by what temperd wrote of each kind, leader first, then by tid. One is made per pass
-    over new threads (a fork storm in a process with hundreds of treated threads then costs a
-    lookup per new thread, not a pass over them all); `add` a record made during the pass."""
+    indexed by what temperd wrote of each kind, leader first, then by tid. Used for a pass over
+    new threads (a fork storm in a process with hundreds of treated threads then costs a lookup
+    per new thread, not a pass over them all); `add` a record made during the pass. One kept
+    across passes is brought up to the ledger at each (`follow`): only the records changed since
+    are indexed again. An entry whose record since forgot or changed the value stays until its
+    process is indexed afresh: `find` checks each candidate against its record."""
 
     def __init__(self, ledger: RestoreLedger, online: FrozenSet[int], given_back: Optional[GivenBack] = None):
         self.ledger = ledger
         self.online = online
         self.given_back = given_back
         self._index: Dict[int, Dict[str, Dict[Any, List[ThreadRecord]]]] = {}
+        self._pid_of: Dict[ThreadKey, int] = {}  # an indexed record's process, for when it is forgotten
+        self._budget: Dict[int, int] = {}  # per process: the changes left before its index is built afresh
+
+    def follow(self, online: FrozenSet[int]) -> None:
+        """For another pass: index again the records the ledger changed since the last (an
+        affinity's key is within the online CPUs: where those changed, the index starts afresh)."""
+        changed = self.ledger.follow()
+        if online != self.online:
+            self.online = online
+            self._index.clear()
+            self._pid_of.clear()
+            self._budget.clear()
+            return
+        for key in changed:
+            rec = self.ledger.records.get(key)
+            if rec is not None:
+                self.add(rec)
+                continue
+            pid = self._pid_of.pop(key, None)
+            if pid in self._index and (not self.ledger.holds_pid(pid) or not self._spend(pid)):
+                self._drop(pid)
+
+    def _spend(self, pid: int) -> bool:
+        """One change to a process's index; False where its stale entries may outnumber its live ones."""
+        self._budget[pid] -= 1
+        return self._budget[pid] > 0
+
+    def _drop(self, pid: int) -> None:
+        """A process's index let go: built again from the ledger when next asked."""
+        del self._index[pid]
+        del self._budget[pid]
 
     def add(self, rec: ThreadRecord) -> None:
-        """A record made during the pass, in its place (its process's index, where one is built,
-        would hold it had it been built now). Only what it holds already counts: what the pass
-        intends for it is unwritten until the pass's writes, and `find` passes over it."""
+        """A record made during the pass (or changed since the last), in its place (its process's
+        index, where one is built, would hold it had it been built now). Only what it holds
+        already counts: what the pass intends for it is unwritten until the pass's writes, and
+        `find` passes over it."""
         index = self._index.get(rec.pid)
         if index is None:
             return  # built from the ledger, this record included, when first asked
+        if not self._spend(rec.pid):
+            self._drop(rec.pid)
+            return
+        self._pid_of[rec.key] = rec.pid
         for kind, value in rec.written.items():
             same = index.setdefault(kind, {}).setdefault(reported(kind, value, self.online), [])
             at = len(same)
@@ -85,7 +124,7 @@ class Creators:
         it now, else one temperd has since given it back on (given_back.py)."""
         index = self._index.get(pid)
         if index is None:
-            index = self._index[pid] = self._build(pid)
+            index = self._build(pid) if self.ledger.holds_pid(pid) else {}
         by_value = index.get(kind)
         if not by_value and not (self.given_back and self.given_back.holds(pid)):
             return None  # nothing of this kind was written in the process: a new thread's usual case
@@ -100,10 +139,16 @@ class Creators:
         return (earlier.original, earlier.written) if earlier is not None else None
 
     def _build(self, pid: int) -> Dict[str, Dict[Any, List[ThreadRecord]]]:
+        """The process's index from the ledger, kept where it holds threads of the process."""
         index: Dict[str, Dict[Any, List[ThreadRecord]]] = {}
-        for rec in _in_creator_order(self.ledger.by_pid(pid)):
+        records = self.ledger.by_pid(pid)
+        for rec in _in_creator_order(records):
+            self._pid_of[rec.key] = pid
             for kind, value in rec.written.items():
                 index.setdefault(kind, {}).setdefault(reported(kind, value, self.online), []).append(rec)
+        if records:
+            self._index[pid] = index
+            self._budget[pid] = 2 * len(records) + 64
         return index
 
 

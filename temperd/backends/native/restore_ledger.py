@@ -92,6 +92,9 @@ class RestoreLedger:
         self.online: FrozenSet[int] = frozenset()  # the online CPUs as now_online() last read them
         self.skipped: List[str] = []  # the state file's entries load() could not read
         self._failing = False  # the last save failed (said once, until one succeeds)
+        # The records added, forgotten or changed since follow() was last called; None before its
+        # first call (nothing follows the ledger: inheritance.Creators kept across passes does).
+        self._followed: Optional[Set[Tuple[int, int]]] = None
 
     # ---- records ------------------------------------------------------------------------------
 
@@ -121,6 +124,13 @@ class RestoreLedger:
     def _mark(self, key: Tuple[int, int]) -> None:
         self._changed.add(key)
         self._recount.add(key)
+        if self._followed is not None:
+            self._followed.add(key)
+
+    def follow(self) -> Set[Tuple[int, int]]:
+        """The keys of the records added, forgotten or changed since the last call (none at the first)."""
+        taken, self._followed = self._followed or set(), set()
+        return taken
 
     def held(self) -> int:
         """How many threads have a setting temperd holds (counted again only for the records
@@ -161,6 +171,8 @@ class RestoreLedger:
     def clear(self) -> None:
         self._changed.update(self.records)
         self._recount.update(self.records)
+        if self._followed is not None:
+            self._followed.update(self.records)
         self.records.clear()
         self._by_pid.clear()
 

@@ -180,6 +180,7 @@ class ThreadTreatment:
         self.membership = None
         self.exclusive = frozenset()
         self.is_kernel_thread.clear()
+        self._creators = Creators(self.ledger, frozenset(), self.ledger.given_back)
         self._refused.clear()
         self._failed.clear()
         self.ledger.given_back.clear()
@@ -200,7 +201,7 @@ class ThreadTreatment:
         self._held_pids = self.ledger.given_back.pids()  # the ledger's own pids are asked of it (_held_pid)
         self._intents = {}
         self._parents = Parents()
-        self._creators = Creators(self.ledger, online, self.ledger.given_back)
+        self._creators.follow(online)
         for thread in threads:
             try:
                 change = self._plan_thread(thread, online, result)
