@@ -72,4 +72,4 @@ def test_a_process_index_is_built_afresh_once_its_changes_outnumber_it(tmp_path,
         creators.follow(kernel.cpus)
     assert creators.find(PID, ThreadRef(PID + 1, PID, PID + 1, "t", False), NICE, rec.written[NICE], {}) == \
         (0, rec.written[NICE])
-    assert sum(len(same) for same in creators._index.get(PID, {}).get(NICE, {}).values()) <= 2 + 64 + 1
+    assert sum(len(same.records) for same in creators._index.get(PID, {}).get(NICE, {}).values()) <= 2 + 64 + 1

@@ -20,6 +20,7 @@ new thread carries temperd's treatment, whatever layer it belongs to. The rules:
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
 from operator import attrgetter
 from typing import Any, Callable, Container, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
 
@@ -52,6 +53,31 @@ class Parents:
         return self._known[pid]
 
 
+class _InOrder:
+    """The records that wrote one value, leader first, then by tid (with their order, to insert by)."""
+
+    __slots__ = ("orders", "records")
+
+    def __init__(self) -> None:
+        self.orders: List[Tuple[bool, int]] = []
+        self.records: List[ThreadRecord] = []
+
+    def append(self, rec: ThreadRecord) -> None:
+        """A record that comes after every one held (an index built in order)."""
+        self.orders.append(_creator_order(rec))
+        self.records.append(rec)
+
+    def insert(self, rec: ThreadRecord) -> None:
+        """A record in its place, after those of its own order."""
+        order = _creator_order(rec)
+        at = bisect_right(self.orders, order)
+        self.orders.insert(at, order)
+        self.records.insert(at, rec)
+
+
+Index = Dict[str, Dict[Any, _InOrder]]  # a process's: kind -> the value written, as reported -> its records
+
+
 class Creators:
     """The threads that may have created a new one, found by value: each process's held threads
     indexed by what temperd wrote of each kind, leader first, then by tid. Used for a pass over
@@ -65,7 +91,7 @@ class Creators:
         self.ledger = ledger
         self.online = online
         self.given_back = given_back
-        self._index: Dict[int, Dict[str, Dict[Any, List[ThreadRecord]]]] = {}
+        self._index: Dict[int, Index] = {}
         self._pid_of: Dict[ThreadKey, int] = {}  # an indexed record's process, for when it is forgotten
         self._budget: Dict[int, int] = {}  # per process: the changes left before its index is built afresh
 
@@ -111,11 +137,7 @@ class Creators:
             return
         self._pid_of[rec.key] = rec.pid
         for kind, value in rec.written.items():
-            same = index.setdefault(kind, {}).setdefault(reported(kind, value, self.online), [])
-            at = len(same)
-            while at and _creator_order(same[at - 1]) > _creator_order(rec):
-                at -= 1
-            same.insert(at, rec)
+            index.setdefault(kind, {}).setdefault(reported(kind, value, self.online), _InOrder()).insert(rec)
 
     def find(self, pid: int, thread: Any, kind: str, current: Any,
              unwritten: Mapping[ThreadKey, Container[str]]) -> Optional[Tuple[Any, Any]]:
@@ -129,7 +151,8 @@ class Creators:
         if not by_value and not (self.given_back and self.given_back.holds(pid)):
             return None  # nothing of this kind was written in the process: a new thread's usual case
         key = as_read(kind, current)
-        for cand in (by_value or {}).get(key, ()):
+        same = (by_value or {}).get(key)
+        for cand in (same.records if same is not None else ()):
             if (cand.tid != thread.tid and (cand.since or cand.start_time) <= thread.start_time
                     and self.ledger.records.get(cand.key) is cand and kind in cand.written
                     and kind not in unwritten.get(cand.key, ())
@@ -138,14 +161,14 @@ class Creators:
         earlier = self.given_back.find(pid, kind, key, thread.start_time, self.online) if self.given_back else None
         return (earlier.original, earlier.written) if earlier is not None else None
 
-    def _build(self, pid: int) -> Dict[str, Dict[Any, List[ThreadRecord]]]:
+    def _build(self, pid: int) -> Index:
         """The process's index from the ledger, kept where it holds threads of the process."""
-        index: Dict[str, Dict[Any, List[ThreadRecord]]] = {}
+        index: Index = {}
         records = self.ledger.by_pid(pid)
         for rec in _in_creator_order(records):
             self._pid_of[rec.key] = pid
             for kind, value in rec.written.items():
-                index.setdefault(kind, {}).setdefault(reported(kind, value, self.online), []).append(rec)
+                index.setdefault(kind, {}).setdefault(reported(kind, value, self.online), _InOrder()).append(rec)
         if records:
             self._index[pid] = index
             self._budget[pid] = 2 * len(records) + 64
