@@ -262,3 +262,14 @@ def test_a_threads_settings_follow_the_held_rules_one_sched_setattr_a_write(tmp_
     assert (kernel.threads[100].affinity, kernel.threads[100].policy, kernel.threads[100].nice) == \
         (frozenset(range(4)), sched.SCHED_OTHER, 3)
     assert not ledger.records
+
+
+def test_a_thread_recorded_again_under_another_process_is_listed_under_that_one_alone(tmp_path):
+    """by_pid lists the ledger's records, even where a malformed state file named one thread in two processes."""
+    ledger = RestoreLedger(str(tmp_path))
+    first, second = ThreadRecord(7, 100, 50, "t"), ThreadRecord(7, 200, 50, "t")
+    ledger.add(first)
+    ledger.add(second)
+    assert (ledger.by_pid(100), ledger.by_pid(200), ledger.holds_pid(100)) == ([], [second], False)
+    ledger.forget(first)  # the record the ledger holds under that key goes, from its own process's list too
+    assert (ledger.records, ledger.by_pid(200), ledger.holds_any()) == ({}, [], False)

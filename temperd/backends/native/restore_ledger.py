@@ -117,6 +117,9 @@ class RestoreLedger:
         rec.originals = _Watched(rec.originals, mark)
         rec.written = _Watched(rec.written, mark)
         rec.drifted = _Watched(rec.drifted, mark)
+        replaced = self.records.get(key)
+        if replaced is not None and replaced.pid != rec.pid:
+            self._unindex(key, replaced.pid)  # a malformed state file's: the same thread in two processes
         self.records[key] = rec
         self._by_pid.setdefault(rec.pid, {})[key] = rec
         self._mark(key)
@@ -157,16 +160,22 @@ class RestoreLedger:
         return pid in self._by_pid
 
     def holds_any(self) -> bool:
+        """Whether the ledger has threads of any process."""
         return bool(self._by_pid)
 
     def forget(self, rec: ThreadRecord) -> None:
         self._mark(rec.key)
-        self.records.pop(rec.key, None)
-        same = self._by_pid.get(rec.pid)
+        held = self.records.pop(rec.key, None)
+        self._unindex(rec.key, rec.pid)
+        if held is not None and held.pid != rec.pid:
+            self._unindex(rec.key, held.pid)
+
+    def _unindex(self, key: Tuple[int, int], pid: int) -> None:
+        same = self._by_pid.get(pid)
         if same is not None:
-            same.pop(rec.key, None)
+            same.pop(key, None)
             if not same:
-                del self._by_pid[rec.pid]
+                del self._by_pid[pid]
 
     def clear(self) -> None:
         self._changed.update(self.records)
