@@ -21,16 +21,18 @@ since).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import fnmatch
 import functools
 import hashlib
 import hmac
 import logging
+import operator
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Collection, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Collection, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from temperd.config.daemon_config import Binding, DaemonConfig
 from temperd.config.profile import Profile, ThreadGroup
@@ -43,6 +45,7 @@ from temperd.sources.facts import ProcessFacts
 log = logging.getLogger(__name__)
 
 ENV_PROFILE = "TEMPER_WORKLOAD_PROFILE"
+_TID = operator.attrgetter("tid")
 
 
 @dataclass(frozen=True)
@@ -209,7 +212,8 @@ class Matcher:
         self._built: Dict[str, _BuiltWorkload] = {}  # workload key -> the workload last built for it
         self._grouping = Grouping()
         self._workloads: Dict[str, Workload] = {}  # workload key -> the last match's workload
-        self._order: List[str] = []  # their keys, sorted
+        # Their keys, sorted, and the workloads in that order (None: to be made from _workloads).
+        self._listed: Optional[Tuple[List[str], List[Workload]]] = ([], [])
         self._regroup = False  # the next match decides every process again
         self._selections: Dict[Tuple[int, str, str], Tuple[Profile, Optional[Tuple[str, str]]]] = {}
         self._assigned: Dict[Tuple[int, int], _Assigned] = {}  # (pid, start) -> its threads' matches, last time
@@ -302,6 +306,7 @@ class Matcher:
         if self.generation is None:
             changed = None
         since, self._last, self.generation = self._last, None, None  # as they stay if this match fails
+        listed, self._listed = self._listed, None  # a match that fails leaves them to be sorted anew
         if len(self._decisions) + len(self._assigned) > 4 * len(procs) + 128:  # ended processes', now and then
             live = {(p.pid, p.start_time) for p in procs.values()}
             self._decisions = {k: v for k, v in self._decisions.items() if (k[0], k[1]) in live}
@@ -326,10 +331,8 @@ class Matcher:
                 ended.append(key)
         self._regroup = False  # a match cut short by an error leaves it set: the next one starts over
         self._last_runtime.update(seen_runtime)
-        if dirty:
-            self._order = sorted(self._workloads)
-        result = MatchResult(workloads=list(map(self._workloads.__getitem__, self._order)), since=since,
-                             updated=tuple(updated), ended=tuple(ended))
+        self._listed = _relisted(listed, self._workloads, dirty)
+        result = MatchResult(workloads=list(self._listed[1]), since=since, updated=tuple(updated), ended=tuple(ended))
         self._last, self.generation = result.workloads, generation
         return result
 
@@ -382,7 +385,7 @@ class Matcher:
             unit=procs[0].unit,
             cgroup=procs[0].cgroup,
             pids=tuple(p.pid for p in procs),
-            threads=tuple(sorted(threads, key=lambda t: t.tid)),
+            threads=tuple(sorted(threads, key=_TID)),
             instance=_instance(procs, self.label_key),
         )
 
@@ -418,16 +421,29 @@ class Matcher:
         """The group of each thread of proc. Without a `busiest` group a thread's group depends
         only on its name and the process's title: the matches of the process's last assignment
         are reused for threads that kept their names (a fork storm's creator has thousands of
-        threads and gains a few per pass)."""
+        threads and gains a few per pass), and only the threads whose facts are not the very
+        objects of last time (the inventory keeps an unchanged thread's) are looked at."""
         if any(group.busiest is not None for group in profile.thread_groups):
             return self._assign_ranked(profile, proc, seen_runtime, distrust)
         title = _cmdline_text(proc)
         key = (proc.pid, proc.start_time)
+        context = (profile, title, distrust)
         before = self._assigned.get(key)
-        old = before.matches if before is not None and before.context == (profile, title, distrust) else {}
+        threads = proc.threads
+        if before is None or before.context != context:
+            old: Mapping[int, ThreadMatch] = {}
+            out: Dict[int, ThreadMatch] = {}
+            looked_at = _threads(proc)
+        elif isinstance(threads, Mapping) and isinstance(before.threads, Mapping):
+            old = before.matches
+            out = dict(old)
+            for tid in old.keys() - threads.keys():
+                del out[tid]
+            looked_at = _fresh(threads, before.threads)
+        else:
+            old, out, looked_at = before.matches, {}, _threads(proc)
         catch_all = next((g for g in profile.thread_groups if g.catch_all), None)
-        out: Dict[int, ThreadMatch] = {}
-        for thread in _threads(proc):
+        for thread in looked_at:
             match = old.get(thread.tid)
             if match is None or match.comm != thread.comm:
                 selected = self._selected(profile, thread.comm, title)
@@ -436,7 +452,7 @@ class Matcher:
                 if distrust:
                     match = _distrusted(profile, match, distrust)
             out[thread.tid] = match
-        self._assigned[key] = _Assigned((profile, title, distrust), out)
+        self._assigned[key] = _Assigned(context, out, threads)
         return list(out.values())
 
     def _assign_ranked(self, profile: Profile, proc, seen_runtime, distrust: Optional[str]) -> List[ThreadMatch]:
@@ -477,6 +493,12 @@ class Matcher:
 class _Assigned:
     context: Tuple[Profile, str, Optional[str]]  # the profile, the title and the distrust they were made under
     matches: Mapping[int, ThreadMatch]  # tid -> its match
+    threads: object  # the process's threads they were made of
+
+
+def _fresh(now: Mapping[int, Any], before: Mapping[int, Any]) -> List:
+    """The threads of `now` that are not the very objects `before` has for their tids: new or changed."""
+    return [thread for tid, thread in now.items() if before.get(tid) is not thread]
 
 
 def _unclaimed(profile: Profile, pid: int, thread, catch_all: Optional[ThreadGroup]) -> ThreadMatch:
@@ -504,9 +526,16 @@ def _instance(procs: Sequence, key: bytes) -> str:
     would let a reader test guesses of an argument), the same while it runs and across restarts."""
     pids = {p.pid for p in procs}
     root = next((p for p in procs if p.ppid not in pids), procs[0])
-    text = "\0".join(root.cmdline).encode("utf-8", "surrogateescape")
+    return _instance_label(key, root.exe, root.name, tuple(root.cmdline))
+
+
+@functools.lru_cache(maxsize=1024)
+def _instance_label(key: bytes, exe: Optional[str], name: str, cmdline: Tuple[str, ...]) -> str:
+    """_instance's label of a root process: a workload built again each pass (its threads come
+    and go) keeps its root, and hand-started instances of one program share a command line."""
+    text = "\0".join(cmdline).encode("utf-8", "surrogateescape")
     digest = hmac.new(key, text, hashlib.sha256).hexdigest()[:8]
-    return f"{os.path.basename(root.exe) if root.exe else root.name} {digest}"
+    return f"{os.path.basename(exe) if exe else name} {digest}"
 
 
 _SELECTED_MAX = 8192  # remembered (profile, name, title) answers; forgotten all at once beyond
@@ -519,6 +548,29 @@ def _reusable(procs: Sequence, profile: Optional[Profile]) -> bool:
     if profile is not None and any(group.busiest is not None for group in profile.thread_groups):
         return False
     return all(isinstance(proc, ProcessFacts) for proc in procs)
+
+
+def _relisted(listed: Optional[Tuple[List[str], List[Workload]]], workloads: Mapping[str, Workload],
+              dirty: Collection[str]) -> Tuple[List[str], List[Workload]]:
+    """The keys of `workloads`, sorted, and their workloads in that order: `listed` (which the
+    caller gives up) with only the dirty keys' entries placed, taken out or replaced."""
+    if listed is None or 4 * len(dirty) > len(workloads):
+        keys = sorted(workloads)
+        return keys, list(map(workloads.__getitem__, keys))
+    keys, ordered = listed
+    for key in dirty:
+        at = bisect.bisect_left(keys, key)
+        there = at < len(keys) and keys[at] == key
+        workload = workloads.get(key)
+        if workload is None:
+            if there:
+                del keys[at], ordered[at]
+        elif there:
+            ordered[at] = workload
+        else:
+            keys.insert(at, key)
+            ordered.insert(at, workload)
+    return keys, ordered
 
 
 def _bound_processes(procs: Mapping[int, object], bindings: Mapping[int, RuntimeBinding]) -> Dict[int, RuntimeBinding]:
