@@ -30,6 +30,10 @@ from temperd.decide.sizing import NO_SIZING
 from temperd.plan import CgroupWeight, Layer, LayerPlan
 
 NAMES = "_names"  # the slot of a plan's set of layer names
+# The slots of a plan's layers by id and cgroup weights by workload key (_edited).
+LAYERS_BY_ID = "_layers_by_id"
+WEIGHTS_BY_WORKLOAD = "_weights_by_workload"
+_WORKLOAD = operator.attrgetter("workload")
 
 
 class _Declined(Exception):
@@ -102,14 +106,18 @@ def _delta(previous: LayerPlan, parts: Dict[str, _Part], changed: List[Workload]
         return previous
     added = [layer for part in new_parts for layer in part.layers]
     dropped = {line for part in old_parts for line in part.decisions}
-    removed_ids = {id(layer) for layer in removed}
+    layers, by_id = _edited(previous, LAYERS_BY_ID, previous.layers, id, map(id, removed), added)
+    weights, by_workload = _weights(previous, old_parts, new_parts, touched)
     plan = LayerPlan(
-        layers=_without(previous.layers, removed_ids.__contains__, id) + tuple(added),
+        layers=layers,
         reserve_cpus=previous.reserve_cpus,
-        decisions=_without(previous.decisions, dropped.__contains__)
+        decisions=(_without(previous.decisions, dropped.__contains__) if dropped else previous.decisions)
         + tuple(line for part in new_parts for line in part.decisions),
         errors=(),
-        cgroup_weights=_weights(previous, old_parts, new_parts, touched))
+        cgroup_weights=weights)
+    for slot, index in ((LAYERS_BY_ID, by_id), (WEIGHTS_BY_WORKLOAD, by_workload)):
+        if index is not None:
+            plan.__dict__[slot] = index
     index = dict(parts)
     for key in gone:
         del index[key]
@@ -133,16 +141,41 @@ def _without(items: tuple, drop: Callable[[Any], bool], key: Optional[Callable[[
     return tuple(itertools.compress(items, map(operator.not_, map(drop, keys))))
 
 
-def _weights(previous: LayerPlan, old_parts: List[_Part], new_parts: List[_Part], touched: Set[str]) -> tuple:
-    """The plan's cgroup weights: the very tuple in force where the touched workloads' are as they
-    were (a thread that came or went), so that the backend sees no change and reads none of them."""
+def _edited(previous: LayerPlan, slot: str, items: tuple, key: Callable[[Any], Any], dropped: Iterable,
+            added: Sequence) -> Tuple[tuple, Optional[Dict[Any, Any]]]:
+    """items less those of the dropped keys, then the added ones; and the mapping key -> item of
+    the result, for the plan made of it to keep in `slot`. The mapping `previous` keeps (made once
+    where it has none) is copied and edited: the interpreter copies it and makes the tuple without a
+    step of Python per item (the plan's thousands of layers, a few of them changed). Where two
+    items share a key, by a walk over items and no mapping."""
+    index = previous.__dict__.get(slot)
+    if index is None:
+        index = dict(zip(map(key, items), items))
+        if len(index) != len(items):
+            return _without(items, set(dropped).__contains__, key) + tuple(added), None
+        previous.__dict__[slot] = index
+    edited = dict(index)
+    for gone in dropped:
+        edited.pop(gone, None)
+    keys = list(map(key, added))
+    if len(set(keys)) != len(keys) or not edited.keys().isdisjoint(keys):
+        return tuple(edited.values()) + tuple(added), None  # a key taken twice: no mapping of this plan
+    edited.update(zip(keys, added))
+    return tuple(edited.values()), edited
+
+
+def _weights(previous: LayerPlan, old_parts: List[_Part], new_parts: List[_Part],
+             touched: Set[str]) -> Tuple[tuple, Optional[Dict[str, CgroupWeight]]]:
+    """The plan's cgroup weights, and them by workload (_edited): the very tuple in force where the
+    touched workloads' are as they were (a thread that came or went), so that the backend sees no
+    change and reads none of them."""
     if len(old_parts) == len(new_parts) and all(
             parts_weight == new.weight for parts_weight, new in zip(
                 (p.weight for p in sorted(old_parts, key=lambda p: p.workload.key)),
                 sorted(new_parts, key=lambda p: p.workload.key))):
-        return previous.cgroup_weights
-    return (_without(previous.cgroup_weights, touched.__contains__, operator.attrgetter("workload"))
-            + tuple(part.weight for part in new_parts if part.weight is not None))
+        return previous.cgroup_weights, previous.__dict__.get(WEIGHTS_BY_WORKLOAD)
+    return _edited(previous, WEIGHTS_BY_WORKLOAD, previous.cgroup_weights, _WORKLOAD, touched,
+                   [part.weight for part in new_parts if part.weight is not None])
 
 
 def _reaches_others(layer: Layer) -> bool:
