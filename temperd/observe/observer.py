@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 
 from temperd.control.status import OverheadView
 from temperd.observe.process_cpu import ProcessTicks
@@ -128,7 +128,8 @@ class Observer:
         rows = self._read_threads(processes, sorted(watched), members, groups, idle, window)
         self._plan = plan
         samples = self._samples(rows)
-        layers = [self._layer_stats(layer, samples) for layer in plan.layers]
+        by_layer = _by_layer(samples)
+        layers = [self._layer_stats(layer, by_layer.get(layer.name, ())) for layer in plan.layers]
         latency = self.telemetry.end_window(plan) if self.telemetry is not None else None
         self._last_at = wall
         shares = self._idle_shares()
@@ -200,8 +201,8 @@ class Observer:
         return rows
 
     @staticmethod
-    def _layer_stats(layer, samples: List[ThreadSample]) -> LayerStats:
-        mine = [s for s in samples if s.layer == layer.name]
+    def _layer_stats(layer, mine: Sequence[ThreadSample]) -> LayerStats:
+        """mine: the samples of the layer's threads."""
         return LayerStats(layer.name, layer.kind, layer.treatment, tuple(layer.cpus), len(layer.selector.tids),
                           round(sum(s.util for s in mine), 4), round(sum(s.wait for s in mine), 4), layer.tier,
                           layer.holds_cpus)
@@ -285,3 +286,11 @@ def _read_thread(pid: int, tid: int) -> Optional[Tuple[Tuple[int, int, int], _Fi
         return None
     affinity = procfs.read_affinity(tid, pid) or frozenset()
     return sched3, _Files(stat.comm, stat.last_cpu, stat.policy, stat.nice, tuple(sorted(affinity)))
+
+
+def _by_layer(samples: List[ThreadSample]) -> Dict[Optional[str], List[ThreadSample]]:
+    """The samples by their layer's name, in their order: one pass, not one per layer."""
+    out: Dict[Optional[str], List[ThreadSample]] = {}
+    for sample in samples:
+        out.setdefault(sample.layer, []).append(sample)
+    return out
