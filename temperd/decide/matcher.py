@@ -27,6 +27,7 @@ import fnmatch
 import functools
 import hashlib
 import hmac
+import itertools
 import logging
 import operator
 import os
@@ -45,7 +46,7 @@ from temperd.sources.facts import ProcessFacts
 log = logging.getLogger(__name__)
 
 ENV_PROFILE = "TEMPER_WORKLOAD_PROFILE"
-_TID = operator.attrgetter("tid")
+_TID, _PID, _PPID = operator.attrgetter("tid"), operator.attrgetter("pid"), operator.attrgetter("ppid")
 
 
 @dataclass(frozen=True)
@@ -384,7 +385,7 @@ class Matcher:
             reason=decision.reason,
             unit=procs[0].unit,
             cgroup=procs[0].cgroup,
-            pids=tuple(p.pid for p in procs),
+            pids=tuple(map(_PID, procs)),
             threads=tuple(sorted(threads, key=_TID)),
             instance=_instance(procs, self.label_key),
         )
@@ -524,8 +525,9 @@ def _instance(procs: Sequence, key: bytes) -> str:
     root process (the one whose parent is not in it: its executable's name, else its own) and a
     digest of its command line keyed with the host's secret (config/label_key.py: an unkeyed one
     would let a reader test guesses of an argument), the same while it runs and across restarts."""
-    pids = {p.pid for p in procs}
-    root = next((p for p in procs if p.ppid not in pids), procs[0])
+    pids = set(map(_PID, procs))
+    outside = map(operator.not_, map(pids.__contains__, map(_PPID, procs)))  # in C: a workload may have thousands
+    root = next(itertools.compress(procs, outside), procs[0])
     return _instance_label(key, root.exe, root.name, tuple(root.cmdline))
 
 
