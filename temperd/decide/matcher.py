@@ -525,10 +525,18 @@ def _instance(procs: Sequence, key: bytes) -> str:
     root process (the one whose parent is not in it: its executable's name, else its own) and a
     digest of its command line keyed with the host's secret (config/label_key.py: an unkeyed one
     would let a reader test guesses of an argument), the same while it runs and across restarts."""
-    pids = set(map(_PID, procs))
-    outside = map(operator.not_, map(pids.__contains__, map(_PPID, procs)))  # in C: a workload may have thousands
-    root = next(itertools.compress(procs, outside), procs[0])
+    root = _root(procs)
     return _instance_label(key, root.exe, root.name, tuple(root.cmdline))
+
+
+def _root(procs: Sequence):
+    """The first process whose parent is not one of them (else the first): found in C, since a
+    workload may have thousands, and at once for the one-process workload that most are."""
+    if len(procs) == 1:
+        return procs[0]
+    pids = set(map(_PID, procs))
+    outside = map(operator.not_, map(pids.__contains__, map(_PPID, procs)))
+    return next(itertools.compress(procs, outside), procs[0])
 
 
 @functools.lru_cache(maxsize=1024)
