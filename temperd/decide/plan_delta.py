@@ -144,17 +144,15 @@ def _without(items: tuple, drop: Callable[[Any], bool], key: Optional[Callable[[
 def _edited(previous: LayerPlan, slot: str, items: tuple, key: Callable[[Any], Any], dropped: Iterable,
             added: Sequence) -> Tuple[tuple, Optional[Dict[Any, Any]]]:
     """items less those of the dropped keys, then the added ones; and the mapping key -> item of
-    the result, for the plan made of it to keep in `slot`. The mapping `previous` keeps (made once
-    where it has none) is copied and edited: the interpreter copies it and makes the tuple without a
-    step of Python per item (the plan's thousands of layers, a few of them changed). Where two
-    items share a key, by a walk over items and no mapping."""
-    index = previous.__dict__.get(slot)
-    if index is None:
-        index = dict(zip(map(key, items), items))
-        if len(index) != len(items):
+    the result, for the plan made of it to keep in `slot`. The mapping is taken from `previous`
+    (a plan is planned from once: the next delta starts from the plan made now; one without it
+    makes it anew) and edited in place: no step of Python per item (the plan's thousands of layers,
+    a few of them changed). Where two items share a key, by a walk over items and no mapping."""
+    edited = previous.__dict__.pop(slot, None)
+    if edited is None:
+        edited = dict(zip(map(key, items), items))
+        if len(edited) != len(items):
             return _without(items, set(dropped).__contains__, key) + tuple(added), None
-        previous.__dict__[slot] = index
-    edited = dict(index)
     for gone in dropped:
         edited.pop(gone, None)
     keys = list(map(key, added))
@@ -173,7 +171,7 @@ def _weights(previous: LayerPlan, old_parts: List[_Part], new_parts: List[_Part]
             parts_weight == new.weight for parts_weight, new in zip(
                 (p.weight for p in sorted(old_parts, key=lambda p: p.workload.key)),
                 sorted(new_parts, key=lambda p: p.workload.key))):
-        return previous.cgroup_weights, previous.__dict__.get(WEIGHTS_BY_WORKLOAD)
+        return previous.cgroup_weights, previous.__dict__.pop(WEIGHTS_BY_WORKLOAD, None)  # handed on (_edited)
     return _edited(previous, WEIGHTS_BY_WORKLOAD, previous.cgroup_weights, _WORKLOAD, touched,
                    [part.weight for part in new_parts if part.weight is not None])
 
