@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 import re
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -36,6 +37,7 @@ TIER_RANK = {tier: rank for rank, tier in enumerate(TIERS)}
 # The slot of a plan's (settings, workload key -> _Part, the workloads as given): what plan_delta starts from.
 PARTS = "_parts"
 LAYER_NAME_MAX = 63
+_TREATMENT = operator.attrgetter("treatment")
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ class _Part:
 def _needs_no_cpus(workload: Workload, profile: Optional[Profile]) -> bool:
     if profile is None:
         return workload.tier != "critical" or workload.budget is None
-    return all(group.treatment != EXCLUSIVE for group in profile.thread_groups)
+    return EXCLUSIVE not in map(_TREATMENT, profile.thread_groups)  # asked for every workload planned again
 
 
 def plan(shape, workloads: Sequence[Workload], profiles: Mapping[str, Profile],
