@@ -189,18 +189,3 @@ def test_any_stream_of_changes_and_failed_writes_loads_as_the_records_stand(tmp_
         again = _reloaded(tmp_path)
         assert {key: rec.written for key, rec in again.records.items()} == \
             {key: rec.written for key, rec in ledger.records.items() if rec.written}
-
-
-def test_a_record_line_is_the_text_json_writes_for_it():
-    """The state file formats a record's line itself: byte for byte what json.dumps writes, for
-    every kind of value a record holds, and json's own text for anything else."""
-    rec = ThreadRecord(4321, 4300, 987654, 'w\u00e9 "q"\\', since=12)
-    assert rec.json_text() == json.dumps(rec.as_json(), sort_keys=True)
-    rec.originals.update({"affinity": tuple(range(12)), "policy": (0, 0), "nice": -3, "slice": 0})
-    rec.written.update({"affinity": (1, 2), "policy": (5, 0), "nice": 19, "slice": 300000})
-    rec.drifted.update({"nice": 4})
-    assert rec.json_text() == json.dumps(rec.as_json(), sort_keys=True)
-    rec.written["affinity"] = ()
-    rec.drifted["nice"] = True  # not a record's value: json's text, not a number's
-    assert rec.json_text() == json.dumps(rec.as_json(), sort_keys=True)
-    assert state_file._gone_line((4321, 987654)) == state_file._line({"gone": [4321, 987654]})

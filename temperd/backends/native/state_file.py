@@ -66,19 +66,14 @@ class StateFileError(Exception):
     """The state file exists but cannot be used; the message names the file and the problem."""
 
 
+# One encoder for every line: json.dumps(..., sort_keys=True) builds a new one per call, and
+# the state file writes a line per record change (a fork storm: thousands a second).
+_ENCODER = json.JSONEncoder(sort_keys=True, check_circular=False)
+
+
 def _line(entry: Mapping[str, Any]) -> str:
     # Compact JSON: the C encoder (an indented dump runs in Python).
-    return json.dumps(entry, sort_keys=True) + "\n"
-
-
-def _thread_line(record: Any) -> str:
-    """_line({"thread": record.as_json()}), the record formatting itself (thread_settings.json_text)."""
-    return '{"thread": %s}\n' % record.json_text()
-
-
-def _gone_line(key: ThreadKey) -> str:
-    """The line of a thread no longer held: _line({"gone": [tid, start_time]})."""
-    return '{"gone": [%d, %d]}\n' % key
+    return _ENCODER.encode(entry) + "\n"
 
 
 class _Written:
@@ -90,7 +85,7 @@ class _Written:
         self.record = record
         self.written = dict(record.written)  # an original changes only with it
         self.drifted = dict(record.drifted)
-        self.text = _thread_line(record)
+        self.text = _line({"thread": record.as_json()})
 
     def matches(self, record: Any) -> bool:
         # A record's identity, pid and start never change; what it holds does.
@@ -164,7 +159,7 @@ class StateFile:
                 written = _Written(record)
                 lines.append(written.text)
             live[key] = written
-        lines.extend(_gone_line(key) for key in held if key not in live)
+        lines.extend(_line({"gone": list(key)}) for key in held if key not in live)
         return live
 
     def _compare(self, records: Mapping[ThreadKey, Any], changed: Iterable[ThreadKey],
@@ -178,7 +173,7 @@ class StateFile:
             if record is None or not (record.written or record.drifted):
                 if key in held and updates.get(key, held[key]) is not None:
                     updates[key] = None
-                    lines.append(_gone_line(key))
+                    lines.append(_line({"gone": list(key)}))
                 continue
             written = updates.get(key, held.get(key))
             if written is None or not written.matches(record):

@@ -9,8 +9,6 @@ compared within the online CPUs (the ledger's: the daemon's machine shape's, els
 
 from __future__ import annotations
 
-import json
-from json.encoder import encode_basestring_ascii
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from temperd.backends.native import sched
@@ -24,11 +22,6 @@ POLICY = "policy"  # (policy, real-time priority)
 NICE = "nice"
 SLICE = "slice"
 THREAD_KINDS = (AFFINITY, POLICY, NICE, SLICE)
-_INT = frozenset((int,))  # the type of every number a record holds (a bool is json's true, not 1)
-_SORTED_KINDS = tuple(sorted(THREAD_KINDS))  # a table's keys in the order json's sort_keys writes them
-# as_json() as json.dumps(..., sort_keys=True) writes it: the fields in sorted order.
-_JSON_TEMPLATE = ('{"comm": %s, "drifted": %s, "originals": %s, "pid": %d, "since": %d, '
-                  '"start_time": %d, "tid": %d, "written": %s}')
 
 
 def thread_values(affinity: FrozenSet[int], state: sched.SchedState) -> Dict[str, Any]:
@@ -75,22 +68,6 @@ def _values(table: Mapping[str, Any]) -> Dict[str, Any]:
 
 def _json(table: Mapping[str, Any]) -> Dict[str, Any]:
     return {kind: list(value) if isinstance(value, tuple) else value for kind, value in table.items()}
-
-
-def _table_text(table: Mapping[str, Any]) -> Optional[str]:
-    """json.dumps(_json(table), sort_keys=True), where every value is an int or a tuple of ints
-    (what a record holds); None for anything else (json then writes the record)."""
-    parts = []
-    for kind in _SORTED_KINDS:
-        if kind in table:
-            value = table[kind]
-            if type(value) is int:
-                parts.append('"%s": %d' % (kind, value))
-            elif type(value) is tuple and set(map(type, value)) <= _INT:
-                parts.append('"%s": [%s]' % (kind, ", ".join(map(str, value))))
-            else:
-                return None
-    return "{" + ", ".join(parts) + "}" if len(parts) == len(table) else None
 
 
 class ThreadRecord(HeldSettings[str, Any], Setting[str, Any]):
@@ -192,16 +169,6 @@ class ThreadRecord(HeldSettings[str, Any], Setting[str, Any]):
         return {"tid": self.tid, "pid": self.pid, "start_time": self.start_time, "comm": self.comm,
                 "since": self.since, "originals": _json(self.originals), "written": _json(self.written),
                 "drifted": _json(self.drifted)}
-
-    def json_text(self) -> str:
-        """as_json() as json.dumps(..., sort_keys=True) writes it, formatted directly: the state
-        file writes a record at each of its changes (a fork storm: thousands a second), and the
-        encoder's setup cost more than the text."""
-        tables = (_table_text(self.drifted), _table_text(self.originals), _table_text(self.written))
-        numbers = (self.pid, self.since, self.start_time, self.tid)
-        if None in tables or not set(map(type, numbers)) <= _INT:
-            return json.dumps(self.as_json(), sort_keys=True)
-        return _JSON_TEMPLATE % (encode_basestring_ascii(self.comm), *tables[:2], *numbers, tables[2])
 
     @classmethod
     def from_json(cls, data: dict, ledger: Any = None) -> "ThreadRecord":
