@@ -8,8 +8,6 @@ The native backend reads the same plan as per-thread affinity, policy and nice.
 from __future__ import annotations
 
 import functools
-import itertools
-import operator
 import weakref
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
@@ -214,19 +212,11 @@ def moved_members(old: LayerPlan, new: LayerPlan, removed: Sequence[Layer],
         changed = [*before.by_tid, *after.by_tid]
     else:
         changed = [tid for layer in (*removed, *added) for tid in layer.selector.tids]
-    return _treated_otherwise(changed, before.by_tid, after.by_tid, (*removed, *added))
+    treatments: Dict[int, Optional[tuple]] = {}  # id(layer) -> its treatment, made once per layer
 
+    def treated(layer: Optional[Layer]) -> Optional[tuple]:
+        if id(layer) not in treatments:
+            treatments[id(layer)] = treatment(layer)
+        return treatments[id(layer)]
 
-def _treated_otherwise(tids: Sequence[int], before: Dict[int, Layer], after: Dict[int, Layer],
-                       layers: Sequence[Layer]) -> FrozenSet[int]:
-    """The tids whose layer in `before` treats them otherwise than theirs in `after`. Where each
-    of their layers is one of `layers` (the layers in one plan only: so it is where neither plan
-    names a tid twice), each layer's treatment is made once and the tids compared in C (a pool's
-    thousands of threads in a layer made again); else tid by tid."""
-    of = {id(layer): treatment(layer) for layer in layers}
-    of[id(None)] = None
-    was = list(map(id, map(before.get, tids)))
-    now = list(map(id, map(after.get, tids)))
-    if of.keys() >= set(was) and of.keys() >= set(now):
-        return frozenset(itertools.compress(tids, map(operator.ne, map(of.__getitem__, was), map(of.__getitem__, now))))
-    return frozenset(tid for tid in tids if treatment(before.get(tid)) != treatment(after.get(tid)))
+    return frozenset(tid for tid in changed if treated(before.by_tid.get(tid)) != treated(after.by_tid.get(tid)))

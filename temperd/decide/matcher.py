@@ -27,7 +27,6 @@ import fnmatch
 import functools
 import hashlib
 import hmac
-import itertools
 import logging
 import operator
 import os
@@ -46,7 +45,7 @@ from temperd.sources.facts import ProcessFacts
 log = logging.getLogger(__name__)
 
 ENV_PROFILE = "TEMPER_WORKLOAD_PROFILE"
-_TID, _PID, _PPID = operator.attrgetter("tid"), operator.attrgetter("pid"), operator.attrgetter("ppid")
+_TID, _PID = operator.attrgetter("tid"), operator.attrgetter("pid")
 
 
 @dataclass(frozen=True)
@@ -530,13 +529,12 @@ def _instance(procs: Sequence, key: bytes) -> str:
 
 
 def _root(procs: Sequence):
-    """The first process whose parent is not one of them (else the first): found in C, since a
-    workload may have thousands, and at once for the one-process workload that most are."""
+    """The first process whose parent is not one of them (else the first); at once for the
+    one-process workload that most are."""
     if len(procs) == 1:
         return procs[0]
-    pids = set(map(_PID, procs))
-    outside = map(operator.not_, map(pids.__contains__, map(_PPID, procs)))
-    return next(itertools.compress(procs, outside), procs[0])
+    pids = {p.pid for p in procs}
+    return next((p for p in procs if p.ppid not in pids), procs[0])
 
 
 @functools.lru_cache(maxsize=1024)
