@@ -62,6 +62,14 @@ class FixtureCgroup:
             _write(os.path.join(directory, "cpu.cfs_period_us"), str(period_us))
             _write(os.path.join(directory, "cpu.cfs_quota_us"), str(quota))
 
+    def cpu_weight_times(self, factor: int) -> None:
+        """factor times the default CPU weight (cpu.weight 100 on v2, cpu.shares 1024 on v1)."""
+        if _v2_has("cpu"):
+            self._enable("cpu")
+            _write(os.path.join(self.dirs[0], "cpu.weight"), str(100 * factor))
+        else:
+            _write(os.path.join(self._v1("cpu"), "cpu.shares"), str(1024 * factor))
+
     def memory_bound(self, limit_bytes: int) -> str:
         """memory.high on v2; memory.limit_in_bytes on v1. Which one, for messages."""
         if _v2_has("memory"):

@@ -93,13 +93,16 @@ def bindings(*cgroups) -> str:
 
 
 def test_rightsizing_counts_hot_threads_and_keeps_its_history_across_a_restart(tmp_path):
-    """Two phases of PHASE_S, so the fixtures never ask for more than this host's two CPUs at once:
-    hot + seven light and the bursty thread, then eight at 15 % and the capped one; temperd runs
-    through both, then restarts."""
+    """Two phases of PHASE_S: hot + seven light and the bursty thread, then eight at 15 % and the
+    capped one; temperd runs through both, then restarts."""
     history = tmp_path / "state" / "usage-history.json"
     with F.cgroup_parent("temperd-rightsize") as make:
         hot, bursty, even, capped = make("hot-plus-seven"), make("bursty"), make("eight-at-15"), make("capped")
         capped.cpu_max(0.5)
+        # Phase A asks 2.7 CPUs of two while the burst runs (the hot thread, seven at 10 %, the
+        # burst): weighted, the burst's cgroup gets a whole CPU, as a burst on a host that can
+        # serve it would, instead of what an equal share leaves it (0.75 of one was seen).
+        bursty.cpu_weight_times(8)
         settings = (f'[classify]\nwindow_s = {PHASE_S:g}\n[rightsizing]\nhistory_file = "{history}"\n'
                     + bindings(hot, bursty, even, capped))
         daemon = WatchTemperd(tmp_path, settings)
