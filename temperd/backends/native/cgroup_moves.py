@@ -12,96 +12,59 @@ waits for them first (wait()), so nothing is read while a move is on its way.
 from __future__ import annotations
 
 import os
-import queue
 import threading
-import weakref
-from typing import Any, Generic, List, Optional, Sequence, Tuple, TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, List, Optional, Sequence, Tuple, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
 Move = Tuple[K, V, Optional[V]]  # (thread key, the cgroup it goes to, the one temperd wrote before)
-Failed = Tuple[Any, Any, Any, OSError]  # a Move that was not made, with its error
-Outcome = Tuple[int, List[Failed], Optional[BaseException]]  # a batch's: made, failed, what stopped it
 
 
 class DeferredMoves(Generic[K, V]):
-    """Moves of threads, by tid, through an open `tasks` file, made by a worker thread.
-
-    The worker takes each batch from a queue and answers it on another, in order: a batch's
-    hand-off is a lock and two queue operations (events come tens of batches a second)."""
+    """Moves of threads, by tid, through an open `tasks` file, made by a worker thread."""
 
     def __init__(self):
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._pending: Optional[Future] = None
         self._lock = threading.Lock()
-        self._todo: "queue.SimpleQueue[Optional[Tuple[int, List[Move]]]]" = queue.SimpleQueue()
-        self._done: "queue.SimpleQueue[Outcome]" = queue.SimpleQueue()
-        self._worker: Optional[threading.Thread] = None
-        self._unanswered = 0  # batches submitted whose outcome wait() has not taken
-        # The worker holds the queues, not this object: one dropped without close() ends it too.
-        weakref.finalize(self, self._todo.put, None)
 
     def submit(self, tasks_fd: int, moves: Sequence[Move]) -> None:
         """Move each thread of `moves` by writing its tid to `tasks_fd`, which the worker closes.
         The moves of an earlier submit are made first."""
         with self._lock:
-            if self._worker is None:
-                self._worker = self._start_worker()
-            self._unanswered += 1
-            self._todo.put((tasks_fd, list(moves)))
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="temperd-cgroup-moves")
+            earlier = self._pending
+            self._pending = self._pool.submit(self._move, tasks_fd, list(moves), earlier)
 
-    def wait(self) -> Tuple[int, List[Failed]]:
+    def wait(self) -> Tuple[int, List[Tuple[K, V, Optional[V], OSError]]]:
         """Wait for every move submitted: (how many were made, each failed one with its error)."""
-        made, failed, error = 0, [], None
         with self._lock:
-            for _ in range(self._unanswered):
-                done, not_done, exc = self._done.get()
-                made += done
-                failed.extend(not_done)
-                error = error or exc
-            self._unanswered = 0
-        if error is not None:
-            raise error
-        return made, failed
+            pending, self._pending = self._pending, None
+        if pending is None:
+            return 0, []
+        return pending.result()
 
     def close(self) -> None:
         """Wait for the moves, and end the worker (it is made again by the next submit)."""
+        self.wait()
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def _move(self, tasks_fd: int, moves: List[Move], earlier: Optional[Future]):
+        made, failed = 0, []
+        if earlier is not None:  # not waited for by anyone: its outcome is carried into this one
+            made, failed = earlier.result()
         try:
-            self.wait()
+            for key, value, previous in moves:
+                try:
+                    os.write(tasks_fd, str(key[0]).encode())  # key: (tid, start time)
+                    made += 1
+                except OSError as exc:
+                    failed.append((key, value, previous, exc))
         finally:
-            with self._lock:
-                worker, self._worker = self._worker, None
-                if worker is not None:
-                    self._todo.put(None)
-            if worker is not None:
-                worker.join()
-
-    def _start_worker(self) -> threading.Thread:
-        worker = threading.Thread(target=_work, args=(self._todo, self._done), name="temperd-cgroup-moves",
-                                  daemon=True)  # close() (restore_all) waits for it; an exit without one drops it
-        worker.start()
-        return worker
-
-
-def _work(todo: "queue.SimpleQueue", done: "queue.SimpleQueue") -> None:
-    """The worker: each batch's moves made and answered, until a None."""
-    while True:
-        batch = todo.get()
-        if batch is None:
-            return
-        try:
-            done.put(_move(*batch) + (None,))
-        except BaseException as exc:  # told to wait(), which raises it
-            done.put((0, [], exc))
-
-
-def _move(tasks_fd: int, moves: List[Move]) -> Tuple[int, List[Failed]]:
-    made, failed = 0, []
-    try:
-        for key, value, previous in moves:
-            try:
-                os.write(tasks_fd, str(key[0]).encode())  # key: (tid, start time)
-                made += 1
-            except OSError as exc:
-                failed.append((key, value, previous, exc))
-    finally:
-        os.close(tasks_fd)
-    return made, failed
+            os.close(tasks_fd)
+        return made, failed
