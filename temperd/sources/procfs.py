@@ -448,17 +448,13 @@ def read_cmdline(pid: int, tid: Optional[int] = None, *, strict: bool = False) -
     return normalise_cmdline(data)
 
 
+@functools.lru_cache(maxsize=256)
 def parse_cgroup(data: bytes) -> CgroupPaths:
     """/proc/PID/cgroup: one `hierarchy-id:controllers:/path` line per hierarchy. Split on "\\n"
     alone: a cgroup name may hold any other character (\\r, \\v, U+2028, ...), and one that ended
     a line could forge a name=systemd line and with it a system unit. A line of another form is
     refused, and with it the whole file: no path, no unit. The paths of a text seen lately are
     given again (frozen): a process's threads, and a fork storm's processes, share one text."""
-    return _parse_cgroup_text(data)
-
-
-@functools.lru_cache(maxsize=256)
-def _parse_cgroup_text(data: bytes) -> CgroupPaths:
     unified = None
     systemd = None
     cpu_v1 = None
