@@ -6,6 +6,7 @@ these tests skip; what such a host gets instead (the session's note) is checked 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -276,6 +277,31 @@ def test_a_batch_that_leaves_every_sessions_mix_as_it_was_moves_only_its_own_thr
                      selector=MemberSelector(tids=(fav,)), nice=-5)
     backend.apply(plan_of(yield_layer([bg_d]), favoured), scan_threads([mixed.pid]), _threads_of(mixed.pid, fav))
     assert whole_passes and cpu_cgroup(mixed.pid, fav) == "/" and cpu_cgroup(mixed.pid, bg_d) == where
+
+
+@needs_v1_cpu
+def test_a_thread_renamed_into_a_yield_group_moves_without_a_start_time_read(tmp_path, children, backends,
+                                                                             monkeypatch):
+    """Between whole applies, a thread the backend saw before under another name was named by a
+    rename event (the inventory would have seen its exit and a reuse of its id first): its move
+    into the idle cgroup reads its cgroup alone, not its start time again (a generator's renamed
+    threads come tens a second)."""
+    backend = backends(tmp_path)
+    mixed, bg_c, where = _yield_thread_moved(children, backend)
+    late = mixed.spawn("xx-d")
+    backend.apply(plan_of(yield_layer([bg_c])), scan_threads([mixed.pid]), _threads_of(mixed.pid, late))
+    backend.idle_cgroup.settle()
+    assert cpu_cgroup(mixed.pid, late) == "/"  # seen, in no layer
+    # As the inventory tells it after the thread's rename event (only the thread itself may rename it).
+    threads = [dataclasses.replace(t, comm="bg-d") if t.tid == late else t for t in scan_threads([mixed.pid])]
+    stat_reads = []
+    real_stat = procfs.read_task_stat
+    monkeypatch.setattr(procfs, "read_task_stat", lambda pid, tid: stat_reads.append(tid) or real_stat(pid, tid))
+    result = backend.apply(plan_of(yield_layer([bg_c, late])), threads, [])
+    backend.idle_cgroup.settle()
+    assert not result.failed, result.errors
+    assert cpu_cgroup(mixed.pid, late) == where and late not in stat_reads, stat_reads
+    backend.stop()
 
 
 @needs_v1_cpu

@@ -147,20 +147,26 @@ class NativeBackend:
     def _treat_some(self, threads: List, result: ApplyResult) -> ApplyResult:
         """These threads treated under the plan in force; the autogroup pass only where one of
         them changes a session's mix."""
-        new = set()
+        new, renamed = set(), set()
         for thread in threads:
             key = (thread.tid, thread.start_time)
-            if key not in self._universe:
+            seen = self._universe.get(key)
+            if seen is None:
                 new.add(key)
+            elif seen.comm != thread.comm:
+                renamed.add(key)
             self._universe.put(thread)
         self.treatment.treat(threads, result, functools.partial(self._save, result), new)
+        # A thread renamed since it was last seen here was named by a rename event of the inventory's,
+        # which would have seen its exit and a reuse of its id first: its start time is as good as read.
+        fresh = new | renamed
         groups: Groups = {}  # the batch's processes' autogroups, read once
         if self.autogroup and self.treatment.membership is not None and self.autogroups.cache.changes_mix(
                 threads, self.treatment.layer_for, self.treatment.is_kernel_thread, groups) \
-                and not self._idle_cgroup_only(threads, new, result, groups):
+                and not self._idle_cgroup_only(threads, fresh, result, groups):
             # A new thread or process changed a session's mix (or a recheck is due): the whole pass,
             # the batch's processes read again.
-            self._apply_autogroups(result, reread=False, touched={thread.pid for thread in threads}, fresh=new)
+            self._apply_autogroups(result, reread=False, touched={thread.pid for thread in threads}, fresh=fresh)
         # The state file was written before the first change of this call (treat's before_write);
         # written again only where the writes did not go as recorded or records came or went
         # without a write (each write appends to the file, and events come ten or more batches a second).
@@ -168,7 +174,7 @@ class NativeBackend:
                    or len(self.ledger.records) != self._saved_records)
         return self._finish(result, save=bool(settled))
 
-    def _idle_cgroup_only(self, threads: List, new: Set[ThreadKey], result: ApplyResult,
+    def _idle_cgroup_only(self, threads: List, fresh: Set[ThreadKey], result: ApplyResult,
                           groups: Groups) -> bool:
         """Where this batch leaves every session's mix as it was (autogroup.SessionCache.count),
         the autogroups' nices stay: only the batch's threads go into the idle cgroup or out of
@@ -182,7 +188,7 @@ class NativeBackend:
         others = [thread for thread, kind, mixed in counted if not (kind == YIELD and mixed)]
         universe = self._universe
         result.merge(self.idle_cgroup.add(
-            yielding, others, lambda key: universe[key].pid if key in universe else None, fresh=new))
+            yielding, others, lambda key: universe[key].pid if key in universe else None, fresh=fresh))
         return True
 
     def forget_threads(self, tids: Iterable[int], live: Optional[Mapping[int, Any]] = None) -> None:
