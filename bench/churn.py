@@ -191,12 +191,16 @@ def inventory_counts(port: int) -> Dict[str, Optional[float]]:
     return found
 
 
-def replans(daemon) -> Optional[int]:
-    """The daemon's replans since start (each a pass of match, plan and apply), from its status."""
+def status_counts(daemon) -> Dict[str, Optional[float]]:
+    """From the daemon's status, since start: its replans (each a pass of match, plan and apply),
+    and the passes that handled process events with their CPU time (None from a temperd that
+    does not count them)."""
     try:
-        return int(daemon.status(timeout=30)["replans"])
-    except (RuntimeError, subprocess.TimeoutExpired, KeyError, TypeError, ValueError):
-        return None
+        status = daemon.status(timeout=30)
+    except (RuntimeError, subprocess.TimeoutExpired):
+        status = {}
+    path = status.get("event_path") or {}
+    return {"replans": status.get("replans"), "event_passes": path.get("passes"), "event_cpu_s": path.get("cpu_s")}
 
 
 def _grown(before: Dict[str, Optional[float]], after: Dict[str, Optional[float]], name: str) -> Optional[float]:
@@ -230,7 +234,7 @@ def main() -> int:
     profiles = {"churn.toml": THREAD_PROFILE, "churn-proc.toml": PROCESS_PROFILE}
     with running_temperd(profiles=profiles, http_port=port, command=tree_command(args.tree)) as daemon:
         time.sleep(1.0)
-        ticks0, rss0, counts0, passes0 = daemon.cpu_ticks(), rss_kib(daemon.pid), inventory_counts(port), replans(daemon)
+        ticks0, rss0, counts0, status0 = daemon.cpu_ticks(), rss_kib(daemon.pid), inventory_counts(port), status_counts(daemon)
         monitor = HostMonitor()
         monitor.start()
         spy = py_spy_record(daemon.pid, args.duration, args.py_spy) if args.py_spy else None
@@ -240,7 +244,7 @@ def main() -> int:
                              timeout=args.duration + 60)
         wall = time.monotonic() - t0
         window = monitor.stop()
-        ticks1, rss1, passes1 = daemon.cpu_ticks(), rss_kib(daemon.pid), replans(daemon)
+        ticks1, rss1, status1 = daemon.cpu_ticks(), rss_kib(daemon.pid), status_counts(daemon)
         time.sleep(5.5)  # one more observation sample: /metrics counts the window's last events
         ticks2, counts1 = daemon.cpu_ticks(), inventory_counts(port)
         alive = daemon.alive()
@@ -264,7 +268,7 @@ def main() -> int:
     events = _grown(counts0, counts1, "temperd_inventory_events")
     cpu_to_count_s = (ticks2 - ticks0) / hz  # over the same span as the events counted
     made = sum(gen["counts"].values())
-    passes = None if passes0 is None or passes1 is None else passes1 - passes0
+    passes, event_passes, event_cpu_s = (_grown(status0, status1, name) for name in ("replans", "event_passes", "event_cpu_s"))
     summary = {
         "host": host_description(), "tree": args.tree or ".", "duration_s": args.duration,
         "daemon_cpu_pct_of_core": 100.0 * cpu_s / wall,
@@ -273,6 +277,9 @@ def main() -> int:
         "process_events": events,
         "replans": passes, "replans_per_s": passes / wall if passes is not None else None,
         "daemon_cpu_ms_per_replan": 1000.0 * cpu_s / passes if passes else None,
+        "event_passes_per_s": event_passes / wall if event_passes is not None else None,
+        "event_cpu_ms_per_pass": 1000.0 * event_cpu_s / event_passes if event_passes and event_cpu_s is not None else None,
+        "event_cpu_pct_of_core": 100.0 * event_cpu_s / wall if event_cpu_s is not None else None,
         "daemon_rss_kib_before": rss0, "daemon_rss_kib_after": rss1,
         "event_overflows": _grown(counts0, counts1, "temperd_inventory_event_overflows"),
         "daemon_survived": alive,
@@ -303,6 +310,10 @@ def main() -> int:
     if passes is not None:
         print(f"replans: {passes} ({passes / wall:.1f}/s), {summary['daemon_cpu_ms_per_replan'] or 0:.2f} ms of "
               "daemon CPU per replan (all of its CPU over the churn, divided)")
+    if summary["event_cpu_ms_per_pass"] is not None:
+        print(f"event path (the daemon's own count): {summary['event_passes_per_s']:.1f} passes/s, "
+              f"{summary['event_cpu_ms_per_pass']:.2f} ms of main-loop CPU per pass, "
+              f"{summary['event_cpu_pct_of_core']:.1f} % of a core")
     print(f"host: idle {window.idle_pct:.0f} %, steal {window.steal_pct:.1f} %, foreign CPU "
           f"{window.foreign_core_pct:.0f} % of a core ({window.foreign_top or 'none'})")
     if args.py_spy:

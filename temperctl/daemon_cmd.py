@@ -113,6 +113,11 @@ def status_lines(status: "Status") -> List[str]:
     inventory = status.inventory  # which process events the kernel sends, and how many processes nothing can match
     lines.append(f"events:      {inventory.event_filter or '-'}; {inventory.processes} processes "
                  f"tracked, {inventory.untracked} not ({status.candidates or '-'})")
+    path = status.event_path  # what the host's churn cost: the passes that handled process events
+    if path is not None:
+        per_event = f", {1000 * path.cpu_s / inventory.events_received:.2f} ms per event" \
+            if inventory.events_received else ""
+        lines.append(f"event path:  {path.passes} passes, {path.cpu_s:.2f} s of CPU{per_event}")
     if status.overhead is not None:
         lines.append("overhead:    " + ", ".join(f"{k} {v}" for k, v in to_json(status.overhead).items()))
     if status.http:

@@ -84,7 +84,7 @@ def daemon(scx: bool = True) -> SimpleNamespace:
         match=SimpleNamespace(workloads=[workload, other]), plan=plan(),
         last_apply=ApplyResult(applied={"affinity": 3}, failed={"nice": 1}, notes=["a note"]),
         inventory=SimpleNamespace(stats=stats, gate=SimpleNamespace(describe="name, executable")),
-        replans=7, learner=watch)
+        replans=7, event_passes=150, event_cpu_s=0.37, learner=watch)
 
 
 def status(scx: bool = True):

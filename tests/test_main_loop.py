@@ -40,6 +40,8 @@ class _DaemonSide:
         self.requests = Requests()
         self.observe_interval_s = 60.0
         self.replans = []
+        self.event_passes = 0
+        self.event_cpu_s = 0.0
 
     def replan(self, trigger, changes=None):
         self.replans.append((trigger, list(changes or ())))
@@ -108,7 +110,7 @@ def test_a_pass_whose_events_changed_nothing_sets_the_wait_too(loop, monkeypatch
     monkeypatch.setattr(inventory, "handle_events", nothing_changed)
     started = time.monotonic()
     loop_._pass()
-    assert side.replans == []
+    assert side.replans == [] and side.event_passes == 1  # events that changed nothing cost a pass too
     assert main_loop.TREAT_WITHIN_S / 2 < loop_.events_not_before - started <= main_loop.TREAT_WITHIN_S + 0.002
 
 
@@ -126,13 +128,14 @@ def test_events_after_a_quiet_spell_are_handled_at_once_and_the_next_wait_for_th
     loop_._pass()
     assert [trigger for trigger, _ in side.replans] == ["events"]
     assert loop_.events_not_before > time.monotonic()
+    assert side.event_passes == 1 and side.event_cpu_s > 0  # the pass read the new process
 
     _fork_one()  # inside the batch: its events are not read yet
     fds, timeout = loop_._what_to_wait_for()
     assert side.inventory.fileno() not in fds
     assert 0 < timeout <= main_loop.TREAT_WITHIN_S
     loop_._pass()
-    assert len(side.replans) == 1
+    assert len(side.replans) == 1 and side.event_passes == 1  # a pass that handled no events is not counted
     time.sleep(max(0.0, loop_.events_not_before - time.monotonic()))
     _wait_readable(loop_)
     loop_._pass()

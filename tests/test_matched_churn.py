@@ -53,5 +53,11 @@ def test_matched_churn_is_treated_in_batches_at_a_bounded_cost(tmp_path):
         assert replans < things / 2, "events are not batched"
         assert cpu_ms / things < 5.0, daemon.logtext()[-2000:]  # bench/churn.py: 0.5-1.3 ms
         assert after["inventory"]["events_lost"] == before["inventory"]["events_lost"]
+        # The event path's own count (temperctl status, /metrics): the passes that handled events,
+        # batched as the replans are, and a share of the process's CPU (the observer's is not in it).
+        passes = after["event_path"]["passes"] - before["event_path"]["passes"]
+        path_ms = 1000.0 * (after["event_path"]["cpu_s"] - before["event_path"]["cpu_s"])
+        assert 0 < passes < things / 2
+        assert 0 < path_ms <= cpu_ms + 1000.0 / os.sysconf("SC_CLK_TCK"), (path_ms, cpu_ms)
     finally:
         daemon.stop()

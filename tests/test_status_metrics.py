@@ -62,6 +62,8 @@ def expected(status: Status) -> Dict[str, Dict[Tuple[Tuple[str, str], ...], floa
         "temperd_inventory_event_overflows": {(): inventory["events_lost"]},
         "temperd_inventory_threads": {(): inventory["threads"]},
         "temperd_reconcile_cpu_seconds": {(): inventory["last_reconcile_cpu_s"]},
+        "temperd_event_passes_total": {(): d["event_path"]["passes"]},
+        "temperd_event_cpu_seconds_total": {(): d["event_path"]["cpu_s"]},
         "temperd_workloads": workloads,
         "temperd_lint_violations": {(("invariant", k),): d["lint"]["by_invariant"].get(k, 0) for k in INVARIANTS},
         "temperd_cpu_usage_ratio": {(): d["overhead"]["daemon_cpu_ratio"]},

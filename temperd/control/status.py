@@ -205,6 +205,15 @@ class InventoryView:
 
 
 @dataclass(frozen=True)
+class EventPathView:
+    """The passes that handled process events since start (read the new processes and threads,
+    matched, planned and applied what changed) and the main loop's CPU time in them: what the
+    host's churn costs temperd. The idle cgroup's moves, made on a worker thread, are not in it."""
+    passes: int
+    cpu_s: float
+
+
+@dataclass(frozen=True)
 class LearnerView:
     """The learner's own cost and state."""
     workloads: int
@@ -240,6 +249,7 @@ class Status:
     replans: int
     learner: Optional[LearnerView]  # classification, rightsizing
     http: Optional[str]  # where it really listens
+    event_path: Optional[EventPathView] = None  # None from a temperd that did not count it
 
     def to_json(self) -> Dict[str, Any]:
         return to_json(self)

@@ -91,6 +91,8 @@ class Daemon:
         self.backend: Optional[Backend] = None
         self.last_apply: Optional[Any] = None
         self.replans = 0
+        self.event_passes = 0
+        self.event_cpu_s = 0.0
         self._sizes: Dict[GroupKey, int] = {}  # exclusive groups' measured sizes the plan was made with
         self.sampler: Optional[Sampler] = None
         self.learner: Optional[WorkloadLearner] = None  # classification and rightsizing ([classify], [rightsizing])

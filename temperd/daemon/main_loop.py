@@ -213,7 +213,7 @@ class MainLoop:
             return None
         try:
             changes = []
-            wall_before = time.monotonic()
+            wall_before, cpu_before = time.monotonic(), time.thread_time()
             received = inventory.events_received
             if inventory.events_active and time.monotonic() >= self.events_not_before:
                 changes = inventory.handle_events()
@@ -229,6 +229,8 @@ class MainLoop:
                 ended = time.monotonic()
                 self.pass_wall_s = smoothed(self.pass_wall_s, ended - wall_before)
                 self.events_not_before = ended + batch_wait(self.pass_wall_s)
+                daemon.event_passes += 1
+                daemon.event_cpu_s += time.thread_time() - cpu_before
         except OSError:
             self._carried = pending  # asked again on the next pass
             raise

@@ -36,6 +36,8 @@ class DaemonState(Protocol):
     last_reload: Optional[ReloadView]
     last_apply: Optional[Any]
     replans: int
+    event_passes: int  # passes that handled process events (main_loop.py), and their CPU time
+    event_cpu_s: float
     backend_choice: Optional[BackendChoice]
     sampler: Optional[Sampler]
     services: Services

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from temperd import __version__
 from temperd.config import safe_regex
-from temperd.control.status import (ApplyView, BackendView, LayerView, ProblemView,
+from temperd.control.status import (ApplyView, BackendView, EventPathView, LayerView, ProblemView,
                                     ProfilesView, Status, WorkloadView)
 from temperd.control.typed_json import to_json
 
@@ -50,6 +50,7 @@ def build_status(daemon: "DaemonState") -> Optional[Status]:
             replans=daemon.replans,
             learner=daemon.learner.describe() if daemon.learner is not None else None,
             http=f"http://{http.address}" if http else None,  # where it really listens
+            event_path=EventPathView(daemon.event_passes, round(daemon.event_cpu_s, 6)),
         )
 
 

@@ -38,6 +38,8 @@ FAMILIES: Tuple[Tuple[str, str, str, Tuple[str, ...]], ...] = (
     ("temperd_inventory_event_overflows", "gauge", "Event-buffer overflows since start.", ()),
     ("temperd_inventory_threads", "gauge", "Threads on the host known to the inventory.", ()),
     ("temperd_reconcile_cpu_seconds", "gauge", "CPU time of the last full /proc scan.", ()),
+    ("temperd_event_passes", "counter", "Passes that handled process events since start.", ()),
+    ("temperd_event_cpu_seconds", "counter", "CPU time of the passes that handled process events.", ()),
     ("temperd_workloads", "gauge", "Matched workloads by tier and profile.", ("tier", "profile")),
     ("temperd_lint_violations", "gauge", "Current placement-linter violations by invariant.", ("invariant",)),
     ("temperd_cpu_usage_ratio", "gauge", "temperd's own CPU use as a share of one core over the last window.", ()),
@@ -86,6 +88,9 @@ def samples_of(status: Status) -> Samples:
     out["temperd_inventory_event_overflows"] = [((), inventory.events_lost)]
     out["temperd_inventory_threads"] = [((), inventory.threads)]
     out["temperd_reconcile_cpu_seconds"] = [((), inventory.last_reconcile_cpu_s)]
+    if status.event_path is not None:
+        out["temperd_event_passes"] = [((), status.event_path.passes)]
+        out["temperd_event_cpu_seconds"] = [((), status.event_path.cpu_s)]
     out["temperd_workloads"] = sorted(Counter((w.tier, w.profile or "none") for w in status.workloads).items())
     every = {**dict.fromkeys(INVARIANTS, 0), **status.lint.by_invariant}  # every invariant, 0 where none
     out["temperd_lint_violations"] = [((k,), n) for k, n in every.items()]
