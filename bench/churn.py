@@ -9,10 +9,11 @@ Each thread, after being created or renamed, checks its own policy at 2, 5, 10, 
 is the first check that saw SCHED_BATCH, so latencies have that resolution. The daemon's CPU and
 RSS are read from /proc before and after, the process events it received and its event
 overflows from /metrics: CPU per process event is the event path's cost. --py-spy OUT samples
-the daemon during the churn and prints where its time went; --tree DIR runs the temperd package
-found in DIR (another checkout, side by side).
+the daemon during the churn and prints where its time went; --stages times each stage of the
+passes over process events (bench/pass_stages.py); --tree DIR runs the temperd package found in DIR
+(another checkout, side by side).
 
-    sudo .venv/bin/python bench/churn.py [--rate 300] [--duration 60] [--tree DIR] [--json] [--py-spy OUT]
+    sudo .venv/bin/python bench/churn.py [--rate 300] [--duration 60] [--tree DIR] [--json] [--py-spy OUT] [--stages]
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
 from typing import Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (HostMonitor, host_description, print_py_spy, py_spy_record, read_text,  # noqa: E402
+from common import (ROOT, HostMonitor, host_description, print_py_spy, py_spy_record, read_text,  # noqa: E402
                     running_temperd, tree_command)
+import pass_stages  # noqa: E402
 from servers import free_port  # noqa: E402  (common puts tests/ on sys.path)
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -222,6 +225,8 @@ def main() -> int:
     parser.add_argument("--py-spy", dest="py_spy", metavar="OUT",
                         help="sample temperd with py-spy during the churn (raw stacks into OUT; top printed)")
     parser.add_argument("--tree", help="run the temperd package of this checkout")
+    parser.add_argument("--stages", action="store_true",
+                        help="time each stage of the passes over process events (bench/pass_stages.py) and print them")
     parser.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generate:
@@ -232,7 +237,9 @@ def main() -> int:
         return 2
     port = free_port()
     profiles = {"churn.toml": THREAD_PROFILE, "churn-proc.toml": PROCESS_PROFILE}
-    with running_temperd(profiles=profiles, http_port=port, command=tree_command(args.tree)) as daemon:
+    stages = os.path.join(tempfile.mkdtemp(prefix="churn-stages-"), "passes.json") if args.stages else None
+    command = pass_stages.command(args.tree or ROOT, stages) if stages else tree_command(args.tree)
+    with running_temperd(profiles=profiles, http_port=port, command=command) as daemon:
         time.sleep(1.0)
         ticks0, rss0, counts0, status0 = daemon.cpu_ticks(), rss_kib(daemon.pid), inventory_counts(port), status_counts(daemon)
         monitor = HostMonitor()
@@ -318,6 +325,8 @@ def main() -> int:
           f"{window.foreign_core_pct:.0f} % of a core ({window.foreign_top or 'none'})")
     if args.py_spy:
         print_py_spy(args.py_spy)
+    if stages:
+        print("\n".join(pass_stages.table(stages, wall)))
     return 0
 
 
