@@ -13,6 +13,7 @@ import pytest
 
 from temperd.backends.native.autogroup import autogroup_enabled
 from temperd.backends.native.backend import NativeBackend, scan_threads
+from temperd.backends.native.cgroup_moves import DeferredMoves
 from temperd.backends.native.cgroup_weight import CgroupWeights, WeightSupport
 from temperd.backends.native.idle_cgroup import IDLE_CGROUP, IdleCgroup, cgroup_name, detect
 from temperd.backends.native.pmqos import PmQos
@@ -352,6 +353,25 @@ def test_moves_made_on_the_worker_thread_tell_what_failed_and_their_records_go_b
     finally:
         os.close(reader)
         idle._moves.close()
+
+
+def test_a_batch_after_one_that_broke_still_closes_its_tasks_file():
+    """The worker closes each batch's tasks file, also where the batch before it ended in an
+    error (carried into this one and raised by wait()): the daemon would otherwise keep the fd."""
+    moves = DeferredMoves()
+    reader, writer = os.pipe()
+    closed = os.open(os.devnull, os.O_RDONLY)
+    os.close(closed)  # the first batch's close of it fails (EBADF): that batch ends in an error
+    try:
+        moves.submit(closed, [])
+        moves.submit(writer, [((7, 1), "/x", None)])
+        with pytest.raises(OSError):
+            moves.wait()
+        os.set_blocking(reader, False)
+        assert os.read(reader, 100) == b""  # end of file: the write end was closed, nothing written
+    finally:
+        os.close(reader)
+        moves.close()
 
 
 @needs_v1_cpu

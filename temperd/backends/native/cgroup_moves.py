@@ -56,9 +56,9 @@ class DeferredMoves(Generic[K, V]):
 
     def _move(self, tasks_fd: int, moves: List[Move], earlier: Optional[Future]):
         made, failed = 0, []
-        if earlier is not None:  # not waited for by anyone: its outcome is carried into this one
-            made, failed = earlier.result()
         try:
+            if earlier is not None:  # not waited for by anyone: its outcome is carried into this one
+                made, failed = earlier.result()
             for key, value, previous in moves:
                 try:
                     os.write(tasks_fd, str(key[0]).encode())  # key: (tid, start time)
